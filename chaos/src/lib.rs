@@ -1,0 +1,1 @@
+//! Deterministic simulation and real-process chaos testing (see issue "chaos").

@@ -1,0 +1,2 @@
+//! The pure core of gpuplane: MIG geometry, performance models and the provisioning,
+//! scaling and scheduling algorithms. No IO, no clocks, no async: inputs in, decisions out.

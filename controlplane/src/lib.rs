@@ -1,0 +1,5 @@
+//! gpuplane controller: the replicated cluster state (openraft over sled), its gRPC API,
+//! and the `controlplane` and `gpuctl` binaries.
+
+pub mod resources;
+pub mod state;

@@ -1,0 +1,64 @@
+//! The domain model kept in the replicated state: resource kinds, their typed specs,
+//! and field-level validation. Pure data, no IO.
+
+mod kind;
+mod specs;
+mod validate;
+
+pub use kind::Kind;
+pub use specs::*;
+pub use validate::{validate_name, validate_spec};
+
+use serde::{Deserialize, Serialize};
+
+/// Error codes of a refused command; they map one to one onto gRPC codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    InvalidArgument,
+    FailedPrecondition,
+    AlreadyExists,
+    NotFound,
+}
+
+/// Why a command was refused: the field path (e.g. `spec.slo.latency_ms`) and the reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct FieldError {
+    pub code: ErrorCode,
+    pub field: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, field, reason)
+    }
+    pub fn new(code: ErrorCode, field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A resource as stored in the state machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredResource {
+    pub name: String,
+    /// Empty for cluster-scoped kinds.
+    pub tenant: String,
+    pub resource_version: u64,
+    pub spec: Spec,
+    /// Observed state reported by loops and agents; free-form JSON, never validated
+    /// against the spec so that a status report cannot be refused for a spec reason.
+    pub status: serde_json::Value,
+    pub create_revision: u64,
+    pub mod_revision: u64,
+}
+
+impl StoredResource {
+    pub fn kind(&self) -> Kind {
+        self.spec.kind()
+    }
+}

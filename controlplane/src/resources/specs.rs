@@ -1,0 +1,325 @@
+//! Typed specs, one per kind. Every struct refuses unknown fields so a typo in a manifest
+//! is an error naming the field, never a silently ignored setting.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{FieldError, Kind};
+
+/// The spec of a resource, tagged by kind.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "spec")]
+pub enum Spec {
+    Tenant(TenantSpec),
+    GpuModel(GpuModelSpec),
+    InstanceType(InstanceTypeSpec),
+    ModelProfile(ModelProfileSpec),
+    Service(ServiceSpec),
+    Node(NodeSpec),
+    Plan(PlanSpec),
+}
+
+impl Spec {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Spec::Tenant(_) => Kind::Tenant,
+            Spec::GpuModel(_) => Kind::GpuModel,
+            Spec::InstanceType(_) => Kind::InstanceType,
+            Spec::ModelProfile(_) => Kind::ModelProfile,
+            Spec::Service(_) => Kind::Service,
+            Spec::Node(_) => Kind::Node,
+            Spec::Plan(_) => Kind::Plan,
+        }
+    }
+
+    /// Decodes the JSON spec of `kind`; a type error or an unknown field names its path
+    /// under `spec.`.
+    pub fn from_json(kind: Kind, json: &str) -> Result<Spec, FieldError> {
+        let json = if json.trim().is_empty() { "{}" } else { json };
+        fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, FieldError> {
+            let de = &mut serde_json::Deserializer::from_str(json);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let path = e.path().to_string();
+                let field = if path == "." || path.is_empty() { "spec".to_string() } else { format!("spec.{path}") };
+                FieldError::invalid(field, e.into_inner().to_string())
+            })
+        }
+        Ok(match kind {
+            Kind::Tenant => Spec::Tenant(parse(json)?),
+            Kind::GpuModel => Spec::GpuModel(parse(json)?),
+            Kind::InstanceType => Spec::InstanceType(parse(json)?),
+            Kind::ModelProfile => Spec::ModelProfile(parse(json)?),
+            Kind::Service => Spec::Service(parse(json)?),
+            Kind::Node => Spec::Node(parse(json)?),
+            Kind::Plan => Spec::Plan(parse(json)?),
+        })
+    }
+
+    /// The spec alone as JSON (without the kind tag), as the API carries it.
+    pub fn to_json(&self) -> String {
+        let value = match self {
+            Spec::Tenant(s) => serde_json::to_string(s),
+            Spec::GpuModel(s) => serde_json::to_string(s),
+            Spec::InstanceType(s) => serde_json::to_string(s),
+            Spec::ModelProfile(s) => serde_json::to_string(s),
+            Spec::Service(s) => serde_json::to_string(s),
+            Spec::Node(s) => serde_json::to_string(s),
+            Spec::Plan(s) => serde_json::to_string(s),
+        };
+        value.expect("specs hold only JSON-representable data")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSpec {
+    #[serde(default)]
+    pub display_name: String,
+    /// Weight in fair sharing between tenants (HetSev weighted fairness); default 1.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Upper bound on the number of services; absent = unlimited.
+    #[serde(default)]
+    pub max_services: Option<u32>,
+}
+
+impl Default for TenantSpec {
+    fn default() -> Self {
+        Self { display_name: String::new(), weight: 1.0, max_services: None }
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuModelSpec {
+    pub sm_count: u32,
+    pub memory_gib: f64,
+    /// MIG capability; absent for GPUs without MIG (V100, T4).
+    #[serde(default)]
+    pub mig: Option<MigCapability>,
+    #[serde(default = "yes")]
+    pub mps: bool,
+    /// Figures used by iGniter's model (Eq. 1-11); optional.
+    #[serde(default)]
+    pub idle_power_w: Option<f64>,
+    #[serde(default)]
+    pub max_power_w: Option<f64>,
+    #[serde(default)]
+    pub max_frequency_mhz: Option<f64>,
+    #[serde(default)]
+    pub pcie_gbps: Option<f64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigCapability {
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub profiles: Vec<MigProfileSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigProfileSpec {
+    /// e.g. `1g.10gb`, `3g.40gb`.
+    pub name: String,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    /// Legal start memory slices.
+    pub starts: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceTypeSpec {
+    pub gpu_model: String,
+    pub gpu_count: u32,
+    pub price_per_hour: f64,
+    /// Seconds from launch request to a registered agent.
+    pub launch_latency_s: f64,
+    #[serde(default)]
+    pub cpu_cores: u32,
+    #[serde(default)]
+    pub memory_gib: f64,
+}
+
+/// Performance data of one model on one GPU model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelProfileSpec {
+    pub model: String,
+    pub gpu_model: String,
+    /// ParvaGPU-style table rows.
+    #[serde(default)]
+    pub points: Vec<ProfilePoint>,
+    /// iGniter coefficients by name (e.g. `k_act`, `alpha_sch`), as fitted by the planner.
+    #[serde(default)]
+    pub igniter: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfilePoint {
+    /// MIG instance size in GPCs; 0 = whole GPU without MIG (MPS share below).
+    pub gpcs: u8,
+    pub batch: u32,
+    /// MPS processes sharing the instance.
+    #[serde(default = "one_u32")]
+    pub processes: u32,
+    /// MPS active thread percentage, for MPS-only points.
+    #[serde(default)]
+    pub mps_percent: Option<f64>,
+    /// Throughput of one process, requests per second.
+    pub throughput_rps: f64,
+    pub latency_ms: f64,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// Model name; some ModelProfile must exist for it.
+    pub model: String,
+    pub slo: Slo,
+    /// Restrict placement to these GPU models; empty = any profiled model.
+    #[serde(default)]
+    pub allowed_gpu_models: Vec<String>,
+    /// Restrict autoscaling to these instance types; empty = any.
+    #[serde(default)]
+    pub allowed_instance_types: Vec<String>,
+    /// Override the pool's provisioning strategy.
+    #[serde(default)]
+    pub strategy: Option<Strategy>,
+    /// Batch-size distribution of arriving queries (PARIS); absent = fixed batches.
+    #[serde(default)]
+    pub batch_distribution: Option<BatchDistribution>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slo {
+    pub latency_ms: f64,
+    #[serde(default = "p99")]
+    pub percentile: f64,
+    /// Fixed request rate to provision for. Exactly one of this and `autoscaling`.
+    #[serde(default)]
+    pub request_rate: Option<f64>,
+    #[serde(default)]
+    pub autoscaling: Option<AutoscalingRange>,
+}
+
+fn p99() -> f64 {
+    99.0
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscalingRange {
+    pub min_rps: f64,
+    pub max_rps: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    Igniter,
+    Parvagpu,
+    ExactMig,
+    Paris,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, tag = "type", rename_all = "kebab-case")]
+pub enum BatchDistribution {
+    LogNormal { mu: f64, sigma: f64, max_batch: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    /// host:port of the node agent.
+    pub address: String,
+    pub instance_type: String,
+    #[serde(default)]
+    pub gpus: Vec<NodeGpu>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGpu {
+    pub uuid: String,
+    pub model: String,
+    #[serde(default)]
+    pub mig_enabled: bool,
+}
+
+/// Desired state of the fleet, as committed by the provisioner.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSpec {
+    /// Strategy that produced the plan, e.g. `parvagpu`.
+    pub strategy: String,
+    #[serde(default)]
+    pub gpus: Vec<GpuAssignment>,
+    #[serde(default)]
+    pub services: Vec<ServicePrediction>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuAssignment {
+    pub node: String,
+    pub gpu_uuid: String,
+    /// MIG instances (empty = the GPU is used whole, MPS only).
+    #[serde(default)]
+    pub mig_layout: Vec<MigPlacement>,
+    #[serde(default)]
+    pub workloads: Vec<WorkloadAssignment>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigPlacement {
+    pub profile: String,
+    pub start: u8,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadAssignment {
+    pub service: String,
+    /// Index into `mig_layout`; absent when the GPU is not partitioned.
+    #[serde(default)]
+    pub mig_instance: Option<usize>,
+    pub mps_percent: f64,
+    pub batch: u32,
+    #[serde(default = "one_u32")]
+    pub processes: u32,
+    /// Extra share of the warm shadow process (iGniter: min(10%, free)).
+    #[serde(default)]
+    pub shadow_mps_percent: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePrediction {
+    pub service: String,
+    pub capacity_rps: f64,
+    pub latency_ms: f64,
+    #[serde(default)]
+    pub infeasible_reason: Option<String>,
+}

@@ -1,0 +1,232 @@
+//! The replicated state machine: pure `apply(command) -> outcome` over the domain model.
+//! No IO, no clocks: the log index is the only notion of time, so every replica computes
+//! exactly the same state from the same log.
+
+mod command;
+mod references;
+
+pub use command::{ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, WriteMode};
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind, Spec, StoredResource};
+
+/// How many applied request ids are remembered for de-duplication. A client retries within
+/// seconds; 100k writes of history is minutes even at bench rates.
+pub const DEDUP_WINDOW: usize = 100_000;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClusterState {
+    resources: BTreeMap<Kind, BTreeMap<String, StoredResource>>,
+    /// request id -> outcome, for retried writes.
+    applied_requests: HashMap<String, CommandResult>,
+    /// Insertion order of `applied_requests`, oldest first, to bound it.
+    applied_order: VecDeque<String>,
+    /// Log index of the last applied command.
+    revision: u64,
+}
+
+impl ClusterState {
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn get(&self, kind: Kind, name: &str) -> Option<&StoredResource> {
+        self.resources.get(&kind)?.get(name)
+    }
+
+    pub fn list(&self, kind: Kind) -> impl Iterator<Item = &StoredResource> {
+        self.resources.get(&kind).into_iter().flat_map(|m| m.values())
+    }
+
+    pub fn len(&self) -> usize {
+        self.resources.values().map(BTreeMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The recorded outcome of an already applied request id.
+    pub fn applied_outcome(&self, request_id: &str) -> Option<&CommandResult> {
+        self.applied_requests.get(request_id)
+    }
+
+    /// Checks whether `request` would be accepted now, without changing anything. The leader
+    /// runs this before proposing so that bad input never reaches the log.
+    pub fn check(&self, request: &Request) -> Result<(), FieldError> {
+        if self.applied_requests.contains_key(&request.request_id) {
+            return Ok(());
+        }
+        self.plan_change(&request.command).map(|_| ())
+    }
+
+    /// Applies a committed request at log index `index`. Refused commands change nothing
+    /// but their outcome is recorded, so a retry gets the same answer.
+    pub fn apply(&mut self, index: u64, request: &Request) -> (CommandResult, Option<ChangeEvent>) {
+        self.revision = index;
+        if let Some(previous) = self.applied_requests.get(&request.request_id) {
+            let mut outcome = previous.clone();
+            if let Ok(o) = &mut outcome {
+                o.deduplicated = true;
+            }
+            return (outcome, None);
+        }
+        let result = self.plan_change(&request.command).map(|change| self.commit_change(index, change));
+        let (result, event) = match result {
+            Ok((outcome, event)) => (Ok(outcome), Some(event)),
+            Err(e) => (Err(e), None),
+        };
+        self.remember(&request.request_id, &result);
+        (result, event)
+    }
+
+    /// Advances the revision for log entries that carry no command (blank, membership).
+    pub fn note_index(&mut self, index: u64) {
+        self.revision = index;
+    }
+
+    fn remember(&mut self, request_id: &str, result: &CommandResult) {
+        if request_id.is_empty() {
+            return;
+        }
+        self.applied_requests.insert(request_id.to_string(), result.clone());
+        self.applied_order.push_back(request_id.to_string());
+        while self.applied_order.len() > DEDUP_WINDOW {
+            if let Some(old) = self.applied_order.pop_front() {
+                self.applied_requests.remove(&old);
+            }
+        }
+    }
+
+    /// Validates a command against the current state and describes the change it makes.
+    fn plan_change(&self, command: &Command) -> Result<PlannedChange, FieldError> {
+        match command {
+            Command::Put { name, tenant, spec, mode, expected_version } => {
+                let kind = spec.kind();
+                validate_name("name", name)?;
+                validate_spec(spec)?;
+                self.check_tenant(kind, tenant)?;
+                references::check_references(self, name, tenant, spec)?;
+                let existing = self.get(kind, name);
+                match (existing, mode) {
+                    (Some(_), WriteMode::Create) => {
+                        return Err(FieldError::new(ErrorCode::AlreadyExists, "name", format!("{kind} {name:?} already exists")));
+                    }
+                    (None, WriteMode::Update) => return Err(not_found(kind, name)),
+                    (None, _) if *expected_version != 0 => return Err(not_found(kind, name)),
+                    _ => {}
+                }
+                if let Some(current) = existing {
+                    check_version(current, *expected_version)?;
+                    if current.tenant != *tenant {
+                        return Err(FieldError::invalid(
+                            "tenant",
+                            format!("{kind} {name:?} belongs to tenant {:?}; the tenant of a resource cannot change", current.tenant),
+                        ));
+                    }
+                }
+                Ok(PlannedChange::Put { name: name.clone(), tenant: tenant.clone(), spec: spec.clone() })
+            }
+            Command::PutStatus { kind, name, status, expected_version } => {
+                let current = self.get(*kind, name).ok_or_else(|| not_found(*kind, name))?;
+                check_version(current, *expected_version)?;
+                Ok(PlannedChange::Status { kind: *kind, name: name.clone(), status: status.clone() })
+            }
+            Command::Delete { kind, name, expected_version } => {
+                let current = self.get(*kind, name).ok_or_else(|| not_found(*kind, name))?;
+                check_version(current, *expected_version)?;
+                references::check_not_referenced(self, *kind, name)?;
+                Ok(PlannedChange::Delete { kind: *kind, name: name.clone() })
+            }
+        }
+    }
+
+    fn check_tenant(&self, kind: Kind, tenant: &str) -> Result<(), FieldError> {
+        if kind.is_tenant_scoped() {
+            if tenant.is_empty() {
+                return Err(FieldError::invalid("tenant", format!("required for {kind}")));
+            }
+            if self.get(Kind::Tenant, tenant).is_none() {
+                return Err(FieldError::new(ErrorCode::NotFound, "tenant", format!("tenant {tenant:?} does not exist")));
+            }
+        } else if !tenant.is_empty() {
+            return Err(FieldError::invalid("tenant", format!("{kind} is cluster-scoped; leave tenant empty")));
+        }
+        Ok(())
+    }
+
+    fn commit_change(&mut self, index: u64, change: PlannedChange) -> (CommandOutcome, ChangeEvent) {
+        let (resource, change_type) = match change {
+            PlannedChange::Put { name, tenant, spec } => {
+                let kind = spec.kind();
+                let map = self.resources.entry(kind).or_default();
+                match map.get_mut(&name) {
+                    Some(existing) => {
+                        existing.spec = spec;
+                        existing.resource_version += 1;
+                        existing.mod_revision = index;
+                        (existing.clone(), ChangeType::Modified)
+                    }
+                    None => {
+                        let created = StoredResource {
+                            name: name.clone(),
+                            tenant,
+                            resource_version: 1,
+                            spec,
+                            status: serde_json::Value::Null,
+                            create_revision: index,
+                            mod_revision: index,
+                        };
+                        map.insert(name, created.clone());
+                        (created, ChangeType::Added)
+                    }
+                }
+            }
+            PlannedChange::Status { kind, name, status } => {
+                let existing = self.resources.get_mut(&kind).and_then(|m| m.get_mut(&name)).expect("checked by plan_change");
+                existing.status = status;
+                existing.resource_version += 1;
+                existing.mod_revision = index;
+                (existing.clone(), ChangeType::Modified)
+            }
+            PlannedChange::Delete { kind, name } => {
+                let removed = self.resources.get_mut(&kind).and_then(|m| m.remove(&name)).expect("checked by plan_change");
+                (removed, ChangeType::Deleted)
+            }
+        };
+        let event = ChangeEvent { revision: index, change_type, resource: resource.clone() };
+        (CommandOutcome { resource, deduplicated: false }, event)
+    }
+}
+
+enum PlannedChange {
+    Put { name: String, tenant: String, spec: Spec },
+    Status { kind: Kind, name: String, status: serde_json::Value },
+    Delete { kind: Kind, name: String },
+}
+
+fn not_found(kind: Kind, name: &str) -> FieldError {
+    FieldError::new(ErrorCode::NotFound, "name", format!("{kind} {name:?} does not exist"))
+}
+
+fn check_version(current: &StoredResource, expected: u64) -> Result<(), FieldError> {
+    if expected != 0 && expected != current.resource_version {
+        return Err(FieldError::new(
+            ErrorCode::FailedPrecondition,
+            "resource_version",
+            format!(
+                "stale: {} {:?} is at version {}, the request expected {expected}",
+                current.kind(),
+                current.name,
+                current.resource_version
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

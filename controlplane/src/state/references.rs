@@ -1,0 +1,73 @@
+//! Referential integrity: a resource may only name resources that exist, and a resource
+//! that others name cannot be deleted.
+
+use super::ClusterState;
+use crate::resources::{ErrorCode, FieldError, Kind, Spec};
+
+fn must_exist(state: &ClusterState, field: &str, kind: Kind, name: &str) -> Result<(), FieldError> {
+    if state.get(kind, name).is_none() {
+        return Err(FieldError::new(ErrorCode::NotFound, field, format!("{kind} {name:?} does not exist")));
+    }
+    Ok(())
+}
+
+pub(super) fn check_references(state: &ClusterState, _name: &str, _tenant: &str, spec: &Spec) -> Result<(), FieldError> {
+    match spec {
+        Spec::Tenant(_) | Spec::GpuModel(_) | Spec::Plan(_) => {}
+        Spec::InstanceType(it) => must_exist(state, "spec.gpu_model", Kind::GpuModel, &it.gpu_model)?,
+        Spec::ModelProfile(p) => must_exist(state, "spec.gpu_model", Kind::GpuModel, &p.gpu_model)?,
+        Spec::Service(s) => {
+            let profiled = state.list(Kind::ModelProfile).any(|r| matches!(&r.spec, Spec::ModelProfile(p) if p.model == s.model));
+            if !profiled {
+                return Err(FieldError::new(
+                    ErrorCode::NotFound,
+                    "spec.model",
+                    format!("no ModelProfile exists for model {:?}", s.model),
+                ));
+            }
+            for (i, gpu) in s.allowed_gpu_models.iter().enumerate() {
+                must_exist(state, &format!("spec.allowed_gpu_models[{i}]"), Kind::GpuModel, gpu)?;
+            }
+            for (i, it) in s.allowed_instance_types.iter().enumerate() {
+                must_exist(state, &format!("spec.allowed_instance_types[{i}]"), Kind::InstanceType, it)?;
+            }
+        }
+        Spec::Node(n) => {
+            must_exist(state, "spec.instance_type", Kind::InstanceType, &n.instance_type)?;
+            for (i, gpu) in n.gpus.iter().enumerate() {
+                must_exist(state, &format!("spec.gpus[{i}].model"), Kind::GpuModel, &gpu.model)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses to delete a resource that another one names (a GPU model still used by an
+/// instance type, a tenant that still owns services, ...).
+pub(super) fn check_not_referenced(state: &ClusterState, kind: Kind, name: &str) -> Result<(), FieldError> {
+    let user = |by: Kind, user: &str| {
+        Err(FieldError::new(
+            ErrorCode::FailedPrecondition,
+            "name",
+            format!("{kind} {name:?} is still referenced by {by} {user:?}"),
+        ))
+    };
+    for kind_of_user in Kind::ALL {
+        for r in state.list(kind_of_user) {
+            let refers = match (&r.spec, kind) {
+                (Spec::Service(_), Kind::Tenant) => r.tenant == name,
+                (Spec::InstanceType(it), Kind::GpuModel) => it.gpu_model == name,
+                (Spec::ModelProfile(p), Kind::GpuModel) => p.gpu_model == name,
+                (Spec::Service(s), Kind::GpuModel) => s.allowed_gpu_models.iter().any(|g| g == name),
+                (Spec::Service(s), Kind::InstanceType) => s.allowed_instance_types.iter().any(|g| g == name),
+                (Spec::Node(n), Kind::InstanceType) => n.instance_type == name,
+                (Spec::Node(n), Kind::GpuModel) => n.gpus.iter().any(|g| g.model == name),
+                _ => false,
+            };
+            if refers {
+                return user(kind_of_user, &r.name);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! Node agent: GPU backends, supervisor, router and shadow failover (see issue "node-agent").

@@ -1,0 +1,1 @@
+//! End-to-end tests that start the real binaries; see `tests/tests/`.
