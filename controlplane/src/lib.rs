@@ -3,3 +3,5 @@
 
 pub mod resources;
 pub mod state;
+pub mod storage;
+pub mod raft;

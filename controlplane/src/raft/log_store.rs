@@ -1,0 +1,185 @@
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogId, StorageIOError};
+
+use super::types::*;
+use crate::storage::{KvBackend, Tree, Watermark};
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const LAST_PURGED: &[u8] = b"last_purged";
+
+/// openraft's log storage over any `KvBackend`. Votes and appended entries are flushed
+/// before they are acknowledged.
+pub struct LogStore<B> {
+    backend: Arc<B>,
+    watermark: Arc<Watermark>,
+}
+
+impl<B> Clone for LogStore<B> {
+    fn clone(&self) -> Self {
+        Self { backend: self.backend.clone(), watermark: self.watermark.clone() }
+    }
+}
+
+fn key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn io_read(e: impl ToString) -> StorageError {
+    StorageIOError::read_logs(&anyerror::AnyError::error(e.to_string())).into()
+}
+fn io_write(e: impl ToString) -> StorageError {
+    StorageIOError::write_logs(&anyerror::AnyError::error(e.to_string())).into()
+}
+
+impl<B: KvBackend> LogStore<B> {
+    /// Opens the log; refuses a log that ends before the recorded durable watermark.
+    pub fn open(backend: Arc<B>, watermark: Watermark) -> anyhow::Result<Self> {
+        let store = Self { backend, watermark: Arc::new(watermark) };
+        let recorded = store.watermark.read().map_err(|e| anyhow::anyhow!(e))?;
+        let last = store.last_index().map_err(|e| anyhow::anyhow!("reading the Raft log: {e}"))?;
+        if last < recorded {
+            anyhow::bail!(
+                "the Raft log ends at index {last} but entries up to {recorded} were made durable: \
+                 the database is damaged or truncated; refusing to start (files left untouched)"
+            );
+        }
+        Ok(store)
+    }
+
+    /// Writes `entries` and returns once they are durable (flushed, watermark advanced).
+    pub fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StorageError> {
+        let mut batch = Vec::new();
+        let mut last = None;
+        for entry in entries {
+            last = Some(entry.log_id.index);
+            batch.push((key(entry.log_id.index).to_vec(), serde_json::to_vec(&entry).map_err(io_write)?));
+        }
+        self.backend.insert_batch(Tree::Logs, batch).and_then(|_| self.backend.flush()).map_err(io_write)?;
+        if let Some(last) = last {
+            self.watermark.advance(last).map_err(|e| io_write(format!("writing the log watermark: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn read_json<T: serde::de::DeserializeOwned>(&self, tree: Tree, k: &[u8]) -> Result<Option<T>, StorageError> {
+        match self.backend.get(tree, k).map_err(io_read)? {
+            None => Ok(None),
+            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| io_read(format!("decoding {}: {e}", String::from_utf8_lossy(k)))),
+        }
+    }
+
+    fn write_meta<T: serde::Serialize>(&self, k: &[u8], value: &T) -> Result<(), StorageError> {
+        let bytes = serde_json::to_vec(value).map_err(io_write)?;
+        self.backend.insert(Tree::Meta, k, bytes).map_err(io_write)?;
+        self.backend.flush().map_err(io_write)
+    }
+
+    fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
+        self.read_json(Tree::Meta, LAST_PURGED)
+    }
+
+    fn last_index(&self) -> Result<u64, StorageError> {
+        let from_logs = self.backend.last(Tree::Logs).map_err(io_read)?.map(|(k, _)| decode_key(&k)).transpose()?;
+        let purged = self.last_purged()?.map(|l| l.index);
+        Ok(from_logs.or(purged).unwrap_or(0))
+    }
+}
+
+fn decode_key(k: &[u8]) -> Result<u64, StorageError> {
+    let bytes: [u8; 8] = k.try_into().map_err(|_| io_read(format!("log key of {} bytes", k.len())))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(&mut self, range: RB) -> Result<Vec<Entry>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => Some(e + 1),
+            Bound::Excluded(&e) => Some(e),
+            Bound::Unbounded => None,
+        };
+        let end_key = end.map(key);
+        let rows = self.backend.range(Tree::Logs, &key(start), end_key.as_ref().map(|k| k.as_slice()), usize::MAX).map_err(io_read)?;
+        rows.into_iter()
+            .map(|(k, v)| serde_json::from_slice::<Entry>(&v).map_err(|e| io_read(format!("decoding log entry {:?}: {e}", decode_key(&k)))))
+            .collect()
+    }
+}
+
+impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id = self.last_purged()?;
+        let last = match self.backend.last(Tree::Logs).map_err(io_read)? {
+            Some((_, v)) => Some(*serde_json::from_slice::<Entry>(&v).map_err(io_read)?.get_log_id()),
+            None => last_purged_log_id,
+        };
+        Ok(LogState { last_purged_log_id, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(&anyerror::AnyError::new(&e)))?;
+        self.backend
+            .insert(Tree::Meta, VOTE, bytes)
+            .and_then(|_| self.backend.flush())
+            .map_err(|e| StorageIOError::write_vote(&anyerror::AnyError::error(e.to_string())).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.read_json(Tree::Meta, VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // Not flushed on its own: a committed index that is lost in a crash only makes the
+        // restarted node wait for the leader before re-applying, which is safe.
+        let bytes = serde_json::to_vec(&committed).map_err(io_write)?;
+        self.backend.insert(Tree::Meta, COMMITTED, bytes).map_err(io_write)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.read_json::<Option<LogId>>(Tree::Meta, COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        match self.append_durably(entries) {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.backend.remove_range(Tree::Logs, &key(log_id.index), None).and_then(|_| self.backend.flush()).map_err(io_write)?;
+        self.watermark.reset_to(log_id.index.saturating_sub(1)).map_err(io_write)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Record the purge point first, so a crash in between never leaves a hole.
+        self.write_meta(LAST_PURGED, &log_id)?;
+        self.backend.remove_range(Tree::Logs, &key(0), Some(&key(log_id.index + 1))).map_err(io_write)?;
+        self.backend.flush().map_err(io_write)
+    }
+}

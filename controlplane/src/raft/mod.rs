@@ -1,0 +1,85 @@
+//! Everything that touches openraft lives in this module, so an openraft upgrade changes
+//! only these files: the type config, the storage adapters over `KvBackend`, the tonic
+//! network and the Raft peer service.
+
+mod log_store;
+mod network;
+mod peer_service;
+mod state_machine;
+mod types;
+
+pub use log_store::LogStore;
+pub use network::{Network, PeerChannels};
+pub use peer_service::RaftPeerService;
+pub use state_machine::{SmData, StateMachineStore, WatchSignal};
+pub use types::*;
+
+use std::sync::Arc;
+
+use crate::storage::{KvBackend, Watermark};
+
+/// Raft timing and compaction settings.
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many applied entries.
+    pub snapshot_every: u64,
+    /// Log entries kept behind a snapshot, for slow followers.
+    pub keep_logs_after_snapshot: u64,
+}
+
+impl Default for RaftSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_every: 10_000,
+            keep_logs_after_snapshot: 1_000,
+        }
+    }
+}
+
+impl RaftSettings {
+    fn openraft_config(&self) -> Result<openraft::Config, String> {
+        let config = openraft::Config {
+            cluster_name: "gpuplane".into(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            install_snapshot_timeout: 10_000,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: self.keep_logs_after_snapshot,
+            // Snapshot chunks travel as JSON inside one gRPC message; keep them well below
+            // the message size limit.
+            snapshot_max_chunk_size: 1024 * 1024,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| e.to_string())
+    }
+}
+
+/// A started Raft node and its state machine handle.
+pub struct RaftHandle {
+    pub raft: Raft,
+    pub state: Arc<state_machine::SmShared>,
+}
+
+/// Starts the Raft node `id` over `backend`. Fails (without touching the data) when the
+/// stored log is shorter than the watermark says it was.
+pub async fn start<B: KvBackend>(
+    id: NodeId,
+    backend: Arc<B>,
+    watermark: Watermark,
+    settings: &RaftSettings,
+    channels: PeerChannels,
+) -> anyhow::Result<RaftHandle> {
+    let config = Arc::new(settings.openraft_config().map_err(|e| anyhow::anyhow!("raft settings: {e}"))?);
+    let log_store = LogStore::open(backend.clone(), watermark)?;
+    let sm = StateMachineStore::open(backend)?;
+    let state = sm.shared();
+    let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
+    Ok(RaftHandle { raft, state })
+}

@@ -1,0 +1,129 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse};
+use proto::raft_service_client::RaftServiceClient;
+use proto::RaftPayload;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::types::*;
+
+/// Largest gRPC message between peers (log batches and snapshot chunks, JSON-encoded).
+pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// gRPC channels to peers, one per address, created lazily and reused (a tonic channel
+/// reconnects by itself after a peer restarts).
+#[derive(Clone, Default)]
+pub struct PeerChannels {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl PeerChannels {
+    pub fn get(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().unwrap();
+        if let Some(ch) = channels.get(addr) {
+            return Ok(ch.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let ch = endpoint.connect_lazy();
+        channels.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+pub struct Network {
+    channels: PeerChannels,
+}
+
+impl Network {
+    pub fn new(channels: PeerChannels) -> Self {
+        Self { channels }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
+        PeerClient { target, addr: node.addr.clone(), channels: self.channels.clone() }
+    }
+}
+
+pub struct PeerClient {
+    target: NodeId,
+    addr: String,
+    channels: PeerChannels,
+}
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Message(String);
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, req: &Req, ttl: Duration) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let channel = self.channels.get(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&Message(e))))?;
+        let mut client = RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = tonic::Request::new(RaftPayload { data });
+        request.set_timeout(ttl);
+        let result = match rpc {
+            Rpc::Append => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::Snapshot => client.install_snapshot(request).await,
+        };
+        let payload = result.map_err(|status| {
+            let err = Message(format!("peer {} at {}: {}", self.target, self.addr, status.message()));
+            match status.code() {
+                tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&err)),
+                _ => RPCError::Network(NetworkError::new(&err)),
+            }
+        })?;
+        let decoded: Result<Resp, RaftError<E>> =
+            serde_json::from_slice(&payload.into_inner().data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
+        self.call(Rpc::Append, &rpc, option.hard_ttl()).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Node, RaftError<InstallSnapshotError>>> {
+        self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await
+    }
+
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
+        self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
+    }
+}

@@ -1,0 +1,216 @@
+use std::collections::VecDeque;
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{OptionalSend, RaftLogId, StorageIOError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use super::types::*;
+use crate::state::{ChangeEvent, ClusterState};
+use crate::storage::{KvBackend, Tree};
+
+const SNAPSHOT_META: &[u8] = b"meta";
+const SNAPSHOT_DATA: &[u8] = b"data";
+/// Changes kept in memory so a watcher can resume from a recent revision.
+pub const WATCH_HISTORY: usize = 10_000;
+
+/// What watchers are told after each apply.
+#[derive(Clone, Debug)]
+pub enum WatchSignal {
+    Change(ChangeEvent),
+    /// The whole state was replaced (snapshot installed): watchers must resync.
+    Reset { revision: u64 },
+}
+
+/// The applied state, shared between the Raft state machine and the API readers.
+#[derive(Default)]
+pub struct SmData {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub cluster: ClusterState,
+    /// Recent changes, oldest first, for watch resumption.
+    pub history: VecDeque<ChangeEvent>,
+}
+
+pub struct SmShared {
+    pub data: RwLock<SmData>,
+    pub signals: broadcast::Sender<WatchSignal>,
+    /// Makes snapshot ids unique even for two snapshots at the same log id.
+    snapshot_seq: AtomicU64,
+}
+
+impl SmShared {
+    pub fn subscribe(&self) -> broadcast::Receiver<WatchSignal> {
+        self.signals.subscribe()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotPayload {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    cluster: ClusterState,
+}
+
+/// openraft's state machine: the pure `ClusterState` held in memory, rebuilt on start from
+/// the persisted snapshot plus the committed log (openraft re-applies from the snapshot's
+/// index up to the saved committed index).
+pub struct StateMachineStore<B> {
+    shared: Arc<SmShared>,
+    backend: Arc<B>,
+}
+
+fn sm_err(e: impl ToString) -> StorageError {
+    StorageIOError::read_state_machine(&anyerror::AnyError::error(e.to_string())).into()
+}
+fn snap_err(e: impl ToString) -> StorageError {
+    StorageIOError::write_snapshot(None, &anyerror::AnyError::error(e.to_string())).into()
+}
+
+impl<B: KvBackend> StateMachineStore<B> {
+    pub fn open(backend: Arc<B>) -> anyhow::Result<Self> {
+        let (signals, _) = broadcast::channel(4096);
+        let mut data = SmData::default();
+        if let Some((meta, bytes)) = load_snapshot(backend.as_ref()).map_err(|e| anyhow::anyhow!("reading the snapshot: {e}"))? {
+            let payload: SnapshotPayload = serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("the stored snapshot {} is corrupt: {e}; refusing to start", meta.snapshot_id))?;
+            data.last_applied = payload.last_applied;
+            data.membership = payload.membership;
+            data.cluster = payload.cluster;
+        }
+        let shared = SmShared { data: RwLock::new(data), signals, snapshot_seq: AtomicU64::new(0) };
+        Ok(Self { shared: Arc::new(shared), backend })
+    }
+
+    pub fn shared(&self) -> Arc<SmShared> {
+        self.shared.clone()
+    }
+}
+
+fn load_snapshot<B: KvBackend>(backend: &B) -> Result<Option<(SnapshotMeta, Vec<u8>)>, String> {
+    let meta = backend.get(Tree::Snapshot, SNAPSHOT_META).map_err(|e| e.to_string())?;
+    let data = backend.get(Tree::Snapshot, SNAPSHOT_DATA).map_err(|e| e.to_string())?;
+    match (meta, data) {
+        (None, None) => Ok(None),
+        (Some(meta), Some(data)) => {
+            let meta: SnapshotMeta = serde_json::from_slice(&meta).map_err(|e| format!("snapshot metadata is corrupt: {e}"))?;
+            Ok(Some((meta, data)))
+        }
+        _ => Err("snapshot metadata and data are inconsistent (one is missing)".into()),
+    }
+}
+
+fn save_snapshot<B: KvBackend>(backend: &B, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
+    let meta_bytes = serde_json::to_vec(meta).map_err(snap_err)?;
+    backend
+        .insert_batch(Tree::Snapshot, vec![(SNAPSHOT_META.to_vec(), meta_bytes), (SNAPSHOT_DATA.to_vec(), data.to_vec())])
+        .and_then(|_| backend.flush())
+        .map_err(snap_err)
+}
+
+impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let (bytes, last_applied, membership) = {
+            let data = self.shared.data.read().unwrap();
+            let payload = SnapshotPayload {
+                last_applied: data.last_applied,
+                membership: data.membership.clone(),
+                cluster: data.cluster.clone(),
+            };
+            (serde_json::to_vec(&payload).map_err(sm_err)?, data.last_applied, data.membership.clone())
+        };
+        let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let snapshot_id = match last_applied {
+            Some(l) => format!("{}-{}-{seq}", l.leader_id, l.index),
+            None => format!("empty-{seq}"),
+        };
+        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
+        save_snapshot(self.backend.as_ref(), &meta, &bytes)?;
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+    }
+}
+
+impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let data = self.shared.data.read().unwrap();
+        Ok((data.last_applied, data.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Option<crate::state::CommandResult>>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        let mut events = Vec::new();
+        {
+            let mut data = self.shared.data.write().unwrap();
+            for entry in entries {
+                let log_id = *entry.get_log_id();
+                data.last_applied = Some(log_id);
+                match entry.payload {
+                    EntryPayload::Blank => {
+                        data.cluster.note_index(log_id.index);
+                        responses.push(None);
+                    }
+                    EntryPayload::Membership(m) => {
+                        data.membership = StoredMembership::new(Some(log_id), m);
+                        data.cluster.note_index(log_id.index);
+                        responses.push(None);
+                    }
+                    EntryPayload::Normal(request) => {
+                        let (result, event) = data.cluster.apply(log_id.index, &request);
+                        if let Some(event) = event {
+                            data.history.push_back(event.clone());
+                            if data.history.len() > WATCH_HISTORY {
+                                data.history.pop_front();
+                            }
+                            events.push(event);
+                        }
+                        responses.push(Some(result));
+                    }
+                }
+            }
+        }
+        for event in events {
+            // No receiver is fine: nobody is watching.
+            let _ = self.shared.signals.send(WatchSignal::Change(event));
+        }
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        Self { shared: self.shared.clone(), backend: self.backend.clone() }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+        let bytes = snapshot.into_inner();
+        let payload: SnapshotPayload = serde_json::from_slice(&bytes)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &anyerror::AnyError::new(&e)))?;
+        save_snapshot(self.backend.as_ref(), meta, &bytes)?;
+        let revision = {
+            let mut data = self.shared.data.write().unwrap();
+            data.last_applied = meta.last_log_id;
+            data.membership = meta.last_membership.clone();
+            data.cluster = payload.cluster;
+            data.history.clear();
+            data.cluster.revision()
+        };
+        let _ = self.shared.signals.send(WatchSignal::Reset { revision });
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let loaded = load_snapshot(self.backend.as_ref()).map_err(sm_err)?;
+        Ok(loaded.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    }
+}

@@ -1,0 +1,33 @@
+use std::io::Cursor;
+
+use crate::state::{CommandResult, Request};
+
+openraft::declare_raft_types!(
+    /// gpuplane's openraft type configuration.
+    pub TypeConfig:
+        D = Request,
+        // None for entries that carry no command (blank, membership).
+        R = Option<CommandResult>,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+pub type NodeId = u64;
+pub type Node = openraft::BasicNode;
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type StorageError = openraft::StorageError<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, Node>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Node>;
+pub type Snapshot = openraft::Snapshot<TypeConfig>;
+pub type RaftMetrics = openraft::RaftMetrics<NodeId, Node>;
+pub type ServerState = openraft::ServerState;
+pub type ClientWriteError = openraft::error::ClientWriteError<NodeId, Node>;
+pub type RaftError<E = openraft::error::Infallible> = openraft::error::RaftError<NodeId, E>;
+pub type CheckIsLeaderError = openraft::error::CheckIsLeaderError<NodeId, Node>;
+pub type ForwardToLeader = openraft::error::ForwardToLeader<NodeId, Node>;
+pub use openraft::ChangeMembers;
+pub use openraft::EntryPayload;

@@ -1,0 +1,65 @@
+/// The separate keyspaces the controller keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tree {
+    /// Raft log entries, keyed by big-endian log index.
+    Logs,
+    /// Vote, committed log id, last purged log id, format version.
+    Meta,
+    /// The latest state-machine snapshot.
+    Snapshot,
+}
+
+impl Tree {
+    pub const ALL: [Tree; 3] = [Tree::Logs, Tree::Meta, Tree::Snapshot];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tree::Logs => "logs",
+            Tree::Meta => "meta",
+            Tree::Snapshot => "snapshot",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("storage {op} on tree {tree}: {message}")]
+pub struct BackendError {
+    pub op: &'static str,
+    pub tree: &'static str,
+    pub message: String,
+}
+
+impl BackendError {
+    pub fn new(op: &'static str, tree: Tree, message: impl ToString) -> Self {
+        Self { op, tree: tree.name(), message: message.to_string() }
+    }
+}
+
+/// An ordered key-value store with explicit durability. Writes may sit in memory until
+/// `flush` returns; callers flush before acknowledging anything that Raft requires to be
+/// durable (a vote, an appended entry).
+pub trait KvBackend: Send + Sync + 'static {
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
+    /// Inserts all pairs atomically.
+    fn insert_batch(&self, tree: Tree, items: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), BackendError>;
+    /// Removes keys in `[from, to)`; `to = None` means to the end.
+    fn remove_range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>) -> Result<(), BackendError>;
+    /// Pairs with keys in `[from, to)` in key order, at most `limit`.
+    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BackendError>;
+    fn last(&self, tree: Tree) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError>;
+    /// Makes every earlier write durable.
+    fn flush(&self) -> Result<(), BackendError>;
+    /// True when no tree holds any key.
+    fn is_empty(&self) -> Result<bool, BackendError> {
+        for tree in Tree::ALL {
+            if self.last(tree)?.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn insert(&self, tree: Tree, key: &[u8], value: Vec<u8>) -> Result<(), BackendError> {
+        self.insert_batch(tree, vec![(key.to_vec(), value)])
+    }
+}

@@ -1,0 +1,188 @@
+//! The controller's data directory: a `FORMAT` marker file and the sled database. A
+//! directory that is not ours, of another format version, of another node, or damaged is
+//! refused with a message that says which; it is never reset or rewritten.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{KvBackend, SledBackend, Tree};
+
+/// Version of the on-disk layout. Bump it on any incompatible change of keys or encodings.
+pub const FORMAT_VERSION: u32 = 1;
+const MARKER: &str = "gpuplane-controller-data";
+const FORMAT_FILE: &str = "FORMAT";
+const SLED_DIR: &str = "sled";
+pub(crate) const META_FORMAT_KEY: &[u8] = b"format_version";
+pub(crate) const META_NODE_KEY: &[u8] = b"node_id";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    #[error("data dir {dir}: {reason}; refusing to start (files left untouched)")]
+    Refused { dir: PathBuf, reason: String },
+    #[error("data dir {dir}: {source}")]
+    Io { dir: PathBuf, source: std::io::Error },
+}
+
+fn refused(dir: &Path, reason: impl Into<String>) -> DataDirError {
+    DataDirError::Refused { dir: dir.to_path_buf(), reason: reason.into() }
+}
+
+/// Opens (or, when absent or empty, creates) the data dir of controller `node_id`.
+pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirError> {
+    let io = |source| DataDirError::Io { dir: dir.to_path_buf(), source };
+    let fresh = match fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(io(e)),
+    };
+    if fresh {
+        fs::create_dir_all(dir).map_err(io)?;
+        let backend = SledBackend::open(&dir.join(SLED_DIR)).map_err(|e| refused(dir, e.to_string()))?;
+        backend
+            .insert_batch(
+                Tree::Meta,
+                vec![
+                    (META_FORMAT_KEY.to_vec(), FORMAT_VERSION.to_be_bytes().to_vec()),
+                    (META_NODE_KEY.to_vec(), node_id.to_be_bytes().to_vec()),
+                ],
+            )
+            .and_then(|_| backend.flush())
+            .map_err(|e| refused(dir, e.to_string()))?;
+        // The marker is written last: a crash before this leaves a dir that is refused as
+        // incomplete rather than one that looks initialised.
+        write_marker(dir, node_id).map_err(io)?;
+        return Ok(backend);
+    }
+
+    let marker = match fs::read_to_string(dir.join(FORMAT_FILE)) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(refused(dir, format!("not empty and has no {FORMAT_FILE} file: not a gpuplane controller data dir (or an interrupted initialisation)")));
+        }
+        Err(e) => return Err(io(e)),
+    };
+    let (version, marker_node) = parse_marker(&marker).map_err(|reason| refused(dir, format!("{FORMAT_FILE}: {reason}")))?;
+    if version != FORMAT_VERSION {
+        return Err(refused(dir, format!("format version {version}, this binary reads version {FORMAT_VERSION}")));
+    }
+    if marker_node != node_id {
+        return Err(refused(dir, format!("belongs to node {marker_node}, this is node {node_id}")));
+    }
+    let sled_dir = dir.join(SLED_DIR);
+    if !sled_dir.join("db").is_file() || !sled_dir.join("conf").is_file() {
+        return Err(refused(dir, "database files are missing"));
+    }
+    let backend = SledBackend::open(&sled_dir).map_err(|e| refused(dir, format!("database cannot be opened: {e}")))?;
+    let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, DataDirError> {
+        backend.get(Tree::Meta, key).map_err(|e| refused(dir, format!("database unreadable: {e}")))
+    };
+    match stored(META_FORMAT_KEY)? {
+        Some(v) if v == FORMAT_VERSION.to_be_bytes() => {}
+        Some(v) => return Err(refused(dir, format!("database format key is {v:?}, expected version {FORMAT_VERSION}"))),
+        None => return Err(refused(dir, "database lacks its format version key: damaged or truncated")),
+    }
+    match stored(META_NODE_KEY)? {
+        Some(v) if v == node_id.to_be_bytes() => {}
+        _ => return Err(refused(dir, "database node id does not match FORMAT: damaged or mixed-up data dir")),
+    }
+    Ok(backend)
+}
+
+fn write_marker(dir: &Path, node_id: u64) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{FORMAT_FILE}.tmp"));
+    let mut f = fs::File::create(&tmp)?;
+    writeln!(f, "{MARKER}\nformat_version={FORMAT_VERSION}\nnode_id={node_id}")?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(FORMAT_FILE))?;
+    fs::File::open(dir)?.sync_all()
+}
+
+fn parse_marker(text: &str) -> Result<(u32, u64), String> {
+    let mut lines = text.lines();
+    if lines.next() != Some(MARKER) {
+        return Err(format!("first line is not {MARKER:?}: not a gpuplane controller data dir"));
+    }
+    let mut version = None;
+    let mut node = None;
+    for line in lines {
+        match line.split_once('=') {
+            Some(("format_version", v)) => version = Some(v.parse::<u32>().map_err(|_| format!("bad format_version {v:?}"))?),
+            Some(("node_id", v)) => node = Some(v.parse::<u64>().map_err(|_| format!("bad node_id {v:?}"))?),
+            _ => return Err(format!("unexpected line {line:?}")),
+        }
+    }
+    match (version, node) {
+        (Some(v), Some(n)) => Ok((v, n)),
+        _ => Err("truncated: format_version or node_id missing".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut out = vec![];
+        for entry in walk(dir) {
+            out.push((entry.clone(), fs::read(&entry).unwrap()));
+        }
+        out.sort();
+        out
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut files = vec![];
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                files.extend(walk(&p));
+            } else {
+                files.push(p);
+            }
+        }
+        files
+    }
+
+    fn assert_refused(dir: &Path, node: u64, needle: &str) {
+        let before = snapshot_files(dir);
+        let err = open_data_dir(dir, node).err().expect("must refuse");
+        let msg = err.to_string();
+        assert!(msg.contains(needle), "{msg}");
+        assert!(msg.contains("refusing to start"), "{msg}");
+        assert_eq!(before, snapshot_files(dir), "refusal must leave files untouched");
+    }
+
+    #[test]
+    fn fresh_dir_is_initialised_and_reopens() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("n1");
+        {
+            let b = open_data_dir(&dir, 1).unwrap();
+            b.insert(Tree::Logs, b"k", b"v".to_vec()).unwrap();
+            b.flush().unwrap();
+        }
+        let b = open_data_dir(&dir, 1).unwrap();
+        assert_eq!(b.get(Tree::Logs, b"k").unwrap(), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn foreign_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("notes.txt"), "hello").unwrap();
+        assert_refused(tmp.path(), 1, "not a gpuplane controller data dir");
+    }
+
+    #[test]
+    fn wrong_version_node_or_truncated_marker_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(open_data_dir(tmp.path(), 1).unwrap());
+        let marker = tmp.path().join(FORMAT_FILE);
+        fs::write(&marker, format!("{MARKER}\nformat_version=2\nnode_id=1\n")).unwrap();
+        assert_refused(tmp.path(), 1, "format version 2");
+        fs::write(&marker, format!("{MARKER}\nformat_version=1\nnode_id=1\n")).unwrap();
+        assert_refused(tmp.path(), 3, "belongs to node 1");
+        fs::write(&marker, format!("{MARKER}\nformat_ver")).unwrap();
+        assert_refused(tmp.path(), 1, "FORMAT");
+    }
+}

@@ -1,0 +1,16 @@
+//! Durable storage behind small traits: a key-value backend (`KvBackend`) with a sled
+//! implementation for production and an in-memory one for tests and simulation, plus the
+//! data-directory format check. openraft's storage traits are implemented once, on top of
+//! `KvBackend`, in `crate::raft`.
+
+mod backend;
+mod data_dir;
+mod memory;
+mod sled_backend;
+mod watermark;
+
+pub use backend::{BackendError, KvBackend, Tree};
+pub use data_dir::{open_data_dir, DataDirError, FORMAT_VERSION};
+pub use memory::MemBackend;
+pub use sled_backend::SledBackend;
+pub use watermark::Watermark;

@@ -1,0 +1,79 @@
+use std::path::Path;
+
+use super::{BackendError, KvBackend, Tree};
+
+/// sled-backed storage. sled acknowledges writes before they reach the disk, so nothing
+/// here is durable until `flush`; the Raft log store flushes before it acknowledges a vote
+/// or an append.
+pub struct SledBackend {
+    db: sled::Db,
+    trees: [sled::Tree; 3],
+}
+
+impl SledBackend {
+    pub fn open(path: &Path) -> Result<Self, BackendError> {
+        let db = sled::Config::new()
+            .path(path)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(|e| BackendError::new("open", Tree::Meta, format!("{}: {e}", path.display())))?;
+        let open = |t: Tree| db.open_tree(t.name()).map_err(|e| BackendError::new("open", t, e));
+        let trees = [open(Tree::Logs)?, open(Tree::Meta)?, open(Tree::Snapshot)?];
+        Ok(Self { db, trees })
+    }
+
+    fn tree(&self, tree: Tree) -> &sled::Tree {
+        match tree {
+            Tree::Logs => &self.trees[0],
+            Tree::Meta => &self.trees[1],
+            Tree::Snapshot => &self.trees[2],
+        }
+    }
+}
+
+impl KvBackend for SledBackend {
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        self.tree(tree).get(key).map(|v| v.map(|v| v.to_vec())).map_err(|e| BackendError::new("get", tree, e))
+    }
+
+    fn insert_batch(&self, tree: Tree, items: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), BackendError> {
+        let mut batch = sled::Batch::default();
+        for (k, v) in items {
+            batch.insert(k, v);
+        }
+        self.tree(tree).apply_batch(batch).map_err(|e| BackendError::new("insert", tree, e))
+    }
+
+    fn remove_range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>) -> Result<(), BackendError> {
+        let t = self.tree(tree);
+        let mut batch = sled::Batch::default();
+        let iter = match to {
+            Some(to) => t.range(from..to),
+            None => t.range(from..),
+        };
+        for item in iter {
+            let (k, _) = item.map_err(|e| BackendError::new("scan", tree, e))?;
+            batch.remove(k);
+        }
+        t.apply_batch(batch).map_err(|e| BackendError::new("remove", tree, e))
+    }
+
+    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BackendError> {
+        let t = self.tree(tree);
+        let iter = match to {
+            Some(to) => t.range(from..to),
+            None => t.range(from..),
+        };
+        iter.take(limit)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(|e| BackendError::new("scan", tree, e)))
+            .collect()
+    }
+
+    fn last(&self, tree: Tree) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+        self.tree(tree).last().map(|o| o.map(|(k, v)| (k.to_vec(), v.to_vec()))).map_err(|e| BackendError::new("last", tree, e))
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.db.flush().map(|_| ()).map_err(|e| BackendError::new("flush", Tree::Meta, e))
+    }
+}
