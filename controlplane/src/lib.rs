@@ -5,3 +5,7 @@ pub mod resources;
 pub mod state;
 pub mod storage;
 pub mod raft;
+pub mod api;
+pub mod controller;
+pub mod server;
+pub mod client;

@@ -1,5 +1,6 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -17,11 +18,13 @@ const LAST_PURGED: &[u8] = b"last_purged";
 pub struct LogStore<B> {
     backend: Arc<B>,
     watermark: Arc<Watermark>,
+    /// Latest committed index openraft reported, for status pages.
+    committed: Arc<AtomicU64>,
 }
 
 impl<B> Clone for LogStore<B> {
     fn clone(&self) -> Self {
-        Self { backend: self.backend.clone(), watermark: self.watermark.clone() }
+        Self { backend: self.backend.clone(), watermark: self.watermark.clone(), committed: self.committed.clone() }
     }
 }
 
@@ -39,7 +42,7 @@ fn io_write(e: impl ToString) -> StorageError {
 impl<B: KvBackend> LogStore<B> {
     /// Opens the log; refuses a log that ends before the recorded durable watermark.
     pub fn open(backend: Arc<B>, watermark: Watermark) -> anyhow::Result<Self> {
-        let store = Self { backend, watermark: Arc::new(watermark) };
+        let store = Self { backend, watermark: Arc::new(watermark), committed: Arc::default() };
         let recorded = store.watermark.read().map_err(|e| anyhow::anyhow!(e))?;
         let last = store.last_index().map_err(|e| anyhow::anyhow!("reading the Raft log: {e}"))?;
         if last < recorded {
@@ -49,6 +52,11 @@ impl<B: KvBackend> LogStore<B> {
             );
         }
         Ok(store)
+    }
+
+    /// The committed index as last reported by openraft (0 before any).
+    pub fn committed_index(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
     }
 
     /// Writes `entries` and returns once they are durable (flushed, watermark advanced).
@@ -146,6 +154,7 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Not flushed on its own: a committed index that is lost in a crash only makes the
         // restarted node wait for the leader before re-applying, which is safe.
+        self.committed.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
         let bytes = serde_json::to_vec(&committed).map_err(io_write)?;
         self.backend.insert(Tree::Meta, COMMITTED, bytes).map_err(io_write)
     }

@@ -9,9 +9,9 @@ mod state_machine;
 mod types;
 
 pub use log_store::LogStore;
-pub use network::{Network, PeerChannels};
+pub use network::{Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use peer_service::RaftPeerService;
-pub use state_machine::{SmData, StateMachineStore, WatchSignal};
+pub use state_machine::{SmData, SmShared, StateMachineStore, WatchSignal};
 pub use types::*;
 
 use std::sync::Arc;
@@ -65,6 +65,7 @@ impl RaftSettings {
 pub struct RaftHandle {
     pub raft: Raft,
     pub state: Arc<state_machine::SmShared>,
+    pub committed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Starts the Raft node `id` over `backend`. Fails (without touching the data) when the
@@ -78,8 +79,9 @@ pub async fn start<B: KvBackend>(
 ) -> anyhow::Result<RaftHandle> {
     let config = Arc::new(settings.openraft_config().map_err(|e| anyhow::anyhow!("raft settings: {e}"))?);
     let log_store = LogStore::open(backend.clone(), watermark)?;
+    let committed = log_store.committed_index();
     let sm = StateMachineStore::open(backend)?;
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
-    Ok(RaftHandle { raft, state })
+    Ok(RaftHandle { raft, state, committed })
 }

@@ -33,6 +33,8 @@ pub struct SmData {
     pub cluster: ClusterState,
     /// Recent changes, oldest first, for watch resumption.
     pub history: VecDeque<ChangeEvent>,
+    /// Watchers can resume from any revision >= this one without a resync.
+    pub history_floor: u64,
 }
 
 pub struct SmShared {
@@ -80,6 +82,7 @@ impl<B: KvBackend> StateMachineStore<B> {
             data.last_applied = payload.last_applied;
             data.membership = payload.membership;
             data.cluster = payload.cluster;
+            data.history_floor = data.cluster.revision();
         }
         let shared = SmShared { data: RwLock::new(data), signals, snapshot_seq: AtomicU64::new(0) };
         Ok(Self { shared: Arc::new(shared), backend })
@@ -168,7 +171,9 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                         if let Some(event) = event {
                             data.history.push_back(event.clone());
                             if data.history.len() > WATCH_HISTORY {
-                                data.history.pop_front();
+                                if let Some(evicted) = data.history.pop_front() {
+                                    data.history_floor = evicted.revision;
+                                }
                             }
                             events.push(event);
                         }
@@ -203,6 +208,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
             data.membership = meta.last_membership.clone();
             data.cluster = payload.cluster;
             data.history.clear();
+            data.history_floor = data.cluster.revision();
             data.cluster.revision()
         };
         let _ = self.shared.signals.send(WatchSignal::Reset { revision });

@@ -1,0 +1,137 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proto::admin_client::AdminClient;
+use proto::admin_server::Admin;
+use tonic::{Request, Response, Status};
+
+use super::errors::ApiError;
+use super::forward::{forwarded_request, to_leader, was_forwarded};
+use crate::controller::Controller;
+use crate::raft::Node;
+use crate::resources::{ErrorCode, FieldError};
+
+/// Membership administration: bootstrap, add / remove members, leader transfer.
+pub struct AdminService {
+    controller: Controller,
+}
+
+impl AdminService {
+    pub fn new(controller: Controller) -> Self {
+        Self { controller }
+    }
+
+    fn membership_response(&self) -> Response<proto::MembershipResponse> {
+        Response::new(proto::MembershipResponse { status: Some(self.controller.status()) })
+    }
+}
+
+fn check_address(field: &str, addr: &str) -> Result<(), FieldError> {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err(FieldError::invalid(field, format!("{addr:?} is not host:port"))),
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn cluster_status(&self, _: Request<proto::ClusterStatusRequest>) -> Result<Response<proto::ClusterStatusResponse>, Status> {
+        Ok(Response::new(self.controller.status()))
+    }
+
+    async fn initialize(&self, request: Request<proto::InitializeRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
+        let req = request.into_inner();
+        if req.members.is_empty() {
+            return Err(ApiError::from(FieldError::invalid("members", "at least one member is required")).into());
+        }
+        let mut members = BTreeMap::new();
+        for (i, m) in req.members.iter().enumerate() {
+            check_address(&format!("members[{i}].address"), &m.address).map_err(ApiError::from)?;
+            if members.insert(m.node_id, Node::new(m.address.clone())).is_some() {
+                return Err(ApiError::from(FieldError::invalid(format!("members[{i}].node_id"), format!("duplicate node id {}", m.node_id))).into());
+            }
+        }
+        if !members.contains_key(&self.controller.id) {
+            return Err(ApiError::from(FieldError::invalid("members", format!("must include this node ({})", self.controller.id))).into());
+        }
+        self.controller.initialize(members).await?;
+        Ok(self.membership_response())
+    }
+
+    async fn add_member(&self, request: Request<proto::AddMemberRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let req = request.into_inner();
+        check_address("address", &req.address).map_err(ApiError::from)?;
+        match self.controller.add_member(req.node_id, req.address.clone(), req.promote).await {
+            Ok(()) => Ok(self.membership_response()),
+            Err(ApiError::NotLeader { leader }) => {
+                to_leader(&self.controller, forwarded, leader, |ch| async move { AdminClient::new(ch).add_member(forwarded_request(req)).await }).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn remove_member(&self, request: Request<proto::RemoveMemberRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let req = request.into_inner();
+        match self.controller.remove_member(req.node_id).await {
+            Ok(()) => Ok(self.membership_response()),
+            Err(ApiError::NotLeader { leader }) => {
+                to_leader(&self.controller, forwarded, leader, |ch| async move { AdminClient::new(ch).remove_member(forwarded_request(req)).await })
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Leader transfer for openraft 0.9, which has no transfer primitive: the leader stops
+    /// sending heartbeats so the followers' leader lease expires, and asks the target to
+    /// start an election, which it wins if its log is up to date.
+    async fn transfer_leader(&self, request: Request<proto::TransferLeaderRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let req = request.into_inner();
+        let c = &self.controller;
+        if !c.is_leader() {
+            let leader = c.leader();
+            return to_leader(c, forwarded, leader, |ch| async move { AdminClient::new(ch).transfer_leader(forwarded_request(req)).await }).await;
+        }
+        let status = c.status();
+        let target = if req.to_node_id != 0 {
+            status.members.iter().find(|m| m.node_id == req.to_node_id && m.voter)
+        } else {
+            status.members.iter().filter(|m| m.voter && m.node_id != c.id).max_by_key(|m| m.matched_index)
+        };
+        let Some(target) = target.cloned() else {
+            return Err(ApiError::from(FieldError::new(ErrorCode::FailedPrecondition, "to_node_id", "no such voter to transfer to")).into());
+        };
+        if target.node_id == c.id {
+            return Ok(self.membership_response());
+        }
+        c.raft.runtime_config().heartbeat(false);
+        c.raft.runtime_config().elect(false);
+        let channel = c.channels.get(&target.address).map_err(Status::internal)?;
+        let lease = Duration::from_millis(c.raft.config().election_timeout_max);
+        let deadline = tokio::time::Instant::now() + lease * 10;
+        let mut moved = false;
+        tokio::time::sleep(lease).await;
+        while tokio::time::Instant::now() < deadline {
+            let _ = AdminClient::new(channel.clone()).trigger_election(proto::ClusterStatusRequest {}).await;
+            tokio::time::sleep(lease / 2).await;
+            if c.leader().is_some_and(|(id, _)| id != c.id) {
+                moved = true;
+                break;
+            }
+        }
+        c.raft.runtime_config().heartbeat(true);
+        c.raft.runtime_config().elect(true);
+        if !moved {
+            return Err(Status::unavailable(format!("node {} did not take over leadership in time", target.node_id)));
+        }
+        Ok(self.membership_response())
+    }
+
+    async fn trigger_election(&self, _: Request<proto::ClusterStatusRequest>) -> Result<Response<proto::ClusterStatusResponse>, Status> {
+        self.controller.raft.trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(self.controller.status()))
+    }
+}

@@ -1,0 +1,44 @@
+//! Forwarding of requests that only the leader can serve.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use super::errors::not_leader_status;
+use crate::controller::Controller;
+use crate::raft::NodeId;
+
+/// How long a forwarded request may take at the leader.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn was_forwarded<T>(req: &Request<T>) -> bool {
+    req.metadata().contains_key(proto::meta::FORWARDED)
+}
+
+/// Wraps `message` for the leader, marked so that the leader never forwards it again.
+pub fn forwarded_request<T>(message: T) -> Request<T> {
+    let mut req = Request::new(message);
+    req.metadata_mut().insert(proto::meta::FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    req.set_timeout(FORWARD_TIMEOUT);
+    req
+}
+
+/// Sends a request to the leader with `call`, or answers "not leader" (with the leader's
+/// address when known) when it cannot be forwarded: no leader known, or this request was
+/// itself forwarded (the sender's view of the leader is stale; let the client retry).
+pub async fn to_leader<R, F, Fut>(controller: &Controller, already_forwarded: bool, leader: Option<(NodeId, String)>, call: F) -> Result<R, Status>
+where
+    F: FnOnce(Channel) -> Fut,
+    Fut: Future<Output = Result<R, Status>>,
+{
+    let Some((id, addr)) = leader.filter(|_| !already_forwarded) else {
+        return Err(not_leader_status(controller.leader()));
+    };
+    if id == controller.id {
+        return Err(Status::unavailable("leadership is changing; retry"));
+    }
+    let channel = controller.channels.get(&addr).map_err(Status::internal)?;
+    call(channel).await
+}

@@ -1,0 +1,14 @@
+//! The controller's gRPC API: resources (`ControlPlane`), membership (`Admin`), and the
+//! conversions between proto messages and the domain model.
+
+mod admin_service;
+mod convert;
+mod errors;
+mod forward;
+mod resource_service;
+mod watch;
+
+pub use admin_service::AdminService;
+pub use convert::{resource_to_proto, spec_from_proto};
+pub use errors::ApiError;
+pub use resource_service::ResourceService;

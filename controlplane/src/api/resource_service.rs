@@ -1,0 +1,156 @@
+use std::pin::Pin;
+
+use proto::control_plane_client::ControlPlaneClient;
+use proto::control_plane_server::ControlPlane;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::convert::{parse_kind, resource_to_proto, spec_from_proto};
+use super::errors::ApiError;
+use super::forward::{forwarded_request, to_leader, was_forwarded};
+use super::watch;
+use crate::controller::Controller;
+use crate::resources::{validate_name, validate_spec, FieldError};
+use crate::state::{Command, Request as SmRequest, WriteMode};
+
+/// The resource API: create / update / get / list / delete / watch.
+pub struct ResourceService {
+    controller: Controller,
+}
+
+impl ResourceService {
+    pub fn new(controller: Controller) -> Self {
+        Self { controller }
+    }
+}
+
+fn request_id(given: &str) -> String {
+    if given.is_empty() {
+        uuid::Uuid::new_v4().to_string()
+    } else {
+        given.to_string()
+    }
+}
+
+/// Builds the state-machine command for a put, checking everything that needs no state.
+fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
+    let r = req.resource.as_ref().ok_or_else(|| FieldError::invalid("resource", "required"))?;
+    validate_name("name", &r.name)?;
+    let command = if req.status_only {
+        let kind = parse_kind("kind", &r.kind)?;
+        let status = if r.status_json.trim().is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&r.status_json).map_err(|e| FieldError::invalid("status", format!("not valid JSON: {e}")))?
+        };
+        Command::PutStatus { kind, name: r.name.clone(), status, expected_version: r.resource_version }
+    } else {
+        let spec = spec_from_proto(r)?;
+        validate_spec(&spec)?;
+        let mode = match proto::WriteMode::try_from(req.mode) {
+            Ok(proto::WriteMode::Unspecified) => WriteMode::Upsert,
+            Ok(proto::WriteMode::Create) => WriteMode::Create,
+            Ok(proto::WriteMode::Update) => WriteMode::Update,
+            Err(_) => return Err(FieldError::invalid("mode", format!("unknown write mode {}", req.mode))),
+        };
+        Command::Put { name: r.name.clone(), tenant: r.tenant.clone(), spec, mode, expected_version: r.resource_version }
+    };
+    Ok(SmRequest { request_id: request_id(&req.request_id), command })
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ControlPlane for ResourceService {
+    async fn put(&self, request: Request<proto::PutRequest>) -> Result<Response<proto::PutResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let mut req = request.into_inner();
+        let sm_request = put_command(&req).map_err(ApiError::from)?;
+        // Pin the generated id so that a forwarded retry stays idempotent.
+        req.request_id = sm_request.request_id.clone();
+        match self.controller.write(sm_request).await {
+            Ok(outcome) => Ok(Response::new(proto::PutResponse {
+                resource: Some(resource_to_proto(&outcome.resource)),
+                deduplicated: outcome.deduplicated,
+            })),
+            Err(ApiError::NotLeader { leader }) => {
+                to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).put(forwarded_request(req)).await }).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete(&self, request: Request<proto::DeleteRequest>) -> Result<Response<proto::DeleteResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let mut req = request.into_inner();
+        let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
+        validate_name("name", &req.name).map_err(ApiError::from)?;
+        req.request_id = request_id(&req.request_id);
+        let sm_request = SmRequest {
+            request_id: req.request_id.clone(),
+            command: Command::Delete { kind, name: req.name.clone(), expected_version: req.expected_version },
+        };
+        match self.controller.write(sm_request).await {
+            Ok(outcome) => Ok(Response::new(proto::DeleteResponse {
+                resource: Some(resource_to_proto(&outcome.resource)),
+                deduplicated: outcome.deduplicated,
+            })),
+            Err(ApiError::NotLeader { leader }) => {
+                to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).delete(forwarded_request(req)).await })
+                    .await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Resource>, Status> {
+        let forwarded = was_forwarded(&request);
+        let req = request.into_inner();
+        let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
+        if !req.stale {
+            if let Err(e) = self.controller.read_barrier().await {
+                return match e {
+                    ApiError::NotLeader { leader } => {
+                        to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).get(forwarded_request(req)).await })
+                            .await
+                    }
+                    other => Err(other.into()),
+                };
+            }
+        }
+        let found = self.controller.read(|d| d.cluster.get(kind, &req.name).map(resource_to_proto));
+        found.map(Response::new).ok_or_else(|| {
+            ApiError::Field(FieldError::new(crate::resources::ErrorCode::NotFound, "name", format!("{kind} {:?} does not exist", req.name))).into()
+        })
+    }
+
+    async fn list(&self, request: Request<proto::ListRequest>) -> Result<Response<proto::ListResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let req = request.into_inner();
+        let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
+        if !req.stale {
+            if let Err(e) = self.controller.read_barrier().await {
+                return match e {
+                    ApiError::NotLeader { leader } => {
+                        to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).list(forwarded_request(req)).await })
+                            .await
+                    }
+                    other => Err(other.into()),
+                };
+            }
+        }
+        let response = self.controller.read(|d| proto::ListResponse {
+            resources: d.cluster.list(kind).filter(|r| req.tenant.is_empty() || r.tenant == req.tenant).map(resource_to_proto).collect(),
+            revision: d.cluster.revision(),
+        });
+        Ok(Response::new(response))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let req = request.into_inner();
+        let filter = watch::Filter::from_request(&req).map_err(ApiError::from)?;
+        Ok(Response::new(watch::start(self.controller.sm.clone(), filter, req.from_revision)))
+    }
+}

@@ -1,0 +1,206 @@
+//! A client for the controller API that follows leader hints and retries safely: every
+//! write carries a request id chosen once, so a retry after a timeout or a leader change
+//! applies at most once.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use proto::admin_client::AdminClient;
+use proto::control_plane_client::ControlPlaneClient;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::raft::PeerChannels;
+
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub backoff: Duration,
+    /// Deadline of one attempt.
+    pub timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self { attempts: 40, backoff: Duration::from_millis(100), timeout: Duration::from_secs(5) }
+    }
+}
+
+pub struct Client {
+    endpoints: Vec<String>,
+    preferred: Mutex<Option<String>>,
+    next: Mutex<usize>,
+    channels: PeerChannels,
+    pub retry: RetryPolicy,
+}
+
+/// Errors worth retrying elsewhere: the node is not the leader, unreachable, or timed out.
+fn retryable(status: &Status) -> bool {
+    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled)
+        || (status.code() == Code::Unknown && status.message().contains("transport"))
+}
+
+impl Client {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        assert!(!endpoints.is_empty(), "at least one controller endpoint is required");
+        Self { endpoints, preferred: Mutex::new(None), next: Mutex::new(0), channels: PeerChannels::default(), retry: RetryPolicy::default() }
+    }
+
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    fn pick(&self) -> String {
+        if let Some(p) = self.preferred.lock().unwrap().clone() {
+            return p;
+        }
+        let mut next = self.next.lock().unwrap();
+        let e = self.endpoints[*next % self.endpoints.len()].clone();
+        *next += 1;
+        e
+    }
+
+    /// Runs `f` against a controller, following leader hints and rotating on failures.
+    pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
+    where
+        F: Fn(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut last = Status::unavailable("no attempt made");
+        for attempt in 0..self.retry.attempts.max(1) {
+            let target = self.pick();
+            let channel = self.channels.get(&target).map_err(Status::invalid_argument)?;
+            match f(channel, self.retry.timeout).await {
+                Ok(v) => {
+                    *self.preferred.lock().unwrap() = Some(target);
+                    return Ok(v);
+                }
+                Err(status) if retryable(&status) => {
+                    let hint = status.metadata().get(proto::meta::LEADER_ADDR).and_then(|v| v.to_str().ok()).map(str::to_string);
+                    let hinted = hint.is_some();
+                    *self.preferred.lock().unwrap() = hint.filter(|h| *h != target);
+                    last = status;
+                    if !hinted || attempt > 0 {
+                        tokio::time::sleep(self.retry.backoff).await;
+                    }
+                }
+                Err(status) => return Err(status),
+            }
+        }
+        Err(last)
+    }
+
+    pub async fn put(&self, resource: proto::Resource, mode: proto::WriteMode) -> Result<proto::PutResponse, Status> {
+        let request_id = uuid::Uuid::new_v4().to_string();
+        self.put_with_id(resource, mode, &request_id).await
+    }
+
+    pub async fn put_with_id(&self, resource: proto::Resource, mode: proto::WriteMode, request_id: &str) -> Result<proto::PutResponse, Status> {
+        let req = proto::PutRequest { resource: Some(resource), mode: mode as i32, request_id: request_id.to_string(), status_only: false };
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(t);
+            async move { ControlPlaneClient::new(ch).put(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn put_status(&self, kind: &str, name: &str, status_json: String, expected_version: u64) -> Result<proto::PutResponse, Status> {
+        let resource = proto::Resource { kind: kind.into(), name: name.into(), status_json, resource_version: expected_version, ..Default::default() };
+        let req = proto::PutRequest { resource: Some(resource), mode: 0, request_id: uuid::Uuid::new_v4().to_string(), status_only: true };
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(t);
+            async move { ControlPlaneClient::new(ch).put(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn get(&self, kind: &str, name: &str, stale: bool) -> Result<proto::Resource, Status> {
+        let req = proto::GetRequest { kind: kind.into(), name: name.into(), stale };
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(t);
+            async move { ControlPlaneClient::new(ch).get(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn list(&self, kind: &str, tenant: &str, stale: bool) -> Result<proto::ListResponse, Status> {
+        let req = proto::ListRequest { kind: kind.into(), tenant: tenant.into(), stale };
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(t);
+            async move { ControlPlaneClient::new(ch).list(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn delete(&self, kind: &str, name: &str, expected_version: u64) -> Result<proto::DeleteResponse, Status> {
+        let req = proto::DeleteRequest { kind: kind.into(), name: name.into(), expected_version, request_id: uuid::Uuid::new_v4().to_string() };
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(t);
+            async move { ControlPlaneClient::new(ch).delete(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn watch(&self, kind: &str, from_revision: u64) -> Result<tonic::Streaming<proto::WatchEvent>, Status> {
+        let req = proto::WatchRequest { kind: kind.into(), name: String::new(), from_revision };
+        self.call(|ch, _| {
+            let r = tonic::Request::new(req.clone());
+            async move { ControlPlaneClient::new(ch).watch(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn cluster_status(&self) -> Result<proto::ClusterStatusResponse, Status> {
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(proto::ClusterStatusRequest {});
+            r.set_timeout(t);
+            async move { AdminClient::new(ch).cluster_status(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Status as one specific node sees it (no retries elsewhere).
+    pub async fn node_status(&self, addr: &str) -> Result<proto::ClusterStatusResponse, Status> {
+        let ch = self.channels.get(addr).map_err(Status::invalid_argument)?;
+        let mut r = tonic::Request::new(proto::ClusterStatusRequest {});
+        r.set_timeout(Duration::from_secs(2));
+        AdminClient::new(ch).cluster_status(r).await.map(|r| r.into_inner())
+    }
+
+    pub async fn add_member(&self, node_id: u64, address: &str, promote: bool) -> Result<proto::MembershipResponse, Status> {
+        let req = proto::AddMemberRequest { node_id, address: address.into(), promote };
+        self.call(|ch, _| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(Duration::from_secs(60));
+            async move { AdminClient::new(ch).add_member(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn remove_member(&self, node_id: u64) -> Result<proto::MembershipResponse, Status> {
+        let req = proto::RemoveMemberRequest { node_id };
+        self.call(|ch, t| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(t);
+            async move { AdminClient::new(ch).remove_member(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    pub async fn transfer_leader(&self, to_node_id: u64) -> Result<proto::MembershipResponse, Status> {
+        let req = proto::TransferLeaderRequest { to_node_id };
+        self.call(|ch, _| {
+            let mut r = tonic::Request::new(req.clone());
+            r.set_timeout(Duration::from_secs(15));
+            async move { AdminClient::new(ch).transfer_leader(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+}

@@ -1,0 +1,132 @@
+//! Assembles and runs one controller node: data dir, Raft, gRPC services, bootstrap.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use proto::admin_server::AdminServer;
+use proto::control_plane_server::ControlPlaneServer;
+use proto::raft_service_server::RaftServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api::{AdminService, ResourceService};
+use crate::controller::Controller;
+use crate::raft::{self, Node, NodeId, PeerChannels, RaftPeerService, RaftSettings, MAX_PEER_MESSAGE};
+use crate::storage::{open_data_dir, MemBackend, Watermark};
+
+/// Where a node keeps its state.
+#[derive(Clone, Debug)]
+pub enum StorageChoice {
+    /// sled in this directory (production).
+    DataDir(PathBuf),
+    /// In memory, lost on exit (tests, simulation).
+    Memory,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    /// Address peers and clients use; defaults to the bound listen address.
+    pub advertise: Option<String>,
+    pub storage: StorageChoice,
+    pub raft: RaftSettings,
+    /// When set and the node has never been initialised, initialise the cluster with these
+    /// members. Set it on exactly one node.
+    pub bootstrap: Option<BTreeMap<NodeId, String>>,
+}
+
+pub struct RunningNode {
+    pub controller: Controller,
+    pub addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl RunningNode {
+    /// Resolves with a message when Raft stops on a fatal error (e.g. a storage fault);
+    /// the process must then exit rather than serve from a node that can no longer persist.
+    pub async fn fatal(&self) -> String {
+        let mut metrics = self.controller.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow().running_state {
+                return format!("raft stopped: {fatal}");
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".into();
+            }
+        }
+    }
+
+    /// Stops serving and shuts Raft down (the data dir stays as it is).
+    pub async fn shutdown(mut self) {
+        self.stop().await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.abort();
+            let _ = server.await;
+        }
+        let _ = self.controller.raft.shutdown().await;
+    }
+}
+
+impl Drop for RunningNode {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}
+
+pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
+    let listener = TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let channels = PeerChannels::default();
+    let handle = match &opts.storage {
+        StorageChoice::DataDir(dir) => {
+            let backend = Arc::new(open_data_dir(dir, opts.id)?);
+            raft::start(opts.id, backend, Watermark::in_dir(dir), &opts.raft, channels.clone()).await?
+        }
+        StorageChoice::Memory => raft::start(opts.id, Arc::new(MemBackend::new()), Watermark::disabled(), &opts.raft, channels.clone()).await?,
+    };
+    let controller = Controller {
+        id: opts.id,
+        advertise_addr: advertise.clone(),
+        raft: handle.raft.clone(),
+        sm: handle.state.clone(),
+        committed: handle.committed.clone(),
+        channels,
+    };
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let router = tonic::transport::Server::builder()
+        .add_service(
+            RaftServiceServer::new(RaftPeerService::new(handle.raft.clone()))
+                .max_decoding_message_size(MAX_PEER_MESSAGE)
+                .max_encoding_message_size(MAX_PEER_MESSAGE),
+        )
+        .add_service(ControlPlaneServer::new(ResourceService::new(controller.clone())))
+        .add_service(AdminServer::new(AdminService::new(controller.clone())));
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+        let _ = shutdown_rx.await;
+    }));
+    if let Some(members) = &opts.bootstrap {
+        if !handle.raft.is_initialized().await? {
+            let mut nodes: BTreeMap<NodeId, Node> = members.iter().map(|(id, a)| (*id, Node::new(a.clone()))).collect();
+            nodes.entry(opts.id).or_insert_with(|| Node::new(advertise.clone()));
+            tracing::info!(members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new cluster");
+            handle.raft.initialize(nodes).await?;
+        }
+    }
+    tracing::info!(id = opts.id, %addr, "controller serving");
+    Ok(RunningNode { controller, addr, shutdown: Some(shutdown_tx), server: Some(server) })
+}

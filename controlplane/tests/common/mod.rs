@@ -1,0 +1,163 @@
+//! In-process controller clusters on loopback for integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use controlplane::client::Client;
+use controlplane::raft::RaftSettings;
+use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
+
+pub struct TestCluster {
+    pub dir: tempfile::TempDir,
+    pub nodes: BTreeMap<u64, Option<RunningNode>>,
+    pub addrs: BTreeMap<u64, SocketAddr>,
+    pub settings: RaftSettings,
+}
+
+pub fn fast_settings() -> RaftSettings {
+    RaftSettings { heartbeat_interval_ms: 50, election_timeout_min_ms: 200, election_timeout_max_ms: 400, ..RaftSettings::default() }
+}
+
+impl TestCluster {
+    pub async fn start(n: u64, settings: RaftSettings) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), settings };
+        for id in 1..=n {
+            cluster.start_node(id, "127.0.0.1:0".parse().unwrap(), None).await;
+        }
+        let members: BTreeMap<u64, String> = cluster.addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
+        // Initialise through node 1 only, exactly once.
+        let first = cluster.node(1);
+        let nodes = members.iter().map(|(id, a)| (*id, controlplane::raft::Node::new(a.clone()))).collect();
+        first.controller.initialize(nodes).await.unwrap();
+        cluster.wait_leader().await;
+        cluster
+    }
+
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node-{id}"))
+    }
+
+    pub async fn start_node(&mut self, id: u64, listen: SocketAddr, bootstrap: Option<BTreeMap<u64, String>>) {
+        let opts = NodeOptions {
+            id,
+            listen,
+            advertise: None,
+            storage: StorageChoice::DataDir(self.data_dir(id)),
+            raft: self.settings.clone(),
+            bootstrap,
+        };
+        let node = start_node(opts).await.unwrap();
+        self.addrs.insert(id, node.addr);
+        self.nodes.insert(id, Some(node));
+    }
+
+    /// Restarts a stopped node on its old address from its data dir.
+    pub async fn restart(&mut self, id: u64) {
+        let addr = self.addrs[&id];
+        for _ in 0..50 {
+            let opts = NodeOptions {
+                id,
+                listen: addr,
+                advertise: None,
+                storage: StorageChoice::DataDir(self.data_dir(id)),
+                raft: self.settings.clone(),
+                bootstrap: None,
+            };
+            match start_node(opts).await {
+                Ok(node) => {
+                    self.nodes.insert(id, Some(node));
+                    return;
+                }
+                // The port or the sled lock may still be held briefly by the stopped node.
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        panic!("node {id} did not restart");
+    }
+
+    pub async fn stop(&mut self, id: u64) {
+        if let Some(node) = self.nodes.get_mut(&id).and_then(Option::take) {
+            node.shutdown().await;
+        }
+    }
+
+    pub fn node(&self, id: u64) -> &RunningNode {
+        self.nodes[&id].as_ref().expect("node is running")
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = (u64, &RunningNode)> {
+        self.nodes.iter().filter_map(|(id, n)| n.as_ref().map(|n| (*id, n)))
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.addrs.values().map(|a| a.to_string()).collect()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.endpoints())
+    }
+
+    pub fn client_of(&self, id: u64) -> Client {
+        Client::new(vec![self.addrs[&id].to_string()])
+    }
+
+    /// Waits until the running nodes agree on a leader that is running; returns its id.
+    pub async fn wait_leader(&self) -> u64 {
+        for _ in 0..200 {
+            let leaders: Vec<Option<u64>> = self.running().map(|(_, n)| n.controller.leader().map(|l| l.0)).collect();
+            if let Some(Some(l)) = leaders.first() {
+                if leaders.iter().all(|x| *x == Some(*l)) && self.nodes.get(l).is_some_and(Option::is_some) && self.node(*l).controller.is_leader() {
+                    return *l;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no leader elected");
+    }
+
+    /// Waits until every running node has applied at least `index`.
+    pub async fn wait_applied(&self, index: u64) {
+        for _ in 0..400 {
+            if self.running().all(|(_, n)| n.controller.status().applied_index >= index) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let seen: Vec<_> = self.running().map(|(id, n)| (id, n.controller.status().applied_index)).collect();
+        panic!("nodes did not apply index {index}: {seen:?}");
+    }
+}
+
+pub fn resource(kind: &str, name: &str, tenant: &str, spec: serde_json::Value) -> proto::Resource {
+    proto::Resource { kind: kind.into(), name: name.into(), tenant: tenant.into(), spec_json: spec.to_string(), ..Default::default() }
+}
+
+/// The resources every service needs: a tenant, GPU models, an instance type, a profile.
+pub fn base_resources() -> Vec<proto::Resource> {
+    use serde_json::json;
+    vec![
+        resource("Tenant", "acme", "", json!({"display_name": "Acme"})),
+        resource("GpuModel", "A100-80GB", "", json!({"sm_count": 108, "memory_gib": 80})),
+        resource("InstanceType", "p4de.24xlarge", "", json!({"gpu_model": "A100-80GB", "gpu_count": 8, "price_per_hour": 40.96, "launch_latency_s": 180})),
+        resource(
+            "ModelProfile",
+            "resnet50-a100",
+            "",
+            json!({"model": "resnet50", "gpu_model": "A100-80GB", "points": [{"gpcs": 1, "batch": 8, "throughput_rps": 400, "latency_ms": 18}]}),
+        ),
+    ]
+}
+
+pub fn service(name: &str, rate: f64, latency_ms: f64) -> proto::Resource {
+    resource("Service", name, "acme", serde_json::json!({"model": "resnet50", "slo": {"latency_ms": latency_ms, "request_rate": rate}}))
+}
+
+pub async fn seed(client: &Client) {
+    for r in base_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+}
