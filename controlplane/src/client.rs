@@ -44,7 +44,13 @@ fn retryable(status: &Status) -> bool {
 impl Client {
     pub fn new(endpoints: Vec<String>) -> Self {
         assert!(!endpoints.is_empty(), "at least one controller endpoint is required");
-        Self { endpoints, preferred: Mutex::new(None), next: Mutex::new(0), channels: PeerChannels::default(), retry: RetryPolicy::default() }
+        Self {
+            endpoints,
+            preferred: Mutex::new(None),
+            next: Mutex::new(0),
+            channels: PeerChannels::default(),
+            retry: RetryPolicy::default(),
+        }
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
@@ -97,7 +103,12 @@ impl Client {
         self.put_with_id(resource, mode, &request_id).await
     }
 
-    pub async fn put_with_id(&self, resource: proto::Resource, mode: proto::WriteMode, request_id: &str) -> Result<proto::PutResponse, Status> {
+    pub async fn put_with_id(
+        &self,
+        resource: proto::Resource,
+        mode: proto::WriteMode,
+        request_id: &str,
+    ) -> Result<proto::PutResponse, Status> {
         let req = proto::PutRequest { resource: Some(resource), mode: mode as i32, request_id: request_id.to_string(), status_only: false };
         self.call(|ch, t| {
             let mut r = tonic::Request::new(req.clone());
@@ -107,8 +118,15 @@ impl Client {
         .await
     }
 
-    pub async fn put_status(&self, kind: &str, name: &str, status_json: String, expected_version: u64) -> Result<proto::PutResponse, Status> {
-        let resource = proto::Resource { kind: kind.into(), name: name.into(), status_json, resource_version: expected_version, ..Default::default() };
+    pub async fn put_status(
+        &self,
+        kind: &str,
+        name: &str,
+        status_json: String,
+        expected_version: u64,
+    ) -> Result<proto::PutResponse, Status> {
+        let resource =
+            proto::Resource { kind: kind.into(), name: name.into(), status_json, resource_version: expected_version, ..Default::default() };
         let req = proto::PutRequest { resource: Some(resource), mode: 0, request_id: uuid::Uuid::new_v4().to_string(), status_only: true };
         self.call(|ch, t| {
             let mut r = tonic::Request::new(req.clone());
@@ -139,7 +157,8 @@ impl Client {
     }
 
     pub async fn delete(&self, kind: &str, name: &str, expected_version: u64) -> Result<proto::DeleteResponse, Status> {
-        let req = proto::DeleteRequest { kind: kind.into(), name: name.into(), expected_version, request_id: uuid::Uuid::new_v4().to_string() };
+        let req =
+            proto::DeleteRequest { kind: kind.into(), name: name.into(), expected_version, request_id: uuid::Uuid::new_v4().to_string() };
         self.call(|ch, t| {
             let mut r = tonic::Request::new(req.clone());
             r.set_timeout(t);
@@ -187,7 +206,7 @@ impl Client {
     pub async fn remove_member(&self, node_id: u64) -> Result<proto::MembershipResponse, Status> {
         let req = proto::RemoveMemberRequest { node_id };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req.clone());
+            let mut r = tonic::Request::new(req);
             r.set_timeout(t);
             async move { AdminClient::new(ch).remove_member(r).await.map(|r| r.into_inner()) }
         })
@@ -197,7 +216,7 @@ impl Client {
     pub async fn transfer_leader(&self, to_node_id: u64) -> Result<proto::MembershipResponse, Status> {
         let req = proto::TransferLeaderRequest { to_node_id };
         self.call(|ch, _| {
-            let mut r = tonic::Request::new(req.clone());
+            let mut r = tonic::Request::new(req);
             r.set_timeout(Duration::from_secs(15));
             async move { AdminClient::new(ch).transfer_leader(r).await.map(|r| r.into_inner()) }
         })

@@ -83,11 +83,8 @@ impl Controller {
         let leader = self.leader();
         let membership = m.membership_config.membership();
         let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
-        let matched: BTreeMap<NodeId, u64> = m
-            .replication
-            .as_ref()
-            .map(|r| r.iter().map(|(id, log)| (*id, log.map_or(0, |l| l.index))).collect())
-            .unwrap_or_default();
+        let matched: BTreeMap<NodeId, u64> =
+            m.replication.as_ref().map(|r| r.iter().map(|(id, log)| (*id, log.map_or(0, |l| l.index))).collect()).unwrap_or_default();
         let members = membership
             .nodes()
             .map(|(id, node)| proto::Member {
@@ -113,13 +110,11 @@ impl Controller {
 
     pub async fn initialize(&self, members: BTreeMap<NodeId, Node>) -> Result<(), ApiError> {
         self.raft.initialize(members).await.map_err(|e| match e {
-            RE::APIError(openraft::error::InitializeError::NotAllowed(_)) => {
-                ApiError::Field(crate::resources::FieldError::new(
-                    crate::resources::ErrorCode::FailedPrecondition,
-                    "members",
-                    "the cluster is already initialized",
-                ))
-            }
+            RE::APIError(openraft::error::InitializeError::NotAllowed(_)) => ApiError::Field(crate::resources::FieldError::new(
+                crate::resources::ErrorCode::FailedPrecondition,
+                "members",
+                "the cluster is already initialized",
+            )),
             other => ApiError::Field(crate::resources::FieldError::invalid("members", other.to_string())),
         })
     }
@@ -135,11 +130,7 @@ impl Controller {
 
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
         let voters: Vec<NodeId> = self.raft.metrics().borrow().membership_config.membership().voter_ids().collect();
-        let change = if voters.contains(&id) {
-            ChangeMembers::RemoveVoters([id].into())
-        } else {
-            ChangeMembers::RemoveNodes([id].into())
-        };
+        let change = if voters.contains(&id) { ChangeMembers::RemoveVoters([id].into()) } else { ChangeMembers::RemoveNodes([id].into()) };
         self.raft.change_membership(change, false).await.map_err(membership_error)?;
         Ok(())
     }
@@ -148,11 +139,9 @@ impl Controller {
 fn membership_error(e: RE<NodeId, crate::raft::ClientWriteError>) -> ApiError {
     match e {
         RE::APIError(CWE::ForwardToLeader(f)) => ApiError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) },
-        RE::APIError(CWE::ChangeMembershipError(c)) => ApiError::Field(crate::resources::FieldError::new(
-            crate::resources::ErrorCode::FailedPrecondition,
-            "node_id",
-            c.to_string(),
-        )),
+        RE::APIError(CWE::ChangeMembershipError(c)) => {
+            ApiError::Field(crate::resources::FieldError::new(crate::resources::ErrorCode::FailedPrecondition, "node_id", c.to_string()))
+        }
         other => ApiError::Unavailable(other.to_string()),
     }
 }

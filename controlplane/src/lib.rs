@@ -1,11 +1,17 @@
 //! gpuplane controller: the replicated cluster state (openraft over sled), its gRPC API,
 //! and the `controlplane` and `gpuctl` binaries.
 
+// openraft's StorageError and tonic's Status are large by design; we return them the way
+// those libraries do rather than boxing at every boundary.
+#![allow(clippy::result_large_err)]
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod controller;
+pub mod manifest;
+pub mod raft;
 pub mod resources;
+pub mod server;
 pub mod state;
 pub mod storage;
-pub mod raft;
-pub mod api;
-pub mod controller;
-pub mod server;
-pub mod client;

@@ -97,7 +97,9 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
             let backend = Arc::new(open_data_dir(dir, opts.id)?);
             raft::start(opts.id, backend, Watermark::in_dir(dir), &opts.raft, channels.clone()).await?
         }
-        StorageChoice::Memory => raft::start(opts.id, Arc::new(MemBackend::new()), Watermark::disabled(), &opts.raft, channels.clone()).await?,
+        StorageChoice::Memory => {
+            raft::start(opts.id, Arc::new(MemBackend::new()), Watermark::disabled(), &opts.raft, channels.clone()).await?
+        }
     };
     let controller = Controller {
         id: opts.id,

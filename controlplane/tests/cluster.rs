@@ -43,7 +43,8 @@ async fn writes_through_any_node_replicate_and_survive_leader_kill() {
     cluster.restart(leader).await;
     let revision = client.list("Service", "", false).await.unwrap().revision;
     cluster.wait_applied(revision).await;
-    let on_old = cluster.node(leader).controller.read(|d| d.cluster.get(controlplane::resources::Kind::Service, "after-failover").is_some());
+    let on_old =
+        cluster.node(leader).controller.read(|d| d.cluster.get(controlplane::resources::Kind::Service, "after-failover").is_some());
     assert!(on_old);
 }
 

@@ -19,7 +19,9 @@ impl StoreBuilder<TypeConfig, LogStore<MemBackend>, StateMachineStore<MemBackend
 struct SledBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore<SledBackend>, StateMachineStore<SledBackend>, tempfile::TempDir> for SledBuilder {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore<SledBackend>, StateMachineStore<SledBackend>), openraft::StorageError<u64>> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore<SledBackend>, StateMachineStore<SledBackend>), openraft::StorageError<u64>> {
         let dir = tempfile::tempdir().unwrap();
         let backend = Arc::new(open_data_dir(dir.path(), 1).unwrap());
         let log = LogStore::open(backend.clone(), Watermark::in_dir(dir.path())).unwrap();
@@ -44,7 +46,10 @@ async fn log_shorter_than_watermark_is_refused() {
         let backend = Arc::new(open_data_dir(dir.path(), 1).unwrap());
         let log = LogStore::open(backend.clone(), Watermark::in_dir(dir.path())).unwrap();
         let entries: Vec<_> = (1..=50u64)
-            .map(|i| openraft::Entry::<TypeConfig> { log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i), payload: openraft::EntryPayload::Blank })
+            .map(|i| openraft::Entry::<TypeConfig> {
+                log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
+                payload: openraft::EntryPayload::Blank,
+            })
             .collect();
         log.append_durably(entries).unwrap();
         // Simulate the database losing its tail: remove entries behind the store's back.

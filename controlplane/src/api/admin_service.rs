@@ -48,7 +48,11 @@ impl Admin for AdminService {
         for (i, m) in req.members.iter().enumerate() {
             check_address(&format!("members[{i}].address"), &m.address).map_err(ApiError::from)?;
             if members.insert(m.node_id, Node::new(m.address.clone())).is_some() {
-                return Err(ApiError::from(FieldError::invalid(format!("members[{i}].node_id"), format!("duplicate node id {}", m.node_id))).into());
+                return Err(ApiError::from(FieldError::invalid(
+                    format!("members[{i}].node_id"),
+                    format!("duplicate node id {}", m.node_id),
+                ))
+                .into());
             }
         }
         if !members.contains_key(&self.controller.id) {
@@ -65,7 +69,13 @@ impl Admin for AdminService {
         match self.controller.add_member(req.node_id, req.address.clone(), req.promote).await {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
-                to_leader(&self.controller, forwarded, leader, |ch| async move { AdminClient::new(ch).add_member(forwarded_request(req)).await }).await
+                to_leader(
+                    &self.controller,
+                    forwarded,
+                    leader,
+                    |ch| async move { AdminClient::new(ch).add_member(forwarded_request(req)).await },
+                )
+                .await
             }
             Err(e) => Err(e.into()),
         }
@@ -77,8 +87,10 @@ impl Admin for AdminService {
         match self.controller.remove_member(req.node_id).await {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
-                to_leader(&self.controller, forwarded, leader, |ch| async move { AdminClient::new(ch).remove_member(forwarded_request(req)).await })
-                    .await
+                to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    AdminClient::new(ch).remove_member(forwarded_request(req)).await
+                })
+                .await
             }
             Err(e) => Err(e.into()),
         }
@@ -93,7 +105,8 @@ impl Admin for AdminService {
         let c = &self.controller;
         if !c.is_leader() {
             let leader = c.leader();
-            return to_leader(c, forwarded, leader, |ch| async move { AdminClient::new(ch).transfer_leader(forwarded_request(req)).await }).await;
+            return to_leader(c, forwarded, leader, |ch| async move { AdminClient::new(ch).transfer_leader(forwarded_request(req)).await })
+                .await;
         }
         let status = c.status();
         let target = if req.to_node_id != 0 {

@@ -28,7 +28,12 @@ pub fn forwarded_request<T>(message: T) -> Request<T> {
 /// Sends a request to the leader with `call`, or answers "not leader" (with the leader's
 /// address when known) when it cannot be forwarded: no leader known, or this request was
 /// itself forwarded (the sender's view of the leader is stale; let the client retry).
-pub async fn to_leader<R, F, Fut>(controller: &Controller, already_forwarded: bool, leader: Option<(NodeId, String)>, call: F) -> Result<R, Status>
+pub async fn to_leader<R, F, Fut>(
+    controller: &Controller,
+    already_forwarded: bool,
+    leader: Option<(NodeId, String)>,
+    call: F,
+) -> Result<R, Status>
 where
     F: FnOnce(Channel) -> Fut,
     Fut: Future<Output = Result<R, Status>>,

@@ -74,7 +74,13 @@ impl ControlPlane for ResourceService {
                 deduplicated: outcome.deduplicated,
             })),
             Err(ApiError::NotLeader { leader }) => {
-                to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).put(forwarded_request(req)).await }).await
+                to_leader(
+                    &self.controller,
+                    forwarded,
+                    leader,
+                    |ch| async move { ControlPlaneClient::new(ch).put(forwarded_request(req)).await },
+                )
+                .await
             }
             Err(e) => Err(e.into()),
         }
@@ -96,8 +102,10 @@ impl ControlPlane for ResourceService {
                 deduplicated: outcome.deduplicated,
             })),
             Err(ApiError::NotLeader { leader }) => {
-                to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).delete(forwarded_request(req)).await })
-                    .await
+                to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    ControlPlaneClient::new(ch).delete(forwarded_request(req)).await
+                })
+                .await
             }
             Err(e) => Err(e.into()),
         }
@@ -111,8 +119,10 @@ impl ControlPlane for ResourceService {
             if let Err(e) = self.controller.read_barrier().await {
                 return match e {
                     ApiError::NotLeader { leader } => {
-                        to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).get(forwarded_request(req)).await })
-                            .await
+                        to_leader(&self.controller, forwarded, leader, |ch| async move {
+                            ControlPlaneClient::new(ch).get(forwarded_request(req)).await
+                        })
+                        .await
                     }
                     other => Err(other.into()),
                 };
@@ -120,7 +130,8 @@ impl ControlPlane for ResourceService {
         }
         let found = self.controller.read(|d| d.cluster.get(kind, &req.name).map(resource_to_proto));
         found.map(Response::new).ok_or_else(|| {
-            ApiError::Field(FieldError::new(crate::resources::ErrorCode::NotFound, "name", format!("{kind} {:?} does not exist", req.name))).into()
+            ApiError::Field(FieldError::new(crate::resources::ErrorCode::NotFound, "name", format!("{kind} {:?} does not exist", req.name)))
+                .into()
         })
     }
 
@@ -132,8 +143,10 @@ impl ControlPlane for ResourceService {
             if let Err(e) = self.controller.read_barrier().await {
                 return match e {
                     ApiError::NotLeader { leader } => {
-                        to_leader(&self.controller, forwarded, leader, |ch| async move { ControlPlaneClient::new(ch).list(forwarded_request(req)).await })
-                            .await
+                        to_leader(&self.controller, forwarded, leader, |ch| async move {
+                            ControlPlaneClient::new(ch).list(forwarded_request(req)).await
+                        })
+                        .await
                     }
                     other => Err(other.into()),
                 };

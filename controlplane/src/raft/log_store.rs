@@ -33,10 +33,10 @@ fn key(index: u64) -> [u8; 8] {
 }
 
 fn io_read(e: impl ToString) -> StorageError {
-    StorageIOError::read_logs(&anyerror::AnyError::error(e.to_string())).into()
+    StorageIOError::read_logs(anyerror::AnyError::error(e.to_string())).into()
 }
 fn io_write(e: impl ToString) -> StorageError {
-    StorageIOError::write_logs(&anyerror::AnyError::error(e.to_string())).into()
+    StorageIOError::write_logs(anyerror::AnyError::error(e.to_string())).into()
 }
 
 impl<B: KvBackend> LogStore<B> {
@@ -77,7 +77,9 @@ impl<B: KvBackend> LogStore<B> {
     fn read_json<T: serde::de::DeserializeOwned>(&self, tree: Tree, k: &[u8]) -> Result<Option<T>, StorageError> {
         match self.backend.get(tree, k).map_err(io_read)? {
             None => Ok(None),
-            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| io_read(format!("decoding {}: {e}", String::from_utf8_lossy(k)))),
+            Some(bytes) => {
+                serde_json::from_slice(&bytes).map(Some).map_err(|e| io_read(format!("decoding {}: {e}", String::from_utf8_lossy(k))))
+            }
         }
     }
 
@@ -104,7 +106,10 @@ fn decode_key(k: &[u8]) -> Result<u64, StorageError> {
 }
 
 impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(&mut self, range: RB) -> Result<Vec<Entry>, StorageError> {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s + 1,
@@ -140,11 +145,11 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(&anyerror::AnyError::new(&e)))?;
+        let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(anyerror::AnyError::new(&e)))?;
         self.backend
             .insert(Tree::Meta, VOTE, bytes)
             .and_then(|_| self.backend.flush())
-            .map_err(|e| StorageIOError::write_vote(&anyerror::AnyError::error(e.to_string())).into())
+            .map_err(|e| StorageIOError::write_vote(anyerror::AnyError::error(e.to_string())).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
+};
 use proto::raft_service_client::RaftServiceClient;
 use proto::RaftPayload;
 use serde::de::DeserializeOwned;
@@ -84,7 +86,8 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let channel = self.channels.get(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&Message(e))))?;
-        let mut client = RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+        let mut client =
+            RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
         let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = tonic::Request::new(RaftPayload { data });
         request.set_timeout(ttl);
@@ -123,7 +126,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await
     }
 
-    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
         self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
     }
 }

@@ -20,9 +20,11 @@ pub const WATCH_HISTORY: usize = 10_000;
 /// What watchers are told after each apply.
 #[derive(Clone, Debug)]
 pub enum WatchSignal {
-    Change(ChangeEvent),
+    Change(Box<ChangeEvent>),
     /// The whole state was replaced (snapshot installed): watchers must resync.
-    Reset { revision: u64 },
+    Reset {
+        revision: u64,
+    },
 }
 
 /// The applied state, shared between the Raft state machine and the API readers.
@@ -66,10 +68,10 @@ pub struct StateMachineStore<B> {
 }
 
 fn sm_err(e: impl ToString) -> StorageError {
-    StorageIOError::read_state_machine(&anyerror::AnyError::error(e.to_string())).into()
+    StorageIOError::read_state_machine(anyerror::AnyError::error(e.to_string())).into()
 }
 fn snap_err(e: impl ToString) -> StorageError {
-    StorageIOError::write_snapshot(None, &anyerror::AnyError::error(e.to_string())).into()
+    StorageIOError::write_snapshot(None, anyerror::AnyError::error(e.to_string())).into()
 }
 
 impl<B: KvBackend> StateMachineStore<B> {
@@ -118,11 +120,8 @@ impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let (bytes, last_applied, membership) = {
             let data = self.shared.data.read().unwrap();
-            let payload = SnapshotPayload {
-                last_applied: data.last_applied,
-                membership: data.membership.clone(),
-                cluster: data.cluster.clone(),
-            };
+            let payload =
+                SnapshotPayload { last_applied: data.last_applied, membership: data.membership.clone(), cluster: data.cluster.clone() };
             (serde_json::to_vec(&payload).map_err(sm_err)?, data.last_applied, data.membership.clone())
         };
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;
@@ -184,7 +183,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
         }
         for event in events {
             // No receiver is fine: nobody is watching.
-            let _ = self.shared.signals.send(WatchSignal::Change(event));
+            let _ = self.shared.signals.send(WatchSignal::Change(Box::new(event)));
         }
         Ok(responses)
     }
@@ -200,7 +199,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
         let payload: SnapshotPayload = serde_json::from_slice(&bytes)
-            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &anyerror::AnyError::new(&e)))?;
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), anyerror::AnyError::new(&e)))?;
         save_snapshot(self.backend.as_ref(), meta, &bytes)?;
         let revision = {
             let mut data = self.shared.data.write().unwrap();

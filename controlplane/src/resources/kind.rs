@@ -16,15 +16,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
-        Kind::Tenant,
-        Kind::GpuModel,
-        Kind::InstanceType,
-        Kind::ModelProfile,
-        Kind::Service,
-        Kind::Node,
-        Kind::Plan,
-    ];
+    pub const ALL: [Kind; 7] =
+        [Kind::Tenant, Kind::GpuModel, Kind::InstanceType, Kind::ModelProfile, Kind::Service, Kind::Node, Kind::Plan];
 
     pub fn as_str(self) -> &'static str {
         match self {

@@ -34,11 +34,7 @@ impl FieldError {
         Self::new(ErrorCode::InvalidArgument, field, reason)
     }
     pub fn new(code: ErrorCode, field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self {
-            code,
-            field: field.into(),
-            reason: reason.into(),
-        }
+        Self { code, field: field.into(), reason: reason.into() }
     }
 }
 

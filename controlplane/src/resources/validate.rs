@@ -153,7 +153,10 @@ fn validate_gpu_model(g: &GpuModelSpec) -> Result<(), FieldError> {
                 return Err(FieldError::invalid(f("name"), format!("duplicate profile {:?}", p.name)));
             }
             if p.compute_slices == 0 || p.compute_slices > mig.compute_slices {
-                return Err(FieldError::invalid(f("compute_slices"), format!("must be 1-{} (got {})", mig.compute_slices, p.compute_slices)));
+                return Err(FieldError::invalid(
+                    f("compute_slices"),
+                    format!("must be 1-{} (got {})", mig.compute_slices, p.compute_slices),
+                ));
             }
             if p.memory_slices == 0 || p.memory_slices > mig.memory_slices {
                 return Err(FieldError::invalid(f("memory_slices"), format!("must be 1-{} (got {})", mig.memory_slices, p.memory_slices)));

@@ -19,11 +19,7 @@ pub(super) fn check_references(state: &ClusterState, _name: &str, _tenant: &str,
         Spec::Service(s) => {
             let profiled = state.list(Kind::ModelProfile).any(|r| matches!(&r.spec, Spec::ModelProfile(p) if p.model == s.model));
             if !profiled {
-                return Err(FieldError::new(
-                    ErrorCode::NotFound,
-                    "spec.model",
-                    format!("no ModelProfile exists for model {:?}", s.model),
-                ));
+                return Err(FieldError::new(ErrorCode::NotFound, "spec.model", format!("no ModelProfile exists for model {:?}", s.model)));
             }
             for (i, gpu) in s.allowed_gpu_models.iter().enumerate() {
                 must_exist(state, &format!("spec.allowed_gpu_models[{i}]"), Kind::GpuModel, gpu)?;
@@ -46,11 +42,7 @@ pub(super) fn check_references(state: &ClusterState, _name: &str, _tenant: &str,
 /// instance type, a tenant that still owns services, ...).
 pub(super) fn check_not_referenced(state: &ClusterState, kind: Kind, name: &str) -> Result<(), FieldError> {
     let user = |by: Kind, user: &str| {
-        Err(FieldError::new(
-            ErrorCode::FailedPrecondition,
-            "name",
-            format!("{kind} {name:?} is still referenced by {by} {user:?}"),
-        ))
+        Err(FieldError::new(ErrorCode::FailedPrecondition, "name", format!("{kind} {name:?} is still referenced by {by} {user:?}")))
     };
     for kind_of_user in Kind::ALL {
         for r in state.list(kind_of_user) {

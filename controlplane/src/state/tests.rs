@@ -2,10 +2,7 @@ use super::*;
 use crate::resources::*;
 
 fn put(id: &str, name: &str, tenant: &str, spec: Spec, mode: WriteMode, expected_version: u64) -> Request {
-    Request {
-        request_id: id.into(),
-        command: Command::Put { name: name.into(), tenant: tenant.into(), spec, mode, expected_version },
-    }
+    Request { request_id: id.into(), command: Command::Put { name: name.into(), tenant: tenant.into(), spec, mode, expected_version } }
 }
 
 fn gpu_model() -> Spec {
@@ -72,7 +69,10 @@ fn create_update_delete_bump_versions_and_revisions() {
     assert_eq!(updated.resource.resource_version, 2);
     assert_eq!(updated.resource.mod_revision, 11);
     assert_eq!(updated.resource.create_revision, 10);
-    let (deleted, event) = s.apply(12, &Request { request_id: "c".into(), command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 2 } });
+    let (deleted, event) = s.apply(
+        12,
+        &Request { request_id: "c".into(), command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 2 } },
+    );
     assert_eq!(deleted.unwrap().resource.resource_version, 2);
     assert_eq!(event.unwrap().change_type, ChangeType::Deleted);
     assert!(s.get(Kind::Service, "svc1").is_none());
@@ -148,7 +148,10 @@ fn references_must_exist() {
 #[test]
 fn referenced_resources_cannot_be_deleted() {
     let (mut s, _) = seeded();
-    let del = |kind, name: &str| Request { request_id: uuid::Uuid::new_v4().to_string(), command: Command::Delete { kind, name: name.into(), expected_version: 0 } };
+    let del = |kind, name: &str| Request {
+        request_id: uuid::Uuid::new_v4().to_string(),
+        command: Command::Delete { kind, name: name.into(), expected_version: 0 },
+    };
     let err = s.apply(10, &del(Kind::GpuModel, "A100-80GB")).0.unwrap_err();
     assert_eq!(err.code, ErrorCode::FailedPrecondition);
     assert!(err.reason.contains("ModelProfile \"resnet50-a100\""), "{}", err.reason);
@@ -161,7 +164,12 @@ fn status_update_keeps_spec() {
     let (mut s, _) = seeded();
     let req = Request {
         request_id: "st".into(),
-        command: Command::PutStatus { kind: Kind::GpuModel, name: "A100-80GB".into(), status: serde_json::json!({"seen": 3}), expected_version: 1 },
+        command: Command::PutStatus {
+            kind: Kind::GpuModel,
+            name: "A100-80GB".into(),
+            status: serde_json::json!({"seen": 3}),
+            expected_version: 1,
+        },
     };
     let out = s.apply(10, &req).0.unwrap();
     assert_eq!(out.resource.resource_version, 2);

@@ -1,3 +1,8 @@
+/// Key-value pairs in key order.
+pub type KvPairs = Vec<(Vec<u8>, Vec<u8>)>;
+/// One key-value pair.
+pub type KvPair = (Vec<u8>, Vec<u8>);
+
 /// The separate keyspaces the controller keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tree {
@@ -41,12 +46,12 @@ impl BackendError {
 pub trait KvBackend: Send + Sync + 'static {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
     /// Inserts all pairs atomically.
-    fn insert_batch(&self, tree: Tree, items: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), BackendError>;
+    fn insert_batch(&self, tree: Tree, items: KvPairs) -> Result<(), BackendError>;
     /// Removes keys in `[from, to)`; `to = None` means to the end.
     fn remove_range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>) -> Result<(), BackendError>;
     /// Pairs with keys in `[from, to)` in key order, at most `limit`.
-    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BackendError>;
-    fn last(&self, tree: Tree) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError>;
+    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<KvPairs, BackendError>;
+    fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError>;
     /// Makes every earlier write durable.
     fn flush(&self) -> Result<(), BackendError>;
     /// True when no tree holds any key.

@@ -58,7 +58,10 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     let marker = match fs::read_to_string(dir.join(FORMAT_FILE)) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(refused(dir, format!("not empty and has no {FORMAT_FILE} file: not a gpuplane controller data dir (or an interrupted initialisation)")));
+            return Err(refused(
+                dir,
+                format!("not empty and has no {FORMAT_FILE} file: not a gpuplane controller data dir (or an interrupted initialisation)"),
+            ));
         }
         Err(e) => return Err(io(e)),
     };

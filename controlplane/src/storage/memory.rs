@@ -3,13 +3,16 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use super::backend::{KvPair, KvPairs};
 use super::{BackendError, KvBackend, Tree};
+
+type Keyspace = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// In-memory backend for tests and deterministic simulation. `fail_writes` injects a disk
 /// fault: every later write and flush fails.
 #[derive(Default)]
 pub struct MemBackend {
-    trees: Mutex<BTreeMap<Tree, BTreeMap<Vec<u8>, Vec<u8>>>>,
+    trees: Mutex<BTreeMap<Tree, Keyspace>>,
     failing: AtomicBool,
 }
 
@@ -40,7 +43,7 @@ impl KvBackend for MemBackend {
         Ok(self.trees.lock().unwrap().get(&tree).and_then(|t| t.get(key).cloned()))
     }
 
-    fn insert_batch(&self, tree: Tree, items: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), BackendError> {
+    fn insert_batch(&self, tree: Tree, items: KvPairs) -> Result<(), BackendError> {
         self.check_writable("insert", tree)?;
         self.trees.lock().unwrap().entry(tree).or_default().extend(items);
         Ok(())
@@ -57,7 +60,7 @@ impl KvBackend for MemBackend {
         Ok(())
     }
 
-    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BackendError> {
+    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<KvPairs, BackendError> {
         let trees = self.trees.lock().unwrap();
         Ok(trees
             .get(&tree)
@@ -65,7 +68,7 @@ impl KvBackend for MemBackend {
             .unwrap_or_default())
     }
 
-    fn last(&self, tree: Tree) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+    fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError> {
         let trees = self.trees.lock().unwrap();
         Ok(trees.get(&tree).and_then(|t| t.iter().next_back().map(|(k, v)| (k.clone(), v.clone()))))
     }

@@ -9,7 +9,7 @@ mod memory;
 mod sled_backend;
 mod watermark;
 
-pub use backend::{BackendError, KvBackend, Tree};
+pub use backend::{BackendError, KvBackend, KvPair, KvPairs, Tree};
 pub use data_dir::{open_data_dir, DataDirError, FORMAT_VERSION};
 pub use memory::MemBackend;
 pub use sled_backend::SledBackend;

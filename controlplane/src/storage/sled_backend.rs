@@ -1,5 +1,6 @@
 use std::path::Path;
 
+use super::backend::{KvPair, KvPairs};
 use super::{BackendError, KvBackend, Tree};
 
 /// sled-backed storage. sled acknowledges writes before they reach the disk, so nothing
@@ -36,7 +37,7 @@ impl KvBackend for SledBackend {
         self.tree(tree).get(key).map(|v| v.map(|v| v.to_vec())).map_err(|e| BackendError::new("get", tree, e))
     }
 
-    fn insert_batch(&self, tree: Tree, items: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), BackendError> {
+    fn insert_batch(&self, tree: Tree, items: KvPairs) -> Result<(), BackendError> {
         let mut batch = sled::Batch::default();
         for (k, v) in items {
             batch.insert(k, v);
@@ -58,18 +59,16 @@ impl KvBackend for SledBackend {
         t.apply_batch(batch).map_err(|e| BackendError::new("remove", tree, e))
     }
 
-    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, BackendError> {
+    fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<KvPairs, BackendError> {
         let t = self.tree(tree);
         let iter = match to {
             Some(to) => t.range(from..to),
             None => t.range(from..),
         };
-        iter.take(limit)
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(|e| BackendError::new("scan", tree, e)))
-            .collect()
+        iter.take(limit).map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(|e| BackendError::new("scan", tree, e))).collect()
     }
 
-    fn last(&self, tree: Tree) -> Result<Option<(Vec<u8>, Vec<u8>)>, BackendError> {
+    fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError> {
         self.tree(tree).last().map(|o| o.map(|(k, v)| (k.to_vec(), v.to_vec()))).map_err(|e| BackendError::new("last", tree, e))
     }
 

@@ -110,7 +110,10 @@ impl TestCluster {
         for _ in 0..200 {
             let leaders: Vec<Option<u64>> = self.running().map(|(_, n)| n.controller.leader().map(|l| l.0)).collect();
             if let Some(Some(l)) = leaders.first() {
-                if leaders.iter().all(|x| *x == Some(*l)) && self.nodes.get(l).is_some_and(Option::is_some) && self.node(*l).controller.is_leader() {
+                if leaders.iter().all(|x| *x == Some(*l))
+                    && self.nodes.get(l).is_some_and(Option::is_some)
+                    && self.node(*l).controller.is_leader()
+                {
                     return *l;
                 }
             }
@@ -142,7 +145,12 @@ pub fn base_resources() -> Vec<proto::Resource> {
     vec![
         resource("Tenant", "acme", "", json!({"display_name": "Acme"})),
         resource("GpuModel", "A100-80GB", "", json!({"sm_count": 108, "memory_gib": 80})),
-        resource("InstanceType", "p4de.24xlarge", "", json!({"gpu_model": "A100-80GB", "gpu_count": 8, "price_per_hour": 40.96, "launch_latency_s": 180})),
+        resource(
+            "InstanceType",
+            "p4de.24xlarge",
+            "",
+            json!({"gpu_model": "A100-80GB", "gpu_count": 8, "price_per_hour": 40.96, "launch_latency_s": 180}),
+        ),
         resource(
             "ModelProfile",
             "resnet50-a100",

@@ -1,0 +1,147 @@
+//! The gpuplane controller.
+//!
+//!   controlplane --dev                       a 3-node local cluster in one process, with
+//!                                            the sample fleet applied (data in .gpuplane-dev/)
+//!   controlplane --config controller.toml    one node of a real cluster
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use controlplane::config::{parse_peer_flag, ControllerConfig};
+use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
+
+#[derive(Parser, Debug)]
+#[command(name = "controlplane", version, about = "gpuplane controller (Raft-replicated GPU fleet state)")]
+struct Args {
+    /// TOML config file; flags override its values.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// Listen address, e.g. 0.0.0.0:7400.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Address peers and clients use to reach this node.
+    #[arg(long)]
+    advertise: Option<String>,
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Initial member, ID=HOST:PORT (repeat for each member, this node included).
+    #[arg(long = "peer", value_parser = parse_peer_flag)]
+    peers: Vec<(String, String)>,
+    /// Initialise a new cluster from the peer list if this node has no state yet.
+    /// Give it to exactly one node.
+    #[arg(long)]
+    bootstrap: bool,
+    /// Start a local 3-node cluster on 127.0.0.1:7401-7403 with the sample fleet applied.
+    #[arg(long)]
+    dev: bool,
+    /// With --dev: first port of the local cluster.
+    #[arg(long, default_value_t = 7401)]
+    dev_port: u16,
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    init_tracing();
+    let args = Args::parse();
+    let result = if args.dev { run_dev(&args).await } else { run_node(&args).await };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("controlplane: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_node(args: &Args) -> anyhow::Result<()> {
+    let mut cfg = match &args.config {
+        Some(path) => ControllerConfig::load(path).map_err(anyhow::Error::msg)?,
+        None => ControllerConfig::default(),
+    };
+    cfg.node_id = args.node_id.or(cfg.node_id);
+    cfg.listen = args.listen.or(cfg.listen);
+    cfg.advertise = args.advertise.clone().or(cfg.advertise);
+    cfg.data_dir = args.data_dir.clone().or(cfg.data_dir);
+    cfg.bootstrap |= args.bootstrap;
+    for (id, addr) in &args.peers {
+        cfg.peers.insert(id.clone(), addr.clone());
+    }
+    let id = cfg.node_id.ok_or_else(|| anyhow::anyhow!("node_id is required (--node-id or node_id in the config file); or use --dev"))?;
+    if id == 0 {
+        anyhow::bail!("node_id: must be >= 1");
+    }
+    let listen = cfg.listen.ok_or_else(|| anyhow::anyhow!("listen is required (--listen or listen in the config file)"))?;
+    let data_dir =
+        cfg.data_dir.clone().ok_or_else(|| anyhow::anyhow!("data_dir is required (--data-dir or data_dir in the config file)"))?;
+    let peers = cfg.peer_map().map_err(anyhow::Error::msg)?;
+    if cfg.bootstrap && !peers.is_empty() && !peers.contains_key(&id) {
+        anyhow::bail!("peers: must include this node ({id}) when bootstrapping");
+    }
+    let opts = NodeOptions {
+        id,
+        listen,
+        advertise: cfg.advertise.clone(),
+        storage: StorageChoice::DataDir(data_dir),
+        raft: cfg.raft.settings(),
+        bootstrap: cfg.bootstrap.then_some(peers),
+    };
+    let node = start_node(opts).await?;
+    serve_until_signal(vec![node]).await
+}
+
+async fn run_dev(args: &Args) -> anyhow::Result<()> {
+    let base = args.data_dir.clone().unwrap_or_else(|| PathBuf::from(".gpuplane-dev"));
+    let addrs: BTreeMap<u64, String> = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", args.dev_port + id as u16 - 1))).collect();
+    let mut nodes = Vec::new();
+    for (id, addr) in &addrs {
+        let opts = NodeOptions {
+            id: *id,
+            listen: addr.parse()?,
+            advertise: Some(addr.clone()),
+            storage: StorageChoice::DataDir(base.join(format!("controller-{id}"))),
+            raft: Default::default(),
+            bootstrap: (*id == 1).then(|| addrs.clone()),
+        };
+        nodes.push(start_node(opts).await?);
+    }
+    let client = controlplane::client::Client::new(addrs.values().cloned().collect());
+    let sample = include_str!("../../../deploy/examples/sample-cluster.yaml");
+    let resources = controlplane::manifest::parse("sample-cluster.yaml", sample, controlplane::manifest::Format::Yaml)?;
+    for r in resources {
+        client.put(r, proto::WriteMode::Unspecified).await.map_err(|s| anyhow::anyhow!("applying the sample fleet: {}", s.message()))?;
+    }
+    let servers = addrs.values().cloned().collect::<Vec<_>>().join(",");
+    println!("gpuplane dev cluster: 3 controllers at {servers}, data in {}", base.display());
+    println!("try:  cargo run -p controlplane --bin gpuctl -- --server {servers} cluster status");
+    println!("      cargo run -p controlplane --bin gpuctl -- --server {servers} get services");
+    serve_until_signal(nodes).await
+}
+
+/// Serves until SIGINT/SIGTERM, or exits with an error when Raft stops on a fatal error
+/// such as a storage fault (a node that cannot persist must not keep serving).
+async fn serve_until_signal(nodes: Vec<RunningNode>) -> anyhow::Result<()> {
+    let fatal = futures::future::select_all(nodes.iter().map(|n| Box::pin(n.fatal())));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        (msg, i, _) = fatal => {
+            anyhow::bail!("node {} stopped: {msg}", nodes[i].controller.id);
+        }
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    for n in nodes {
+        n.shutdown().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,360 @@
+//! gpuctl: the command-line client of gpuplane.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use controlplane::client::Client;
+use controlplane::manifest::{self, Format};
+use controlplane::resources::Kind;
+
+#[derive(Parser, Debug)]
+#[command(name = "gpuctl", version, about = "Command-line client of the gpuplane controllers")]
+struct Args {
+    /// Controller address (repeat, or comma-separate, for several); leader hints are followed.
+    #[arg(long = "server", short = 's', env = "GPUPLANE_SERVER", value_delimiter = ',', default_value = "127.0.0.1:7401")]
+    servers: Vec<String>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create or update the resources of manifest files (YAML, JSON or TOML; `-` = stdin).
+    Apply {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+    },
+    /// List resources of a kind, or show one.
+    Get {
+        kind: String,
+        name: Option<String>,
+        /// Only this tenant's resources.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Read from the contacted node without a read-index round (may be stale).
+        #[arg(long)]
+        stale: bool,
+    },
+    /// Show one resource in full, spec and status.
+    Describe { kind: String, name: String },
+    /// Delete a resource.
+    Delete {
+        kind: String,
+        name: String,
+        /// Only if the resource is at this version.
+        #[arg(long, default_value_t = 0)]
+        version: u64,
+    },
+    /// Cluster membership and Raft state.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Members, leader, term, commit and applied index (as each reachable member sees it).
+    Status,
+    /// Add a controller: as learner, then promoted to voter once caught up.
+    Add {
+        node_id: u64,
+        address: String,
+        /// Keep it a non-voting learner.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a controller from the cluster.
+    Remove { node_id: u64 },
+    /// Move leadership to another voter (any up-to-date one if no id is given).
+    Transfer { node_id: Option<u64> },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// One line: the gRPC code, the message, and the field when the server named one.
+fn describe_status(s: tonic::Status) -> String {
+    let code = format!("{:?}", s.code());
+    match s.code() {
+        tonic::Code::Unavailable if s.message().contains("transport") || s.message().contains("connect") => {
+            format!("{code}: no controller reachable ({})", s.message())
+        }
+        _ => format!("{code}: {}", s.message()),
+    }
+}
+
+fn parse_kind(kind: &str) -> Result<Kind, String> {
+    kind.parse()
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let servers: Vec<String> = args.servers.iter().filter(|s| !s.is_empty()).cloned().collect();
+    if servers.is_empty() {
+        return Err("--server: at least one controller address is required".into());
+    }
+    let client = Client::new(servers.clone());
+    match args.command {
+        Command::Apply { files } => {
+            let mut all = Vec::new();
+            for file in &files {
+                let (name, text) = if file == "-" {
+                    let mut text = String::new();
+                    std::io::stdin().read_to_string(&mut text).map_err(|e| format!("stdin: {e}"))?;
+                    ("stdin".to_string(), text)
+                } else {
+                    (file.clone(), std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?)
+                };
+                // Every file is parsed and checked before anything is sent.
+                all.extend(manifest::parse(&name, &text, Format::from_path(&name)).map_err(|e| e.to_string())?);
+            }
+            for r in all {
+                let (kind, name) = (r.kind.clone(), r.name.clone());
+                let out =
+                    client.put(r, proto::WriteMode::Unspecified).await.map_err(|s| format!("{kind} {name:?}: {}", describe_status(s)))?;
+                let res = out.resource.unwrap_or_default();
+                let verb = if out.deduplicated {
+                    "unchanged"
+                } else if res.resource_version == 1 {
+                    "created"
+                } else {
+                    "configured"
+                };
+                println!("{kind}/{name} {verb} (version {})", res.resource_version);
+            }
+            Ok(())
+        }
+        Command::Get { kind, name, tenant, stale } => {
+            let kind = parse_kind(&kind)?;
+            let resources = match name {
+                Some(name) => vec![client.get(kind.as_str(), &name, stale).await.map_err(describe_status)?],
+                None => client.list(kind.as_str(), tenant.as_deref().unwrap_or(""), stale).await.map_err(describe_status)?.resources,
+            };
+            print_resources(kind, &resources, args.output)
+        }
+        Command::Describe { kind, name } => {
+            let kind = parse_kind(&kind)?;
+            let r = client.get(kind.as_str(), &name, false).await.map_err(describe_status)?;
+            let output = if args.output == Output::Table { Output::Yaml } else { args.output };
+            print_resources(kind, &[r], output)
+        }
+        Command::Delete { kind, name, version } => {
+            let kind = parse_kind(&kind)?;
+            client.delete(kind.as_str(), &name, version).await.map_err(describe_status)?;
+            println!("{kind}/{name} deleted");
+            Ok(())
+        }
+        Command::Cluster { command } => cluster(&client, &servers, command, args.output).await,
+    }
+}
+
+fn to_document(r: &proto::Resource) -> serde_json::Value {
+    let spec: serde_json::Value = serde_json::from_str(&r.spec_json).unwrap_or(serde_json::Value::Null);
+    let status: serde_json::Value =
+        if r.status_json.is_empty() { serde_json::Value::Null } else { serde_json::from_str(&r.status_json).unwrap_or_default() };
+    let mut doc = serde_json::json!({
+        "kind": r.kind,
+        "name": r.name,
+        "resource_version": r.resource_version,
+        "create_revision": r.create_revision,
+        "mod_revision": r.mod_revision,
+        "spec": spec,
+    });
+    if !r.tenant.is_empty() {
+        doc["tenant"] = r.tenant.clone().into();
+    }
+    if !status.is_null() {
+        doc["status"] = status;
+    }
+    doc
+}
+
+fn print_structured(value: &serde_json::Value, output: Output) -> Result<(), String> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(value).map_err(|e| e.to_string())?),
+        _ => print!("{}", serde_yaml_ng::to_string(value).map_err(|e| e.to_string())?),
+    }
+    Ok(())
+}
+
+fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) -> Result<(), String> {
+    if output != Output::Table {
+        let docs: Vec<_> = resources.iter().map(to_document).collect();
+        let value = if docs.len() == 1 { docs[0].clone() } else { serde_json::Value::Array(docs) };
+        return print_structured(&value, output);
+    }
+    let mut rows = vec![vec!["NAME".to_string(), "TENANT".into(), "VERSION".into(), "SUMMARY".into()]];
+    for r in resources {
+        let spec: serde_json::Value = serde_json::from_str(&r.spec_json).unwrap_or_default();
+        rows.push(vec![
+            r.name.clone(),
+            if r.tenant.is_empty() { "-".into() } else { r.tenant.clone() },
+            r.resource_version.to_string(),
+            summary(kind, &spec),
+        ]);
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+/// The few fields worth a glance, per kind.
+fn summary(kind: Kind, spec: &serde_json::Value) -> String {
+    let f = |path: &str| spec.pointer(path).map(|v| v.to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
+    match kind {
+        Kind::Tenant => format!("weight={}", f("/weight")),
+        Kind::GpuModel => format!(
+            "sm={} mem={}GiB mig={}",
+            f("/sm_count"),
+            f("/memory_gib"),
+            if spec.get("mig").is_some_and(|m| !m.is_null()) { "yes" } else { "no" }
+        ),
+        Kind::InstanceType => {
+            format!("{}x{} ${}/h launch={}s", f("/gpu_count"), f("/gpu_model"), f("/price_per_hour"), f("/launch_latency_s"))
+        }
+        Kind::ModelProfile => {
+            format!("{} on {} ({} points)", f("/model"), f("/gpu_model"), spec.get("points").and_then(|p| p.as_array()).map_or(0, Vec::len))
+        }
+        Kind::Service => {
+            let rate = match spec.pointer("/slo/request_rate") {
+                Some(r) if !r.is_null() => format!("{r} req/s"),
+                _ => format!("autoscale {}-{} req/s", f("/slo/autoscaling/min_rps"), f("/slo/autoscaling/max_rps")),
+            };
+            format!("{} p{}<{}ms {}", f("/model"), f("/slo/percentile"), f("/slo/latency_ms"), rate)
+        }
+        Kind::Node => {
+            format!("{} {} gpus={}", f("/address"), f("/instance_type"), spec.get("gpus").and_then(|g| g.as_array()).map_or(0, Vec::len))
+        }
+        Kind::Plan => format!("strategy={} gpus={}", f("/strategy"), spec.get("gpus").and_then(|g| g.as_array()).map_or(0, Vec::len)),
+    }
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
+
+async fn cluster(client: &Client, servers: &[String], command: ClusterCommand, output: Output) -> Result<(), String> {
+    let status = match command {
+        ClusterCommand::Status => {
+            let mut views = Vec::new();
+            let mut addrs: Vec<String> = servers.to_vec();
+            if let Ok(s) = client.cluster_status().await {
+                for m in &s.members {
+                    if !addrs.contains(&m.address) {
+                        addrs.push(m.address.clone());
+                    }
+                }
+            }
+            for addr in &addrs {
+                views.push((addr.clone(), client.node_status(addr).await));
+            }
+            if output != Output::Table {
+                let value: Vec<serde_json::Value> = views
+                    .iter()
+                    .map(|(addr, s)| match s {
+                        Ok(s) => status_json(s),
+                        Err(e) => serde_json::json!({"address": addr, "error": e.message()}),
+                    })
+                    .collect();
+                return print_structured(&serde_json::Value::Array(value), output);
+            }
+            let mut rows = vec![["NODE", "ADDRESS", "STATE", "LEADER", "TERM", "COMMIT", "APPLIED", "LAST LOG", "SNAPSHOT", "VOTER"]
+                .map(String::from)
+                .to_vec()];
+            let mut reachable = 0;
+            for (addr, s) in &views {
+                match s {
+                    Ok(s) => {
+                        reachable += 1;
+                        let voter =
+                            s.members.iter().find(|m| m.node_id == s.node_id).map_or("-", |m| if m.voter { "yes" } else { "learner" });
+                        rows.push(vec![
+                            s.node_id.to_string(),
+                            addr.clone(),
+                            s.state.clone(),
+                            if s.leader_id == 0 { "-".into() } else { s.leader_id.to_string() },
+                            s.term.to_string(),
+                            s.commit_index.to_string(),
+                            s.applied_index.to_string(),
+                            s.last_log_index.to_string(),
+                            s.snapshot_index.to_string(),
+                            voter.into(),
+                        ]);
+                    }
+                    Err(e) => rows.push(vec![
+                        "?".into(),
+                        addr.clone(),
+                        format!("unreachable: {}", e.code()),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                    ]),
+                }
+            }
+            print_table(&rows);
+            if reachable == 0 {
+                return Err("no controller reachable".into());
+            }
+            return Ok(());
+        }
+        ClusterCommand::Add { node_id, address, learner } => {
+            client.add_member(node_id, &address, !learner).await.map_err(describe_status)?
+        }
+        ClusterCommand::Remove { node_id } => client.remove_member(node_id).await.map_err(describe_status)?,
+        ClusterCommand::Transfer { node_id } => client.transfer_leader(node_id.unwrap_or(0)).await.map_err(describe_status)?,
+    };
+    let s = status.status.unwrap_or_default();
+    if output == Output::Table {
+        println!(
+            "ok: leader {} term {}, members {:?}",
+            s.leader_id,
+            s.term,
+            s.members.iter().map(|m| (m.node_id, m.voter)).collect::<Vec<_>>()
+        );
+        Ok(())
+    } else {
+        print_structured(&status_json(&s), output)
+    }
+}
+
+fn status_json(s: &proto::ClusterStatusResponse) -> serde_json::Value {
+    serde_json::json!({
+        "node_id": s.node_id,
+        "state": s.state,
+        "leader_id": s.leader_id,
+        "leader_address": s.leader_address,
+        "term": s.term,
+        "commit_index": s.commit_index,
+        "applied_index": s.applied_index,
+        "last_log_index": s.last_log_index,
+        "snapshot_index": s.snapshot_index,
+        "members": s.members.iter().map(|m| serde_json::json!({"node_id": m.node_id, "address": m.address, "voter": m.voter, "matched_index": m.matched_index})).collect::<Vec<_>>(),
+    })
+}

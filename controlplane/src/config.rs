@@ -1,0 +1,111 @@
+//! Controller configuration: a TOML file, overridden by command-line flags.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::raft::RaftSettings;
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    pub node_id: Option<u64>,
+    /// Address to listen on, e.g. `0.0.0.0:7400`.
+    pub listen: Option<SocketAddr>,
+    /// Address peers and clients reach this node at (default: the listen address).
+    pub advertise: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    /// Initial cluster members, node id -> address (this node included). Used with
+    /// `bootstrap = true` on exactly one node.
+    #[serde(default)]
+    pub peers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub bootstrap: bool,
+    #[serde(default)]
+    pub raft: RaftConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaftConfig {
+    pub heartbeat_interval_ms: Option<u64>,
+    pub election_timeout_min_ms: Option<u64>,
+    pub election_timeout_max_ms: Option<u64>,
+    pub snapshot_every: Option<u64>,
+    pub keep_logs_after_snapshot: Option<u64>,
+}
+
+impl RaftConfig {
+    pub fn settings(&self) -> RaftSettings {
+        let d = RaftSettings::default();
+        RaftSettings {
+            heartbeat_interval_ms: self.heartbeat_interval_ms.unwrap_or(d.heartbeat_interval_ms),
+            election_timeout_min_ms: self.election_timeout_min_ms.unwrap_or(d.election_timeout_min_ms),
+            election_timeout_max_ms: self.election_timeout_max_ms.unwrap_or(d.election_timeout_max_ms),
+            snapshot_every: self.snapshot_every.unwrap_or(d.snapshot_every),
+            keep_logs_after_snapshot: self.keep_logs_after_snapshot.unwrap_or(d.keep_logs_after_snapshot),
+        }
+    }
+}
+
+impl ControllerConfig {
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config {}: {}", path.display(), e.message()))
+    }
+
+    /// Peers with their ids parsed; errors name the offending key.
+    pub fn peer_map(&self) -> Result<BTreeMap<u64, String>, String> {
+        self.peers
+            .iter()
+            .map(|(id, addr)| {
+                let id = id.parse::<u64>().map_err(|_| format!("peers.{id}: node ids must be positive integers"))?;
+                if id == 0 {
+                    return Err("peers.0: node ids start at 1".to_string());
+                }
+                match addr.rsplit_once(':') {
+                    Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => Ok((id, addr.clone())),
+                    _ => Err(format!("peers.{id}: {addr:?} is not host:port")),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Parses `ID=HOST:PORT` from the command line.
+pub fn parse_peer_flag(s: &str) -> Result<(String, String), String> {
+    let (id, addr) = s.split_once('=').ok_or_else(|| format!("--peer {s:?}: expected ID=HOST:PORT"))?;
+    Ok((id.trim().to_string(), addr.trim().to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_config_and_rejects_unknown_keys() {
+        let cfg: ControllerConfig = toml::from_str(
+            r#"
+node_id = 2
+listen = "0.0.0.0:7400"
+advertise = "ctrl-2:7400"
+data_dir = "/var/lib/gpuplane"
+[peers]
+1 = "ctrl-1:7400"
+2 = "ctrl-2:7400"
+[raft]
+heartbeat_interval_ms = 50
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.peer_map().unwrap()[&1], "ctrl-1:7400");
+        assert_eq!(cfg.raft.settings().heartbeat_interval_ms, 50);
+        assert_eq!(cfg.raft.settings().election_timeout_min_ms, RaftSettings::default().election_timeout_min_ms);
+        let err = toml::from_str::<ControllerConfig>("node_id = 1\nlisten_addr = \"x\"").unwrap_err();
+        assert!(err.message().contains("unknown field `listen_addr`"), "{}", err.message());
+        let bad: ControllerConfig = toml::from_str("[peers]\nx = \"a:1\"").unwrap();
+        assert!(bad.peer_map().unwrap_err().contains("peers.x"));
+    }
+}
