@@ -40,6 +40,9 @@ impl Spec {
         fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, FieldError> {
             let de = &mut serde_json::Deserializer::from_str(json);
             serde_path_to_error::deserialize(de).map_err(|e| {
+                if e.inner().is_syntax() || e.inner().is_eof() {
+                    return FieldError::invalid("spec", format!("malformed JSON: {}", e.inner()));
+                }
                 let path = e.path().to_string();
                 let field = if path == "." || path.is_empty() { "spec".to_string() } else { format!("spec.{path}") };
                 FieldError::invalid(field, e.into_inner().to_string())
