@@ -1,0 +1,191 @@
+//! Real controller processes on loopback: kill -9 of the leader, restart, corrupt data dirs,
+//! and gpuctl's behaviour as a user sees it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tests::{binary, free_addr, gpuctl, Proc};
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    addrs: BTreeMap<u64, String>,
+    procs: BTreeMap<u64, Proc>,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
+        let mut cluster = Cluster { dir, addrs, procs: BTreeMap::new() };
+        for id in 1..=3 {
+            cluster.spawn(id, id == 1);
+        }
+        cluster
+    }
+
+    fn spawn(&mut self, id: u64, bootstrap: bool) {
+        let mut cmd = Command::new(binary("controlplane"));
+        cmd.arg("--node-id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(&self.addrs[&id])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("n{id}")));
+        for (pid, addr) in &self.addrs {
+            cmd.arg("--peer").arg(format!("{pid}={addr}"));
+        }
+        if bootstrap {
+            cmd.arg("--bootstrap");
+        }
+        let log = self.dir.path().join(format!("n{id}.log"));
+        self.procs.insert(id, Proc::spawn(&format!("controller-{id}"), &mut cmd, &log));
+    }
+
+    fn servers(&self) -> Vec<String> {
+        self.addrs.values().cloned().collect()
+    }
+
+    fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let out = gpuctl(&self.servers(), &["cluster", "status", "-o", "json"]);
+            if let Ok(views) = serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout) {
+                if let Some(l) = views.iter().find(|v| v["state"] == "Leader").and_then(|v| v["node_id"].as_u64()) {
+                    if self.procs.contains_key(&l) {
+                        return l;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("no leader among the controller processes");
+    }
+}
+
+fn write_manifest(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn sample() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/sample-cluster.yaml").to_string_lossy().into_owned()
+}
+
+fn service_manifest(name: &str) -> String {
+    format!("kind: Service\nname: {name}\ntenant: acme\nspec:\n  model: resnet50\n  slo: {{latency_ms: 50, request_rate: 100}}\n")
+}
+
+#[test]
+fn kill_9_of_the_leader_loses_no_acknowledged_write() {
+    let mut cluster = Cluster::start();
+    cluster.leader();
+    let out = gpuctl(&cluster.servers(), &["apply", "-f", &sample()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let leader = cluster.leader();
+    let m = write_manifest(cluster.dir.path(), "before.yaml", &service_manifest("acked-before-kill"));
+    let out = gpuctl(&cluster.servers(), &["apply", "-f", &m]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    cluster.procs.get_mut(&leader).unwrap().kill9();
+    cluster.procs.remove(&leader);
+
+    let new_leader = cluster.leader();
+    assert_ne!(new_leader, leader);
+    let m = write_manifest(cluster.dir.path(), "after.yaml", &service_manifest("after-kill"));
+    let out = gpuctl(&cluster.servers(), &["apply", "-f", &m]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = gpuctl(&cluster.servers(), &["get", "service", "acked-before-kill", "-o", "json"]);
+    assert!(out.status.success(), "acknowledged write lost: {}", String::from_utf8_lossy(&out.stderr));
+
+    // The killed node restarts from its data dir and rejoins.
+    cluster.spawn(leader, true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = gpuctl(&[cluster.addrs[&leader].clone()], &["get", "service", "after-kill", "--stale"]);
+        if out.status.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "restarted node did not catch up");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let run = |data: &Path| {
+        Command::new(binary("controlplane"))
+            .args(["--node-id", "1", "--listen", &addr, "--data-dir"])
+            .arg(data)
+            .args(["--bootstrap", "--peer", &format!("1={addr}")])
+            .output()
+            .unwrap()
+    };
+    // A valid data dir first, made by a node that ran and stopped.
+    let data = dir.path().join("node");
+    {
+        let mut cmd = Command::new(binary("controlplane"));
+        cmd.args(["--node-id", "1", "--listen", &addr, "--data-dir"]).arg(&data).args(["--bootstrap", "--peer", &format!("1={addr}")]);
+        let mut p = Proc::spawn("controller", &mut cmd, &dir.path().join("first.log"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !gpuctl(&[addr.clone()], &["cluster", "status"]).status.success() {
+            assert!(Instant::now() < deadline, "node did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        p.kill9();
+    }
+    let format_file = data.join("FORMAT");
+    let original = std::fs::read_to_string(&format_file).unwrap();
+
+    for (what, contents, expect) in [
+        ("wrong version", original.replace("format_version=1", "format_version=9"), "format version 9"),
+        ("truncated", original[..original.len() / 2].to_string(), "FORMAT"),
+        ("other node", original.replace("node_id=1", "node_id=2"), "belongs to node 2"),
+    ] {
+        std::fs::write(&format_file, &contents).unwrap();
+        let out = run(&data);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: must not start");
+        assert!(stderr.contains(expect) && stderr.contains("refusing to start"), "{what}: {stderr}");
+        assert_eq!(std::fs::read_to_string(&format_file).unwrap(), contents, "{what}: FORMAT must be left as it was");
+    }
+    std::fs::write(&format_file, &original).unwrap();
+
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("postgresql.conf"), "x").unwrap();
+    let out = run(&foreign);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a gpuplane controller data dir"));
+    assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 1, "nothing may be written into a foreign dir");
+}
+
+#[test]
+fn gpuctl_prints_one_clear_line_and_exits_non_zero_on_bad_input() {
+    let cluster = Cluster::start();
+    cluster.leader();
+    let dir = cluster.dir.path();
+    let out = gpuctl(&cluster.servers(), &["apply", "-f", &sample()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cases = [
+        ("malformed.yaml", "kind: Service\nname: [oops\n", "malformed YAML"),
+        ("negative.yaml", &service_manifest("neg").replace("request_rate: 100", "request_rate: -1"), "spec.slo.request_rate: must be > 0"),
+        ("unknown.yaml", &service_manifest("unk").replace("model: resnet50", "model: nope"), "NotFound: spec.model"),
+        ("field.json", r#"{"kind":"Tenant","name":"x","spec":{"colour":"red"}}"#, "unknown field `colour`"),
+    ];
+    for (file, text, expect) in cases {
+        let m = write_manifest(dir, file, text);
+        let out = gpuctl(&cluster.servers(), &["apply", "-f", &m]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{file}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{file}: one line expected: {stderr}");
+        assert!(stderr.contains(expect), "{file}: {stderr}");
+    }
+    let out = gpuctl(&["127.0.0.1:1".to_string()], &["get", "services"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
+}
