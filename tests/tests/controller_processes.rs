@@ -132,7 +132,7 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
         cmd.args(["--node-id", "1", "--listen", &addr, "--data-dir"]).arg(&data).args(["--bootstrap", "--peer", &format!("1={addr}")]);
         let mut p = Proc::spawn("controller", &mut cmd, &dir.path().join("first.log"));
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !gpuctl(&[addr.clone()], &["cluster", "status"]).status.success() {
+        while !gpuctl(std::slice::from_ref(&addr), &["cluster", "status"]).status.success() {
             assert!(Instant::now() < deadline, "node did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
