@@ -66,12 +66,7 @@ async fn bad_input_is_refused_with_code_and_field_and_commits_nothing() {
         },
         Case {
             what: "unknown GPU model",
-            resource: resource(
-                "ModelProfile",
-                "bert-h100",
-                "",
-                json!({"model": "bert", "gpu_model": "H100-80GB", "points": []}),
-            ),
+            resource: resource("ModelProfile", "bert-h100", "", json!({"model": "bert", "gpu_model": "H100-80GB", "points": []})),
             mode: WriteMode::Create,
             code: tonic::Code::NotFound,
             field: "spec.gpu_model",
@@ -102,17 +97,34 @@ async fn bad_input_is_refused_with_code_and_field_and_commits_nothing() {
             code: tonic::Code::AlreadyExists,
             field: "name",
         },
-        Case { what: "stale resource_version", resource: stale, mode: WriteMode::Update, code: tonic::Code::FailedPrecondition, field: "resource_version" },
+        Case {
+            what: "stale resource_version",
+            resource: stale,
+            mode: WriteMode::Update,
+            code: tonic::Code::FailedPrecondition,
+            field: "resource_version",
+        },
         Case {
             what: "unknown field",
-            resource: resource("Service", "s", "acme", json!({"model": "resnet50", "slo": {"latency_ms": 50, "request_rate": 5}, "replicas": 3})),
+            resource: resource(
+                "Service",
+                "s",
+                "acme",
+                json!({"model": "resnet50", "slo": {"latency_ms": 50, "request_rate": 5}, "replicas": 3}),
+            ),
             mode: WriteMode::Create,
             code: tonic::Code::InvalidArgument,
             field: "spec.replicas",
         },
         Case {
             what: "malformed spec",
-            resource: proto::Resource { kind: "Service".into(), name: "s".into(), tenant: "acme".into(), spec_json: "{\"model\": ".into(), ..Default::default() },
+            resource: proto::Resource {
+                kind: "Service".into(),
+                name: "s".into(),
+                tenant: "acme".into(),
+                spec_json: "{\"model\": ".into(),
+                ..Default::default()
+            },
             mode: WriteMode::Create,
             code: tonic::Code::InvalidArgument,
             field: "spec",
@@ -152,7 +164,10 @@ async fn bad_input_is_refused_with_code_and_field_and_commits_nothing() {
     let services_before = client.list("Service", "", false).await.unwrap().resources;
     for case in cases {
         // Through a follower too: forwarding must carry the error back unchanged.
-        for target in [client.put(case.resource.clone(), case.mode).await, cluster.client_of(leader % 3 + 1).put(case.resource.clone(), case.mode).await] {
+        for target in [
+            client.put(case.resource.clone(), case.mode).await,
+            cluster.client_of(leader % 3 + 1).put(case.resource.clone(), case.mode).await,
+        ] {
             let err = target.expect_err(case.what);
             assert_eq!(err.code(), case.code, "{}: {}", case.what, err.message());
             let field = err.metadata().get(proto::meta::FIELD).map(|v| v.to_str().unwrap().to_string());

@@ -1,2 +1,8 @@
 //! The pure core of gpuplane: MIG geometry, performance models and the provisioning,
 //! scaling and scheduling algorithms. No IO, no clocks, no async: inputs in, decisions out.
+
+pub mod input;
+pub mod mig;
+pub mod perf;
+pub mod plan;
+pub mod strategy;

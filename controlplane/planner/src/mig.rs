@@ -41,22 +41,9 @@ pub enum MigProfile {
 }
 
 impl MigProfile {
-    pub const ALL: [MigProfile; 6] = [
-        MigProfile::G1,
-        MigProfile::G1Mem2,
-        MigProfile::G2,
-        MigProfile::G3,
-        MigProfile::G4,
-        MigProfile::G7,
-    ];
+    pub const ALL: [MigProfile; 6] = [MigProfile::G1, MigProfile::G1Mem2, MigProfile::G2, MigProfile::G3, MigProfile::G4, MigProfile::G7];
     /// The profiles ParvaGPU uses (one per instance size 1, 2, 3, 4, 7 GPCs).
-    pub const PARVA: [MigProfile; 5] = [
-        MigProfile::G1,
-        MigProfile::G2,
-        MigProfile::G3,
-        MigProfile::G4,
-        MigProfile::G7,
-    ];
+    pub const PARVA: [MigProfile; 5] = [MigProfile::G1, MigProfile::G2, MigProfile::G3, MigProfile::G4, MigProfile::G7];
 
     /// Compute slices (GPCs).
     pub fn compute(self) -> u8 {
@@ -158,11 +145,7 @@ pub fn profile_table(model: GpuModel) -> Vec<ProfileSpec> {
             } else {
                 mem
             };
-            ProfileSpec {
-                profile: p,
-                name: format!("{}g.{}", p.compute(), suffix(shown)),
-                memory_gib: mem,
-            }
+            ProfileSpec { profile: p, name: format!("{}g.{}", p.compute(), suffix(shown)), memory_gib: mem }
         })
         .collect()
 }
@@ -190,11 +173,7 @@ impl fmt::Display for Placement {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MigError {
     #[error("profile {profile} may not start at slot {start} (legal starts: {legal:?})")]
-    IllegalStart {
-        profile: MigProfile,
-        start: u8,
-        legal: Vec<u8>,
-    },
+    IllegalStart { profile: MigProfile, start: u8, legal: Vec<u8> },
     #[error("instances {a} and {b} overlap in memory slices")]
     Overlap { a: Placement, b: Placement },
     #[error("layout uses {used} compute slices, more than the {max} available")]
@@ -231,19 +210,12 @@ pub fn parse_profile(model: GpuModel, name: &str) -> Result<MigProfile, MigError
 pub fn validate(layout: &[Placement]) -> Result<(), MigError> {
     for p in layout {
         if !p.profile.legal_starts().contains(&p.start) {
-            return Err(MigError::IllegalStart {
-                profile: p.profile,
-                start: p.start,
-                legal: p.profile.legal_starts().to_vec(),
-            });
+            return Err(MigError::IllegalStart { profile: p.profile, start: p.start, legal: p.profile.legal_starts().to_vec() });
         }
     }
     let compute: u32 = layout.iter().map(|p| u32::from(p.profile.compute())).sum();
     if compute > u32::from(COMPUTE_SLICES) {
-        return Err(MigError::ComputeExceeded {
-            used: compute.min(255) as u8,
-            max: COMPUTE_SLICES,
-        });
+        return Err(MigError::ComputeExceeded { used: compute.min(255) as u8, max: COMPUTE_SLICES });
     }
     for (i, p) in layout.iter().enumerate() {
         for q in &layout[..i] {
@@ -285,29 +257,17 @@ impl Occupancy {
     }
     /// First start among `preferred` at which `profile` fits.
     pub fn first_fit(&self, profile: MigProfile, preferred: &[u8]) -> Option<u8> {
-        preferred
-            .iter()
-            .copied()
-            .find(|&s| self.fits(Placement::new(profile, s)))
+        preferred.iter().copied().find(|&s| self.fits(Placement::new(profile, s)))
     }
 }
 
 /// Enumerates every maximal layout (no further instance of an allowed profile fits) built from
 /// `profiles`. Layouts are returned sorted, each sorted by start.
 pub fn maximal_layouts(profiles: &[MigProfile]) -> Vec<Vec<Placement>> {
-    let candidates: Vec<Placement> = profiles
-        .iter()
-        .flat_map(|&p| p.legal_starts().iter().map(move |&s| Placement::new(p, s)))
-        .collect();
+    let candidates: Vec<Placement> = profiles.iter().flat_map(|&p| p.legal_starts().iter().map(move |&s| Placement::new(p, s))).collect();
     let mut out = BTreeSet::new();
     let mut current = Vec::new();
-    fn rec(
-        cands: &[Placement],
-        from: usize,
-        occ: Occupancy,
-        current: &mut Vec<Placement>,
-        out: &mut BTreeSet<Vec<Placement>>,
-    ) {
+    fn rec(cands: &[Placement], from: usize, occ: Occupancy, current: &mut Vec<Placement>, out: &mut BTreeSet<Vec<Placement>>) {
         let mut extended = false;
         for i in from..cands.len() {
             if occ.fits(cands[i]) {
@@ -374,14 +334,7 @@ mod tests {
                 s
             })
             .collect();
-        for want in [
-            vec![7],
-            vec![4, 3],
-            vec![4, 2, 1],
-            vec![4, 1, 1, 1],
-            vec![3, 3],
-            vec![1; 7],
-        ] {
+        for want in [vec![7], vec![4, 3], vec![4, 2, 1], vec![4, 1, 1, 1], vec![3, 3], vec![1; 7]] {
             assert!(sizes.contains(&want), "{want:?} missing");
         }
         assert!(layouts.contains(&vec![p(G3, 0), p(G3, 4)]));
@@ -397,56 +350,27 @@ mod tests {
 
     #[test]
     fn validation_errors_are_precise() {
-        assert_eq!(
-            validate(&[p(G3, 2)]),
-            Err(MigError::IllegalStart {
-                profile: G3,
-                start: 2,
-                legal: vec![0, 4]
-            })
-        );
-        assert_eq!(
-            validate(&[p(G4, 0), p(G2, 2)]),
-            Err(MigError::Overlap {
-                a: p(G4, 0),
-                b: p(G2, 2)
-            })
-        );
+        assert_eq!(validate(&[p(G3, 2)]), Err(MigError::IllegalStart { profile: G3, start: 2, legal: vec![0, 4] }));
+        assert_eq!(validate(&[p(G4, 0), p(G2, 2)]), Err(MigError::Overlap { a: p(G4, 0), b: p(G2, 2) }));
         assert_eq!(
             validate(&[p(G7, 0), p(G1, 7)]),
-            Err(MigError::IllegalStart {
-                profile: G1,
-                start: 7,
-                legal: vec![0, 1, 2, 3, 4, 5, 6]
-            })
+            Err(MigError::IllegalStart { profile: G1, start: 7, legal: vec![0, 1, 2, 3, 4, 5, 6] })
         );
         // 3g@0 + 3g@4 is valid; adding the 1g that would bring compute to 7 has no slot left.
         validate(&[p(G3, 0), p(G3, 4)]).unwrap();
-        assert!(matches!(
-            validate(&[p(G3, 0), p(G3, 4), p(G1, 3)]),
-            Err(MigError::Overlap { .. })
-        ));
+        assert!(matches!(validate(&[p(G3, 0), p(G3, 4), p(G1, 3)]), Err(MigError::Overlap { .. })));
         // Seven 1g plus a 1g.2mem at 6 overlaps; 1g at 0..6 + nothing else is compute 7.
         let seven: Vec<_> = (0..7).map(|s| p(G1, s)).collect();
         validate(&seven).unwrap();
-        assert_eq!(
-            parse_profile(GpuModel::A100_80GB, "5g"),
-            Err(MigError::UnknownProfile("5g".into()))
-        );
+        assert_eq!(parse_profile(GpuModel::A100_80GB, "5g"), Err(MigError::UnknownProfile("5g".into())));
         assert_eq!(parse_profile(GpuModel::A100_80GB, "3g.40gb"), Ok(G3));
         assert_eq!(parse_profile(GpuModel::A100_40GB, "1g.10gb"), Ok(G1Mem2));
-        assert_eq!(
-            parse_profile(GpuModel::NoMig, "1g"),
-            Err(MigError::NoMig(GpuModel::NoMig))
-        );
+        assert_eq!(parse_profile(GpuModel::NoMig, "1g"), Err(MigError::NoMig(GpuModel::NoMig)));
     }
 
     #[test]
     fn compute_limit_is_enforced() {
-        assert_eq!(
-            validate(&[p(G7, 0), p(G1, 0)]),
-            Err(MigError::ComputeExceeded { used: 8, max: 7 })
-        );
+        assert_eq!(validate(&[p(G7, 0), p(G1, 0)]), Err(MigError::ComputeExceeded { used: 8, max: 7 }));
         let six_plus_wide = [p(G1, 0), p(G1, 1), p(G1, 2), p(G1, 3), p(G1, 4), p(G1, 5), p(G1Mem2, 6)];
         validate(&six_plus_wide).unwrap();
         let mut occ = Occupancy::of(&six_plus_wide);
@@ -472,14 +396,7 @@ mod tests {
         let current = [p(G4, 0), p(G2, 4), p(G1, 6)];
         let target = [p(G4, 0), p(G1, 4), p(G1, 5), p(G1, 6)];
         let ops = plan_transition(&current, &target).unwrap();
-        assert_eq!(
-            ops,
-            vec![
-                MigOp::Destroy(p(G2, 4)),
-                MigOp::Create(p(G1, 4)),
-                MigOp::Create(p(G1, 5))
-            ]
-        );
+        assert_eq!(ops, vec![MigOp::Destroy(p(G2, 4)), MigOp::Create(p(G1, 4)), MigOp::Create(p(G1, 5))]);
         assert!(plan_transition(&current, &current).unwrap().is_empty());
         assert!(plan_transition(&current, &[p(G3, 1)]).is_err());
     }

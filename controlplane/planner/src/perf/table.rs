@@ -9,13 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The header every profile CSV must start with.
-pub const CSV_HEADER: [&str; 5] = [
-    "Mig instance",
-    "Batch size",
-    "Workload Number",
-    "Throughput",
-    "Latency",
-];
+pub const CSV_HEADER: [&str; 5] = ["Mig instance", "Batch size", "Workload Number", "Throughput", "Latency"];
 
 /// One feasible profiled point.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -64,14 +58,10 @@ impl ProfileTable {
         let err = |line: usize, column: usize, message: String| CsvError {
             line,
             column,
-            column_name: CSV_HEADER
-                .get(column.wrapping_sub(1))
-                .map_or_else(|| "-".to_string(), |s| s.to_string()),
+            column_name: CSV_HEADER.get(column.wrapping_sub(1)).map_or_else(|| "-".to_string(), |s| s.to_string()),
             message,
         };
-        let (_, header) = lines
-            .find(|(_, l)| !l.trim().is_empty())
-            .ok_or_else(|| err(1, 1, "empty input, expected a header".into()))?;
+        let (_, header) = lines.find(|(_, l)| !l.trim().is_empty()).ok_or_else(|| err(1, 1, "empty input, expected a header".into()))?;
         let cols: Vec<&str> = header.split(',').map(str::trim).collect();
         for (i, want) in CSV_HEADER.iter().enumerate() {
             let got = cols.get(i).copied().unwrap_or("");
@@ -94,9 +84,7 @@ impl ProfileTable {
                 ));
             }
             let int = |c: usize| -> Result<u32, CsvError> {
-                fields[c]
-                    .parse::<u32>()
-                    .map_err(|_| err(line, c + 1, format!("`{}` is not a non-negative integer", fields[c])))
+                fields[c].parse::<u32>().map_err(|_| err(line, c + 1, format!("`{}` is not a non-negative integer", fields[c])))
             };
             let num = |c: usize| -> Result<f64, CsvError> {
                 match fields[c].parse::<f64>() {
@@ -120,19 +108,11 @@ impl ProfileTable {
             let lat = num(4)?;
             match (tp == 0.0, lat == 0.0) {
                 (true, true) => table.infeasible_rows += 1,
-                (true, false) => {
-                    return Err(err(line, 4, "throughput is 0 but latency is not (`0,0` marks infeasible)".into()))
+                (true, false) => return Err(err(line, 4, "throughput is 0 but latency is not (`0,0` marks infeasible)".into())),
+                (false, true) => return Err(err(line, 5, "latency is 0 but throughput is not (`0,0` marks infeasible)".into())),
+                (false, false) => {
+                    table.points.push(ProfilePoint { gpcs: gpcs as u8, batch, processes, throughput_per_process: tp, latency_s: lat })
                 }
-                (false, true) => {
-                    return Err(err(line, 5, "latency is 0 but throughput is not (`0,0` marks infeasible)".into()))
-                }
-                (false, false) => table.points.push(ProfilePoint {
-                    gpcs: gpcs as u8,
-                    batch,
-                    processes,
-                    throughput_per_process: tp,
-                    latency_s: lat,
-                }),
             }
         }
         Ok(table)
@@ -143,10 +123,7 @@ impl ProfileTable {
         let mut s = CSV_HEADER.join(",");
         s.push('\n');
         for p in &self.points {
-            s.push_str(&format!(
-                "{},{},{},{},{}\n",
-                p.gpcs, p.batch, p.processes, p.throughput_per_process, p.latency_s
-            ));
+            s.push_str(&format!("{},{},{},{},{}\n", p.gpcs, p.batch, p.processes, p.throughput_per_process, p.latency_s));
         }
         s
     }
@@ -173,8 +150,7 @@ mod tests {
     #[test]
     fn errors_name_line_and_column() {
         let bad = |body: &str| {
-            ProfileTable::parse_csv(&format!("Mig instance,Batch size,Workload Number,Throughput,Latency\n{body}"))
-                .unwrap_err()
+            ProfileTable::parse_csv(&format!("Mig instance,Batch size,Workload Number,Throughput,Latency\n{body}")).unwrap_err()
         };
         let e = bad("1,1,1,100,0.1\n5,1,1,100,0.1\n");
         assert_eq!((e.line, e.column, e.column_name.as_str()), (3, 1, "Mig instance"));

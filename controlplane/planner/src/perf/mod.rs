@@ -1,0 +1,5 @@
+//! Performance models: iGniter's analytical interference model and ParvaGPU-style measured
+//! profile tables.
+
+pub mod igniter;
+pub mod table;

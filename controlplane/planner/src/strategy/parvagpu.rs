@@ -1,0 +1,330 @@
+//! ParvaGPU (parvagpu.txt Sec. III): Segment Configurator (Alg. 1: Optimal Triplet Decision,
+//! Demand Matching), Segment Allocator (Alg. 2: Segment Relocation, Allocation Optimization)
+//! and minimal reconfiguration when one service's SLO changes (Sec. III-F).
+
+use super::segments::{demand_matching, optimal_triplets, small_segments, Allocator, GpuSlots, OptimalTriplets, Segment, Triplet};
+use crate::input::{GpuType, PlanningInput, ServiceDemand};
+use crate::mig::Placement;
+use crate::plan::{predictions_from_gpus, GpuPlan, Infeasible, InfeasibleReason, MigInstance, Plan, Sharing, Workload};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// ParvaGPU parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParvaConfig {
+    /// Batch latency budget = `latency_margin × SLO / 2`. The paper sets the internal latency
+    /// to half the SLO (Sec. IV); the published scheduler additionally keeps a 10% margin, so
+    /// a segment is accepted when its profiled latency < 0.9 × SLO / 2.
+    pub latency_margin: f64,
+    /// Most MPS processes per segment (Sec. III-C: three).
+    pub max_processes: u32,
+    /// Allocation Optimization splits GPUs with at most this many GPCs (Sec. III-E2: 4).
+    pub optimization_threshold_gpcs: u32,
+    /// Whether to run Allocation Optimization at all.
+    pub optimize: bool,
+}
+
+impl Default for ParvaConfig {
+    fn default() -> Self {
+        ParvaConfig { latency_margin: 0.9, max_processes: 3, optimization_threshold_gpcs: 4, optimize: true }
+    }
+}
+
+impl ParvaConfig {
+    pub fn budget_ms(&self, slo_ms: f64) -> f64 {
+        self.latency_margin * slo_ms / 2.0
+    }
+}
+
+/// Services grouped by the MIG GPU type they will run on, with their optimal triplets.
+pub(crate) struct Configured<'a> {
+    pub gpu_type: &'a GpuType,
+    /// (index into input.services, triplets, segments from Demand Matching)
+    pub services: Vec<(usize, OptimalTriplets, Vec<Triplet>)>,
+}
+
+pub(crate) fn check_demand(s: &ServiceDemand) -> Option<InfeasibleReason> {
+    if !(s.request_rate > 0.0 && s.request_rate.is_finite()) {
+        return Some(InfeasibleReason::InvalidDemand { detail: format!("request rate {} must be positive", s.request_rate) });
+    }
+    if !(s.slo_ms > 0.0 && s.slo_ms.is_finite()) {
+        return Some(InfeasibleReason::InvalidDemand { detail: format!("SLO {} ms must be positive", s.slo_ms) });
+    }
+    None
+}
+
+/// Segment Configurator (Alg. 1) for every service, on the cheapest MIG type that has a
+/// profile for its model. Services that cannot be served get a reason.
+pub(crate) fn configure<'a>(input: &'a PlanningInput, cfg: &ParvaConfig) -> (Vec<Configured<'a>>, Vec<Infeasible>) {
+    let mut types: Vec<&GpuType> = input.gpu_types.iter().filter(|t| t.mig()).collect();
+    types.sort_by(|a, b| a.price_per_hour.total_cmp(&b.price_per_hour));
+    let mut groups: Vec<Configured<'a>> = types.iter().map(|t| Configured { gpu_type: t, services: Vec::new() }).collect();
+    let mut infeasible = Vec::new();
+    for (i, s) in input.services.iter().enumerate() {
+        if let Some(reason) = check_demand(s) {
+            infeasible.push(Infeasible { service: s.name.clone(), reason });
+            continue;
+        }
+        if types.is_empty() {
+            infeasible.push(Infeasible { service: s.name.clone(), reason: InfeasibleReason::NoGpuType { needed: "MIG".into() } });
+            continue;
+        }
+        let mut reason = InfeasibleReason::NoProfile { model: s.model.clone() };
+        let mut placed = false;
+        for (gi, t) in types.iter().enumerate() {
+            let Some(table) = input.profiles.table(&t.name, &s.model) else { continue };
+            let tri = optimal_triplets(table, cfg.budget_ms(s.slo_ms), cfg.max_processes);
+            match demand_matching(&tri, s.request_rate) {
+                Some(segs) => {
+                    groups[gi].services.push((i, tri, segs));
+                    placed = true;
+                    break;
+                }
+                None => {
+                    let best = table
+                        .points
+                        .iter()
+                        .filter(|p| p.processes <= cfg.max_processes)
+                        .map(|p| p.latency_s * 1000.0)
+                        .fold(f64::INFINITY, f64::min);
+                    reason = InfeasibleReason::SloTooTight { slo_ms: s.slo_ms, best_latency_ms: best };
+                }
+            }
+        }
+        if !placed {
+            infeasible.push(Infeasible { service: s.name.clone(), reason });
+        }
+    }
+    groups.retain(|g| !g.services.is_empty());
+    (groups, infeasible)
+}
+
+/// Allocation Optimization (Alg. 2 lines 10-30), applied to the GPUs in `candidates`
+/// (visited from the last). A GPU with at most `threshold` GPCs has its segments freed and
+/// replaced by size-1/2 segments of the same services (SmallSegments), which Allocation
+/// re-places from the first GPU on. Surplus throughput of the small segments is carried per
+/// service to the next GPU (`freed_rate`).
+///
+/// Guard (ours, not in the paper): a step is kept only if it empties the GPU without opening
+/// a new one; otherwise it is undone. Without the guard a split can land back on the same GPU
+/// or spill onto a new one, adding GPCs and reconfiguration for no saved GPU.
+pub(crate) fn allocation_optimization(alloc: &mut Allocator, tris: &HashMap<usize, OptimalTriplets>, threshold: u32, candidates: &[usize]) {
+    let mut freed_rate: HashMap<usize, f64> = HashMap::new();
+    for &i in candidates.iter().rev() {
+        if i >= alloc.gpus.len() {
+            continue;
+        }
+        let g = &alloc.gpus[i];
+        if g.segments.is_empty() || g.gpcs() > threshold {
+            continue;
+        }
+        // Only GPUs whose every service has small triplets can be emptied.
+        if g.segments.iter().any(|(_, s)| tris.get(&s.service).is_none_or(|t| t[0].is_none() && t[1].is_none())) {
+            continue;
+        }
+        let saved_rates = freed_rate.clone();
+        let n_before = alloc.gpus.len();
+        let freed = alloc.free_gpu(i);
+        let mut queue = Vec::new();
+        for (_, seg) in &freed {
+            let r = freed_rate.entry(seg.service).or_insert(0.0);
+            *r += seg.triplet.throughput;
+            let small = small_segments(&tris[&seg.service], *r).unwrap_or_default();
+            for t in small {
+                *r -= t.throughput;
+                queue.push(Segment { service: seg.service, triplet: t });
+            }
+        }
+        let placed = alloc.allocate(queue);
+        let ok = alloc.gpus[i].segments.is_empty() && alloc.gpus.len() == n_before;
+        if !ok {
+            for (g, p) in placed {
+                alloc.remove(g, p);
+            }
+            alloc.gpus.truncate(n_before);
+            for (p, s) in freed {
+                alloc.put(i, p, s);
+            }
+            freed_rate = saved_rates;
+        }
+    }
+    alloc.truncate_empty_tail();
+}
+
+/// Converts a deployment map into GPU plans (empty GPUs dropped).
+pub(crate) fn to_gpu_plans(alloc: &Allocator, type_name: &str, services: &[ServiceDemand]) -> Vec<GpuPlan> {
+    alloc
+        .gpus
+        .iter()
+        .filter(|g| !g.segments.is_empty())
+        .map(|g| {
+            let mut segs = g.segments.clone();
+            segs.sort_by_key(|(p, _)| p.start);
+            GpuPlan {
+                gpu_type: type_name.to_string(),
+                slot: g.slot,
+                sharing: Sharing::Mig { instances: segs.iter().map(|(p, _)| MigInstance { profile: p.profile, start: p.start }).collect() },
+                workloads: segs.iter().enumerate().map(|(k, (_, s))| segment_workload(k, s, services)).collect(),
+            }
+        })
+        .collect()
+}
+
+fn segment_workload(instance: usize, s: &Segment, services: &[ServiceDemand]) -> Workload {
+    let t = s.triplet;
+    Workload {
+        service: services[s.service].name.clone(),
+        mig_instance: Some(instance),
+        // Identical processes split the instance evenly.
+        mps_percent: 100.0 / f64::from(t.processes),
+        batch_size: t.batch,
+        processes: t.processes,
+        shadow_percent: 0.0,
+        predicted_throughput: t.throughput,
+        predicted_latency_ms: t.latency_ms,
+    }
+}
+
+/// ParvaGPU provisioning: Alg. 1 then Alg. 2 (Relocation + Optimization).
+pub fn plan(input: &PlanningInput, cfg: &ParvaConfig) -> Plan {
+    let (groups, infeasible) = configure(input, cfg);
+    let mut gpus = Vec::new();
+    let mut slot_base = 0;
+    for g in &groups {
+        let mut alloc = relocate(g);
+        if cfg.optimize {
+            let tris: HashMap<usize, OptimalTriplets> = g.services.iter().map(|(i, t, _)| (*i, *t)).collect();
+            let all: Vec<usize> = (0..alloc.gpus.len()).collect();
+            allocation_optimization(&mut alloc, &tris, cfg.optimization_threshold_gpcs, &all);
+        }
+        let mut plans = to_gpu_plans(&alloc, &g.gpu_type.name, &input.services);
+        for p in &mut plans {
+            p.slot += slot_base;
+        }
+        slot_base += alloc.gpus.len() as u32;
+        gpus.extend(plans);
+    }
+    Plan { strategy: "parvagpu".into(), predictions: predictions_from_gpus(&gpus, &input.services), gpus, infeasible }
+}
+
+/// Segment Relocation (Alg. 2 lines 1-9): enqueue every service's segments, then Allocation.
+pub(crate) fn relocate(g: &Configured<'_>) -> Allocator {
+    let mut alloc = Allocator::new();
+    let queue: Vec<Segment> =
+        g.services.iter().flat_map(|(i, _, segs)| segs.iter().map(move |t| Segment { service: *i, triplet: *t })).collect();
+    alloc.allocate(queue);
+    alloc
+}
+
+/// Minimal reconfiguration after the SLO or rate of `changed` (matched by name) changes
+/// (Sec. III-F): only that service's segments are recomputed (no re-profiling), removed from
+/// the map and relocated into free space first-fit; Allocation Optimization then runs only on
+/// the GPUs that hosted the service before or after, so every other service's instances keep
+/// their GPU, profile and start and need no reconfiguration. `previous` must be a ParvaGPU /
+/// exact plan for `input` (minus the change).
+pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceDemand, cfg: &ParvaConfig) -> Plan {
+    let mut services = input.services.clone();
+    let idx = match services.iter().position(|s| s.name == changed.name) {
+        Some(i) => {
+            services[i] = changed.clone();
+            i
+        }
+        None => {
+            services.push(changed.clone());
+            services.len() - 1
+        }
+    };
+    let by_name: HashMap<&str, usize> = services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let input2 = PlanningInput { gpu_types: input.gpu_types.clone(), services: services.clone(), profiles: input.profiles.clone() };
+    let (groups, mut infeasible) = configure(&input2, cfg);
+    // Only the changed service may newly become infeasible; keep other refusals as they were.
+    infeasible.retain(|f| f.service == changed.name || previous.infeasible.iter().any(|p| p.service == f.service));
+
+    // Rebuild one allocator per GPU type from the previous plan.
+    let mut per_type: Vec<(String, Allocator, Vec<usize>)> = Vec::new();
+    let mut type_of: HashMap<String, usize> = HashMap::new();
+    let mut next_slot = 0;
+    let mut maps: HashMap<String, Vec<GpuSlots>> = HashMap::new();
+    let prev_max = previous.gpus.iter().map(|g| g.slot + 1).max().unwrap_or(0);
+    for g in &previous.gpus {
+        let Sharing::Mig { instances } = &g.sharing else { continue };
+        let mut slots = GpuSlots { slot: g.slot, ..GpuSlots::default() };
+        for w in &g.workloads {
+            let (Some(k), Some(&si)) = (w.mig_instance, by_name.get(w.service.as_str())) else { continue };
+            let inst = instances[k];
+            let p = Placement::new(inst.profile, inst.start);
+            slots.occ.add(p);
+            slots.segments.push((
+                p,
+                Segment {
+                    service: si,
+                    triplet: Triplet {
+                        gpcs: inst.profile.compute(),
+                        batch: w.batch_size,
+                        processes: w.processes,
+                        throughput: w.predicted_throughput,
+                        latency_ms: w.predicted_latency_ms,
+                    },
+                },
+            ));
+        }
+        maps.entry(g.gpu_type.clone()).or_default().push(slots);
+    }
+    for (name, gpus) in maps {
+        type_of.insert(name.clone(), per_type.len());
+        let mut a = Allocator::from_gpus(gpus, prev_max);
+        // Remove the changed service everywhere; remember which GPUs it touched.
+        let mut touched = Vec::new();
+        for gi in 0..a.gpus.len() {
+            let mine: Vec<Placement> = a.gpus[gi].segments.iter().filter(|(_, s)| s.service == idx).map(|(p, _)| *p).collect();
+            if !mine.is_empty() {
+                touched.push(gi);
+            }
+            for p in mine {
+                a.remove(gi, p);
+            }
+        }
+        per_type.push((name, a, touched));
+    }
+    let mut tris: HashMap<usize, OptimalTriplets> = HashMap::new();
+    for g in &groups {
+        for (i, t, segs) in &g.services {
+            tris.insert(*i, *t);
+            if *i != idx {
+                continue;
+            }
+            let k = *type_of.entry(g.gpu_type.name.clone()).or_insert_with(|| {
+                per_type.push((g.gpu_type.name.clone(), Allocator::from_gpus(Vec::new(), prev_max), Vec::new()));
+                per_type.len() - 1
+            });
+            let (_, a, touched) = &mut per_type[k];
+            let queue = segs.iter().map(|t| Segment { service: idx, triplet: *t }).collect();
+            for (gi, _) in a.allocate(queue) {
+                touched.push(gi);
+            }
+        }
+    }
+    let mut gpus = Vec::new();
+    for (name, mut a, mut touched) in per_type {
+        // New GPUs got slots >= prev_max from their own allocator; renumber them globally so
+        // two GPU types never share a slot.
+        for g in a.gpus.iter_mut().filter(|g| g.slot >= prev_max) {
+            g.slot = prev_max + next_slot;
+            next_slot += 1;
+        }
+        if cfg.optimize {
+            touched.sort_unstable();
+            touched.dedup();
+            allocation_optimization(&mut a, &tris, cfg.optimization_threshold_gpcs, &touched);
+        }
+        gpus.extend(to_gpu_plans(&a, &name, &services));
+    }
+    gpus.sort_by_key(|g| g.slot);
+    Plan { strategy: previous.strategy.clone(), predictions: predictions_from_gpus(&gpus, &services), gpus, infeasible }
+}
+
+/// Lower bound on GPUs for a set of segment sizes: compute (7 per GPU) and memory slices
+/// (8 per GPU; a 3g takes 4).
+pub fn gpu_lower_bound(gpcs: u32) -> u32 {
+    gpcs.div_ceil(7)
+}

@@ -1,0 +1,223 @@
+//! Benchmark of the replicated controller: 3 controller processes on loopback with sled.
+//!
+//!   cargo run --release -p controlplane --bin raft-bench -- [--seconds 5] [--kills 20]
+//!
+//! Prints committed writes per second and write latency (p50, p99) with 1 and 64
+//! concurrent clients, then the leader failover time (SIGKILL of the leader process to the
+//! first successful write), as the median and maximum over `--kills` kills.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use controlplane::client::{Client, RetryPolicy};
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds of load per concurrency level.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Leader kills for the failover measurement.
+    #[arg(long, default_value_t = 20)]
+    kills: usize,
+    /// Concurrency levels to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    clients: Vec<usize>,
+}
+
+struct Node {
+    child: Option<Child>,
+    addr: String,
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    nodes: BTreeMap<u64, Node>,
+}
+
+impl Cluster {
+    fn start(bin: PathBuf) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = (1..=3u64)
+            .map(|id| {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                (id, Node { child: None, addr: l.local_addr().unwrap().to_string() })
+            })
+            .collect();
+        let mut c = Cluster { dir, bin, nodes };
+        for id in 1..=3 {
+            c.spawn(id);
+        }
+        c
+    }
+
+    fn spawn(&mut self, id: u64) {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--node-id").arg(id.to_string()).arg("--listen").arg(&self.nodes[&id].addr);
+        cmd.arg("--data-dir").arg(self.dir.path().join(format!("n{id}")));
+        for (pid, n) in &self.nodes {
+            cmd.arg("--peer").arg(format!("{pid}={}", n.addr));
+        }
+        if id == 1 {
+            cmd.arg("--bootstrap");
+        }
+        cmd.env("RUST_LOG", "error").stdout(Stdio::null()).stderr(Stdio::null());
+        self.nodes.get_mut(&id).unwrap().child = Some(cmd.spawn().expect("starting controlplane"));
+    }
+
+    fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.nodes.get_mut(&id).unwrap().child.take() {
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+        }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.nodes.values().map(|n| n.addr.clone()).collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.kill(id);
+        }
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}
+
+fn service(name: &str, rate: f64) -> proto::Resource {
+    proto::Resource {
+        kind: "Service".into(),
+        name: name.into(),
+        tenant: "bench".into(),
+        spec_json: serde_json::json!({"model": "resnet50", "slo": {"latency_ms": 50, "request_rate": rate}}).to_string(),
+        ..Default::default()
+    }
+}
+
+async fn seed(client: &Client) {
+    let docs = [
+        ("Tenant", "bench", "{}".to_string()),
+        ("GpuModel", "A100-80GB", r#"{"sm_count":108,"memory_gib":80}"#.to_string()),
+        ("ModelProfile", "resnet50-a100", r#"{"model":"resnet50","gpu_model":"A100-80GB"}"#.to_string()),
+    ];
+    for (kind, name, spec) in docs {
+        let r = proto::Resource { kind: kind.into(), name: name.into(), spec_json: spec, ..Default::default() };
+        client.put(r, proto::WriteMode::Unspecified).await.expect("seeding");
+    }
+}
+
+async fn leader_of(client: &Client) -> u64 {
+    loop {
+        if let Ok(s) = client.cluster_status().await {
+            if s.leader_id != 0 {
+                return s.leader_id;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn throughput(endpoints: Vec<String>, clients: usize, seconds: u64) -> (f64, Duration, Duration, usize) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let client = Arc::new(Client::new(endpoints.clone()));
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0;
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match client.put(service(&format!("c{c}-{}", i % 50), 1.0 + i as f64), proto::WriteMode::Unspecified).await {
+                    Ok(_) => latencies.push(t.elapsed()),
+                    Err(_) => errors += 1,
+                }
+                i += 1;
+            }
+            (latencies, errors)
+        }));
+    }
+    let started = Instant::now();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(seconds as f64);
+    all.sort();
+    (all.len() as f64 / elapsed, percentile(&all, 0.5), percentile(&all, 0.99), errors)
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.with_file_name("controlplane");
+    if !bin.exists() {
+        eprintln!("raft-bench: {} not found; build it first: cargo build --release -p controlplane --bins", bin.display());
+        std::process::exit(2);
+    }
+    let mut cluster = Cluster::start(bin);
+    let endpoints = cluster.endpoints();
+    let client = Client::new(endpoints.clone());
+    leader_of(&client).await;
+    seed(&client).await;
+
+    println!("3 controllers on loopback (separate processes, sled, fsync per append batch)");
+    println!("{:<10} {:>14} {:>12} {:>12} {:>8}", "clients", "writes/s", "p50", "p99", "errors");
+    for &n in &args.clients {
+        let (rate, p50, p99, errors) = throughput(endpoints.clone(), n, args.seconds).await;
+        println!("{n:<10} {rate:>14.0} {:>10.2}ms {:>10.2}ms {errors:>8}", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3);
+    }
+
+    // Failover: kill -9 the leader, then time the first write that succeeds.
+    let fast = RetryPolicy { attempts: 10_000, backoff: Duration::from_millis(5), timeout: Duration::from_millis(300) };
+    let mut times = Vec::new();
+    for k in 0..args.kills {
+        let leader = leader_of(&client).await;
+        let writer = Client::new(endpoints.clone()).with_retry(fast.clone());
+        writer.put(service("failover", 1.0), proto::WriteMode::Unspecified).await.expect("write before kill");
+        let killed_at = Instant::now();
+        cluster.kill(leader);
+        writer.put(service("failover", 2.0 + k as f64), proto::WriteMode::Unspecified).await.expect("write after kill");
+        times.push(killed_at.elapsed());
+        cluster.spawn(leader);
+        // Let the restarted node catch up before the next kill.
+        let restarted = Client::new(vec![cluster.nodes[&leader].addr.clone()]);
+        loop {
+            if let (Ok(s), Ok(l)) = (restarted.node_status(&cluster.nodes[&leader].addr).await, client.cluster_status().await) {
+                if s.leader_id != 0 && s.applied_index >= l.commit_index {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    times.sort();
+    if !times.is_empty() {
+        println!(
+            "leader failover (SIGKILL to first successful write), {} kills: median {:.0}ms, min {:.0}ms, max {:.0}ms",
+            times.len(),
+            percentile(&times, 0.5).as_secs_f64() * 1e3,
+            times[0].as_secs_f64() * 1e3,
+            times[times.len() - 1].as_secs_f64() * 1e3
+        );
+    }
+}
