@@ -187,7 +187,7 @@ impl Allocator {
     /// Allocation (Alg. 2): places queued segments, larger sizes first.
     pub fn allocate(&mut self, mut queue: Vec<Segment>) -> Vec<(usize, Placement)> {
         // Stable sort keeps the enqueue order within one size queue.
-        queue.sort_by(|a, b| b.triplet.gpcs.cmp(&a.triplet.gpcs));
+        queue.sort_by_key(|s| std::cmp::Reverse(s.triplet.gpcs));
         queue.into_iter().map(|s| self.place(s)).collect()
     }
 
