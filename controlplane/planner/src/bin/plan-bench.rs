@@ -1,0 +1,189 @@
+//! Compares gpuplane's MIG strategies with ParvaGPU's published deployments on the same
+//! inputs, and times them.
+//!
+//!   cargo run --release -p planner --bin plan-bench -- [--anchors DIR] [--runs N]
+//!
+//! Needs the published reference data (`parvagpu/prof_data`, `parvagpu/SLO`,
+//! `parvagpu/deployment`), read at run time from `--anchors DIR`, `$GPUPLANE_ANCHORS`, or
+//! `../shared/anchors`; nothing of it is part of this repository. Prints one row per SLO
+//! scenario: GPUs of the published deployment, GPUs and GPCs of our ParvaGPU and exact
+//! plans, whether every service's predicted capacity covers its rate, and the median
+//! planning time over `--runs` runs.
+
+use planner::input::{GpuType, PlanningInput, ServiceDemand};
+use planner::mig::GpuModel;
+use planner::perf::table::ProfileTable;
+use planner::plan::Plan;
+use planner::strategy::{exact, parvagpu};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// The profile files in the column order of the SLO tables (alphabetical).
+const MODELS: [&str; 11] = [
+    "bert",
+    "densenet121",
+    "densenet169",
+    "densenet201",
+    "inceptionv3",
+    "mobilenetv2",
+    "resnet101",
+    "resnet152",
+    "resnet50",
+    "vgg16",
+    "vgg19",
+];
+const GPU_TYPE: &str = "a100-80gb";
+
+struct Args {
+    anchors: PathBuf,
+    runs: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut anchors = std::env::var_os("GPUPLANE_ANCHORS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/anchors"));
+    let mut runs = 21;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--anchors" => anchors = it.next().ok_or("--anchors: expected a directory")?.into(),
+            "--runs" => {
+                runs = it.next().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0).ok_or("--runs: expected a positive integer")?
+            }
+            "-h" | "--help" => return Err("usage: plan-bench [--anchors DIR] [--runs N]".into()),
+            other => return Err(format!("unknown argument {other:?} (usage: plan-bench [--anchors DIR] [--runs N])")),
+        }
+    }
+    Ok(Args { anchors, runs })
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Rows of an SLO table: per scenario, per model, `None` for `N/A`.
+fn slo_table(path: &Path) -> Result<Vec<Vec<Option<f64>>>, String> {
+    read(path)?
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            l.split(',')
+                .map(|f| match f.trim() {
+                    "N/A" => Ok(None),
+                    v => v.parse::<f64>().map(Some).map_err(|_| format!("{} line {}: `{v}` is not a number", path.display(), i + 1)),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// GPUs of a published deployment: distinct (node, GPU) pairs.
+fn published_gpus(path: &Path) -> Result<usize, String> {
+    let text = read(path)?;
+    let gpus: BTreeSet<(String, String)> = text
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].trim().to_string(), f.get(1).unwrap_or(&"").trim().to_string())
+        })
+        .collect();
+    Ok(gpus.len())
+}
+
+fn covers(plan: &Plan, input: &PlanningInput) -> bool {
+    plan.infeasible.is_empty()
+        && input.services.iter().all(|s| plan.prediction(&s.name).is_some_and(|p| p.capacity_rps + 1e-6 >= s.request_rate))
+}
+
+fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let root = args.anchors.join("parvagpu");
+    if !root.is_dir() {
+        return Err(format!(
+            "{} not found: this benchmark needs the published ParvaGPU data; pass --anchors DIR or set GPUPLANE_ANCHORS",
+            root.display()
+        ));
+    }
+    let mut tables = BTreeMap::new();
+    for m in MODELS {
+        let path = root.join("prof_data").join(format!("{m}.csv"));
+        let t = ProfileTable::parse_csv(&read(&path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+        tables.insert(m.to_string(), t);
+    }
+    let latency = slo_table(&root.join("SLO/SLO_latency.csv"))?;
+    let rate = slo_table(&root.join("SLO/SLO_req_rate.csv"))?;
+    let gpu = GpuType { name: GPU_TYPE.into(), model: GpuModel::A100_80GB, price_per_hour: 4.1, mps: true, igniter: None };
+    let mut input = PlanningInput { gpu_types: vec![gpu], ..Default::default() };
+    input.profiles.tables.insert(GPU_TYPE.into(), tables);
+
+    println!("ParvaGPU scenarios on A100-80GB (published data from {}), median of {} runs", root.display(), args.runs);
+    println!(
+        "{:<8} {:>8} {:>10} {:>14} {:>12} {:>12} {:>14} {:>12} {:>8} {:>12}",
+        "scenario", "services", "published", "parvagpu GPUs", "GPCs", "time", "exact GPUs", "GPCs", "optimal", "time"
+    );
+    for (k, (lat_row, rate_row)) in latency.iter().zip(&rate).enumerate() {
+        input.services = MODELS
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                let (slo, r) = (lat_row.get(i).copied().flatten()?, rate_row.get(i).copied().flatten()?);
+                Some(ServiceDemand { name: m.to_string(), model: m.to_string(), slo_ms: slo, request_rate: r })
+            })
+            .collect();
+        let n = k + 1;
+        let published = published_gpus(&root.join(format!("deployment/SLO{n}/SLO{n}_ParvaGPU_deploy.csv")))?;
+        let parva_cfg = parvagpu::ParvaConfig::default();
+        let exact_cfg = exact::ExactConfig::default();
+        let parva = parvagpu::plan(&input, &parva_cfg);
+        let (ex, report) = exact::plan(&input, &exact_cfg);
+        let t_parva = median_time(args.runs, || drop(parvagpu::plan(&input, &parva_cfg)));
+        let t_exact = median_time(args.runs, || drop(exact::plan(&input, &exact_cfg)));
+        let mark = |p: &Plan| if covers(p, &input) { "" } else { " (!)" };
+        println!(
+            "{:<8} {:>8} {:>10} {:>14} {:>12} {:>12} {:>14} {:>12} {:>8} {:>12}",
+            format!("SLO{n}"),
+            input.services.len(),
+            published,
+            format!("{}{}", parva.gpus_used(), mark(&parva)),
+            parva.gpcs_used(),
+            format!("{:.2?}", t_parva),
+            format!("{}{}", ex.gpus_used(), mark(&ex)),
+            ex.gpcs_used(),
+            if report.used_heuristic {
+                "heur"
+            } else if report.proven_optimal {
+                "yes"
+            } else {
+                "budget"
+            },
+            format!("{:.2?}", t_exact),
+        );
+    }
+    println!("(!) = some service's predicted capacity is below its rate or it was refused");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match parse_args().and_then(|a| run(&a)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plan-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
