@@ -2,4 +2,5 @@
 //! profile tables.
 
 pub mod igniter;
+pub mod synthetic;
 pub mod table;

@@ -369,12 +369,11 @@ mod tests {
 
     #[test]
     fn packing_finds_the_optimum_where_first_fit_does_not() {
-        // 2 × 3g, 2 × 2g, 4 × 1g. Segment Relocation places the 3g pair on one GPU
-        // (3g@4, 3g@0: all 8 memory slices, one GPC idle), the 2g pair and three 1g on the
-        // second, and needs a third GPU for the last 1g. Two GPUs suffice:
-        // 3g@4 + 2g@0 + 2g@2 and 3g@4 + 4 × 1g.
-        let mut segs: Vec<Segment> = [3, 3, 2, 2].iter().map(|&g| seg(g)).collect();
-        segs.extend((0..4).map(|_| seg(1)));
+        // Segment Relocation puts every 3g at slot 4 of its own GPU (so that Allocation
+        // Optimization can fill slots 0-3): 3 × 3g + 2 × 1g take three GPUs. Two suffice:
+        // 3g@0 + 3g@4, and 3g@4 + 1g@0 + 1g@1.
+        let mut segs: Vec<Segment> = [3, 3, 3].iter().map(|&g| seg(g)).collect();
+        segs.extend((0..2).map(|_| seg(1)));
         let mut greedy = Allocator::new();
         greedy.allocate(segs.clone());
         assert_eq!(greedy.nonempty_gpus(), 3);

@@ -328,3 +328,7 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
 pub fn gpu_lower_bound(gpcs: u32) -> u32 {
     gpcs.div_ceil(7)
 }
+
+#[cfg(test)]
+#[path = "parvagpu_tests.rs"]
+mod tests;

@@ -96,14 +96,17 @@ pub fn small_segments(tri: &OptimalTriplets, rate: f64) -> Option<Vec<Triplet>> 
     demand_matching(&small, rate)
 }
 
-/// Start-slot preferences of Segment Relocation (Sec. III-E1): 7g and 4g only at 0; 3g at 4
-/// before 0 (3g@0 blocks the 1g at slot 3); 2g at 0 or 2 before 4 (leave room for 3g); 1g in
-/// slots 0-3 before 4-6. The paper also lists slot 5 for size 2, which is not a legal 2g
+/// Start-slot preferences of Segment Relocation (Sec. III-E1): 7g and 4g only at 0; 3g only
+/// at 4 ("priority is given to allocating size 3 segments in slot 4": a 3g@0 blocks the 1g
+/// at slot 3, so a second 3g opens a new GPU, whose free slots 0-3 Allocation Optimization
+/// then fills with split segments; this is what the published deployments show, e.g. twelve
+/// 3g, all at slot 4 of twelve GPUs, in scenario 5); 2g at 0 or 2 before 4 (leave room for
+/// 3g); 1g in slots 0-3 before 4-6. The paper also lists slot 5 for size 2, which is not a legal 2g
 /// start in NVIDIA's placement table, so it is not used.
 pub fn preferred_starts(profile: MigProfile) -> &'static [u8] {
     match profile {
         MigProfile::G7 | MigProfile::G4 => &[0],
-        MigProfile::G3 => &[4, 0],
+        MigProfile::G3 => &[4],
         MigProfile::G2 => &[0, 2, 4],
         MigProfile::G1 => &[0, 1, 2, 3, 4, 5, 6],
         MigProfile::G1Mem2 => &[0, 2, 4, 6],
