@@ -5,4 +5,5 @@ pub mod input;
 pub mod mig;
 pub mod perf;
 pub mod plan;
+pub mod policy;
 pub mod strategy;
