@@ -48,6 +48,37 @@ pub struct Profiles {
     /// iGniter workload coefficients.
     #[serde(default)]
     pub igniter: BTreeMap<String, BTreeMap<String, WorkloadCoeffs>>,
+    /// PARIS: GPU compute utilisation per (MIG partition size, batch), per GPU type name,
+    /// then per model name (the [GPU utilisation vs. batch] curve of PARIS Fig. 4(a)).
+    #[serde(default)]
+    pub utilisation: BTreeMap<String, BTreeMap<String, Vec<UtilPoint>>>,
+    /// PARIS: the observed query-size (batch-size) distribution per *service* name. PARIS
+    /// Sec. IV-B builds it by counting the batch sizes served over a period, i.e. it is a
+    /// profile of the traffic; services without one use the strategy's configured default.
+    #[serde(default)]
+    pub batch_distributions: BTreeMap<String, BatchDistribution>,
+}
+
+/// One point of a partition's utilisation curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct UtilPoint {
+    /// MIG partition size in GPCs (1, 2, 3, 4 or 7).
+    pub gpcs: u8,
+    pub batch: u32,
+    /// GPU compute utilisation in [0, 1].
+    pub utilisation: f64,
+}
+
+/// The distribution of query sizes. Under PARIS a request is a query of `b` inputs that
+/// is executed as one batch of size `b`, so this is the batch-size distribution and a
+/// service's `request_rate` counts queries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum BatchDistribution {
+    /// `ln b ~ N(mu, sigma²)` (PARIS Sec. II-A / V: log-normal query sizes), discretised to
+    /// integer batches by `b = ceil(x)` and truncated to `1..=max_batch` (renormalised).
+    LogNormal { mu: f64, sigma: f64, max_batch: u32 },
+    /// A measured histogram: (batch size, weight); weights are normalised.
+    Empirical { weights: Vec<(u32, f64)> },
 }
 
 impl Profiles {
@@ -56,6 +87,9 @@ impl Profiles {
     }
     pub fn coeffs(&self, gpu_type: &str, model: &str) -> Option<&WorkloadCoeffs> {
         self.igniter.get(gpu_type)?.get(model)
+    }
+    pub fn utilisation_curve(&self, gpu_type: &str, model: &str) -> Option<&[UtilPoint]> {
+        self.utilisation.get(gpu_type)?.get(model).map(Vec::as_slice)
     }
 }
 

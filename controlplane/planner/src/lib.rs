@@ -2,6 +2,7 @@
 //! scaling and scheduling algorithms. No IO, no clocks, no async: inputs in, decisions out.
 
 pub mod input;
+pub mod invariants;
 pub mod mig;
 pub mod perf;
 pub mod plan;

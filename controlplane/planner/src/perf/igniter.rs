@@ -104,6 +104,9 @@ pub fn t_feedback(hw: &HardwareCoeffs, w: &WorkloadCoeffs, b: u32) -> f64 {
     w.d_feedback_bytes * f64::from(b) / hw.pcie_bytes_per_ms
 }
 
+/// Lower bound on the Eq. 9 frequency, as a fraction of F (see [`predict`]).
+pub const MIN_FREQ_FRACTION: f64 = 0.01;
+
 /// Eq. 1-10: latency and throughput of every workload co-located on one GPU.
 pub fn predict(hw: &HardwareCoeffs, workloads: &[Colocated<'_>]) -> Vec<Prediction> {
     let n = workloads.len() as f64;
@@ -112,6 +115,11 @@ pub fn predict(hw: &HardwareCoeffs, workloads: &[Colocated<'_>]) -> Vec<Predicti
     // Eq. 10 and 9: power demand and the resulting frequency.
     let demand: f64 = hw.idle_power_w + workloads.iter().map(|w| w.coeffs.power(w.batch, w.r_pct)).sum::<f64>();
     let freq = if demand <= hw.max_power_w { hw.max_freq_mhz } else { hw.max_freq_mhz + hw.alpha_f * (demand - hw.max_power_w) };
+    // Eq. 9 is a line fitted near the power cap; far above it the line crosses zero and a
+    // zero or negative frequency would make Eq. 4 predict an infinite or *negative* GPU time
+    // (which a planner would read as "meets the SLO"). Keep it at or above 1% of F: the
+    // predicted latency is then huge, as it should be for a hopelessly over-subscribed GPU.
+    let freq = freq.max(hw.max_freq_mhz * MIN_FREQ_FRACTION);
     let caches: Vec<f64> = workloads.iter().map(|w| w.coeffs.cache_util(w.batch, w.r_pct)).collect();
     let total_cache: f64 = caches.iter().sum();
     workloads
@@ -432,6 +440,23 @@ pub(crate) mod tests {
         let pair = predict(&h, &[Colocated { coeffs: &w, batch: 8, r_pct: 50.0 }, Colocated { coeffs: &w, batch: 8, r_pct: 50.0 }]);
         assert!(pair[0].latency_ms > solo.latency_ms);
         assert!(pair[0].throughput_rps < solo.throughput_rps);
+    }
+
+    #[test]
+    fn frequency_never_goes_non_positive() {
+        // α_f = −1 MHz/W: a demand 2000 W over the cap would give F − 2000 < 0 by Eq. 9.
+        let h = hw();
+        let mut w = wl();
+        w.beta_power = 2200.0;
+        let p = predict(&h, &[Colocated { coeffs: &w, batch: 4, r_pct: 50.0 }])[0];
+        assert!((p.frequency_mhz - 15.0).abs() < 1e-9, "{p:?}");
+        assert!(p.latency_ms > 0.0 && p.latency_ms.is_finite());
+        assert!(p.throughput_rps > 0.0 && p.throughput_rps.is_finite());
+        // Just above the cap Eq. 9 applies unchanged: demand 50 + 20 + 0.05·ability.
+        w.beta_power = 200.0;
+        let p = predict(&h, &[Colocated { coeffs: &w, batch: 4, r_pct: 50.0 }])[0];
+        let demand = 50.0 + w.power(4, 50.0);
+        assert!((p.frequency_mhz - (1500.0 - (demand - 250.0))).abs() < 1e-9);
     }
 
     #[test]

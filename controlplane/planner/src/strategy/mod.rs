@@ -2,5 +2,9 @@
 //! [`crate::plan::Plan`] that names every service it could not place.
 
 pub mod exact;
+pub mod igniter;
+pub mod paris;
 pub mod parvagpu;
+#[cfg(test)]
+mod properties;
 pub mod segments;
