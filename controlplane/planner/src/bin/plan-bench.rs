@@ -36,14 +36,19 @@ const MODELS: [&str; 11] = [
 ];
 const GPU_TYPE: &str = "a100-80gb";
 
+const USAGE: &str = "plan-bench [--anchors DIR] [--runs N] [--detail]";
+
 struct Args {
     anchors: PathBuf,
     runs: usize,
+    /// Print each scenario's segment mixes per service (published, ParvaGPU, exact).
+    detail: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
     let mut anchors = std::env::var_os("GPUPLANE_ANCHORS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/anchors"));
     let mut runs = 21;
+    let mut detail = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -51,11 +56,24 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => {
                 runs = it.next().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0).ok_or("--runs: expected a positive integer")?
             }
-            "-h" | "--help" => return Err("usage: plan-bench [--anchors DIR] [--runs N]".into()),
-            other => return Err(format!("unknown argument {other:?} (usage: plan-bench [--anchors DIR] [--runs N])")),
+            "--detail" => detail = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?} (usage: {USAGE})")),
         }
     }
-    Ok(Args { anchors, runs })
+    Ok(Args { anchors, runs, detail })
+}
+
+/// The services of one SLO scenario: one per model with both an SLO and a rate.
+fn scenario_services(latency: &[Option<f64>], rate: &[Option<f64>]) -> Vec<ServiceDemand> {
+    MODELS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let (slo, r) = (latency.get(i).copied().flatten()?, rate.get(i).copied().flatten()?);
+            Some(ServiceDemand { name: m.to_string(), model: m.to_string(), slo_ms: slo, request_rate: r })
+        })
+        .collect()
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -77,6 +95,34 @@ fn slo_table(path: &Path) -> Result<Vec<Vec<Option<f64>>>, String> {
                 .collect()
         })
         .collect()
+}
+
+/// Segment sizes per model of a published deployment, e.g. `3x3g 1x1g`.
+fn published_mixes(path: &Path) -> Result<BTreeMap<String, BTreeMap<u8, u32>>, String> {
+    let mut mixes: BTreeMap<String, BTreeMap<u8, u32>> = BTreeMap::new();
+    for (i, l) in read(path)?.lines().enumerate().skip(1).filter(|(_, l)| !l.trim().is_empty()) {
+        let f: Vec<&str> = l.split(',').map(str::trim).collect();
+        let size =
+            f.get(4).and_then(|v| v.parse::<u8>().ok()).ok_or_else(|| format!("{} line {}: no instance size", path.display(), i + 1))?;
+        *mixes.entry(f[2].to_string()).or_default().entry(size).or_default() += 1;
+    }
+    Ok(mixes)
+}
+
+fn plan_mixes(plan: &Plan) -> BTreeMap<String, BTreeMap<u8, u32>> {
+    let mut mixes: BTreeMap<String, BTreeMap<u8, u32>> = BTreeMap::new();
+    for g in &plan.gpus {
+        let planner::plan::Sharing::Mig { instances } = &g.sharing else { continue };
+        for w in &g.workloads {
+            let Some(size) = w.mig_instance.map(|k| instances[k].profile.compute()) else { continue };
+            *mixes.entry(w.service.clone()).or_default().entry(size).or_default() += 1;
+        }
+    }
+    mixes
+}
+
+fn show_mix(m: Option<&BTreeMap<u8, u32>>) -> String {
+    m.map(|m| m.iter().rev().map(|(s, n)| format!("{n}x{s}g")).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
 
 /// GPUs of a published deployment: distinct (node, GPU) pairs.
@@ -137,16 +183,10 @@ fn run(args: &Args) -> Result<(), String> {
         "scenario", "services", "published", "parvagpu GPUs", "GPCs", "time", "exact GPUs", "GPCs", "optimal", "time"
     );
     for (k, (lat_row, rate_row)) in latency.iter().zip(&rate).enumerate() {
-        input.services = MODELS
-            .iter()
-            .enumerate()
-            .filter_map(|(i, m)| {
-                let (slo, r) = (lat_row.get(i).copied().flatten()?, rate_row.get(i).copied().flatten()?);
-                Some(ServiceDemand { name: m.to_string(), model: m.to_string(), slo_ms: slo, request_rate: r })
-            })
-            .collect();
+        input.services = scenario_services(lat_row, rate_row);
         let n = k + 1;
-        let published = published_gpus(&root.join(format!("deployment/SLO{n}/SLO{n}_ParvaGPU_deploy.csv")))?;
+        let deploy = root.join(format!("deployment/SLO{n}/SLO{n}_ParvaGPU_deploy.csv"));
+        let published = published_gpus(&deploy)?;
         let parva_cfg = parvagpu::ParvaConfig::default();
         let exact_cfg = exact::ExactConfig::default();
         let parva = parvagpu::plan(&input, &parva_cfg);
@@ -166,13 +206,30 @@ fn run(args: &Args) -> Result<(), String> {
             ex.gpcs_used(),
             if report.used_heuristic {
                 "heur"
+            } else if report.joint_proven_optimal {
+                "joint"
             } else if report.proven_optimal {
-                "yes"
+                "mixes"
             } else {
                 "budget"
             },
             format!("{:.2?}", t_exact),
         );
+    }
+    if args.detail {
+        for (k, (lat_row, rate_row)) in latency.iter().zip(&rate).enumerate() {
+            let n = k + 1;
+            input.services = scenario_services(lat_row, rate_row);
+            let published = published_mixes(&root.join(format!("deployment/SLO{n}/SLO{n}_ParvaGPU_deploy.csv")))?;
+            let parva = plan_mixes(&parvagpu::plan(&input, &parvagpu::ParvaConfig::default()));
+            let ex = plan_mixes(&exact::plan(&input, &exact::ExactConfig::default()).0);
+            println!("\nSLO{n}: segments per service");
+            println!("{:<12} {:>26} {:>26} {:>26}", "service", "published", "parvagpu", "exact");
+            for s in &input.services {
+                let m = &s.name;
+                println!("{:<12} {:>26} {:>26} {:>26}", m, show_mix(published.get(m)), show_mix(parva.get(m)), show_mix(ex.get(m)));
+            }
+        }
     }
     println!("(!) = some service's predicted capacity is below its rate or it was refused");
     Ok(())

@@ -9,11 +9,15 @@
 //!    segment size has enough slots. Every feasible GPU is a sub-layout of some maximal layout
 //!    (`mig::maximal_layouts`), so covering the size counts is exactly packing.
 //!
-//! Both are solved by depth-first branch and bound. The crate has no clock, so the "time bound"
+//! 3. for GPU types with few services, both at once: the joint choice of
+//!    [`super::joint`], which must beat the better of step 2's packings.
+//!
+//! Steps 1 and 2 are solved by depth-first branch and bound. The crate has no clock, so the "time bound"
 //! is a budget of search nodes; when it runs out the best solution found so far is used. The
 //! result is then compared with the ParvaGPU plan for the same input and the better one (fewer
 //! GPUs, then fewer GPCs) is returned, so this mode is never worse than the heuristic.
 
+use super::joint::{self, ServiceChoice};
 use super::parvagpu::{self, configure, to_gpu_plans, ParvaConfig};
 use super::segments::{Allocator, GpuSlots, OptimalTriplets, Segment, Triplet, SIZES};
 use crate::input::PlanningInput;
@@ -29,11 +33,16 @@ pub struct ExactConfig {
     /// Search nodes allowed per service mix and per GPU-type packing before the best
     /// solution found so far is taken (deterministic stand-in for a time limit).
     pub node_budget: u64,
+    /// GPU types with at most this many services also get the joint choice of mixes
+    /// ([`joint`]); larger ones keep the two-step result, whose cost grows linearly.
+    pub joint_max_services: usize,
+    /// Search nodes allowed to the joint choice per GPU type.
+    pub joint_node_budget: u64,
 }
 
 impl Default for ExactConfig {
     fn default() -> Self {
-        ExactConfig { parva: ParvaConfig::default(), node_budget: 2_000_000 }
+        ExactConfig { parva: ParvaConfig::default(), node_budget: 2_000_000, joint_max_services: 64, joint_node_budget: 2_000_000 }
     }
 }
 
@@ -45,6 +54,9 @@ pub struct SearchReport {
     pub proven_optimal: bool,
     /// The ParvaGPU plan was at least as good and was returned instead.
     pub used_heuristic: bool,
+    /// The joint choice of mixes ran to completion on every GPU type: no choice of segment
+    /// mixes packs onto fewer GPUs.
+    pub joint_proven_optimal: bool,
     pub nodes: u64,
 }
 
@@ -278,12 +290,37 @@ fn pack_group(segments: Vec<Segment>, slot_base: u32, budget: u64, report: &mut 
     packed
 }
 
+/// The joint choice of mixes for one GPU type ([`joint::best_mixes`]), if it beats
+/// `current`, realised by the exact packer.
+fn joint_plan(
+    input: &PlanningInput,
+    services: &[(usize, OptimalTriplets, Vec<Triplet>)],
+    current: &[GpuSlots],
+    slot_base: u32,
+    cfg: &ExactConfig,
+    report: &mut SearchReport,
+) -> Option<Vec<GpuSlots>> {
+    let choices: Vec<ServiceChoice<'_>> =
+        services.iter().map(|(i, tri, _)| ServiceChoice { triplets: tri, rate: input.services[*i].request_rate }).collect();
+    let incumbent = (current.len() as u32, current.iter().map(GpuSlots::gpcs).sum());
+    let found = joint::best_mixes(&choices, incumbent, cfg.joint_node_budget);
+    // No answer means nothing beats the incumbent, which is proof only if the search ended.
+    report.joint_proven_optimal &= found.as_ref().is_none_or(|j| j.complete);
+    let found = found?;
+    let segments = services
+        .iter()
+        .zip(found.mixes)
+        .flat_map(|((i, _, _), mix)| mix.into_iter().map(move |t| Segment { service: *i, triplet: t }))
+        .collect();
+    Some(pack_group(segments, slot_base, cfg.node_budget, report))
+}
+
 /// Exact MIG provisioning (see the module doc). Per GPU type, both the minimum-GPC segment
 /// mixes and Demand Matching's mixes are packed exactly (fewer GPCs do not always pack onto
 /// fewer GPUs), and the better packing is kept. Returns the plan and how the search went.
 pub fn plan(input: &PlanningInput, cfg: &ExactConfig) -> (Plan, SearchReport) {
     let (groups, infeasible) = configure(input, &cfg.parva);
-    let mut report = SearchReport { proven_optimal: true, ..SearchReport::default() };
+    let mut report = SearchReport { proven_optimal: true, joint_proven_optimal: true, ..SearchReport::default() };
     let mut gpus = Vec::new();
     let mut slot_base = 0;
     for g in &groups {
@@ -299,7 +336,16 @@ pub fn plan(input: &PlanningInput, cfg: &ExactConfig) -> (Plan, SearchReport) {
         let a = pack_group(min_gpc, slot_base, cfg.node_budget, &mut report);
         let b = pack_group(matched, slot_base, cfg.node_budget, &mut report);
         let gpcs = |p: &[GpuSlots]| p.iter().map(GpuSlots::gpcs).sum::<u32>();
-        let packed = if (b.len(), gpcs(&b)) < (a.len(), gpcs(&a)) { b } else { a };
+        let mut packed = if (b.len(), gpcs(&b)) < (a.len(), gpcs(&a)) { b } else { a };
+        if g.services.len() > cfg.joint_max_services {
+            report.joint_proven_optimal = false;
+        } else {
+            if let Some(joint) = joint_plan(input, &g.services, &packed, slot_base, cfg, &mut report) {
+                if (joint.len(), gpcs(&joint)) < (packed.len(), gpcs(&packed)) {
+                    packed = joint;
+                }
+            }
+        }
         slot_base += packed.len() as u32;
         let alloc = Allocator::from_gpus(packed, slot_base);
         gpus.extend(to_gpu_plans(&alloc, &g.gpu_type.name, &input.services));

@@ -3,6 +3,7 @@
 
 pub mod exact;
 pub mod igniter;
+pub mod joint;
 pub mod paris;
 pub mod parvagpu;
 #[cfg(test)]

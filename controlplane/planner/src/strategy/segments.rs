@@ -38,7 +38,7 @@ fn size_index(gpcs: u8) -> Option<usize> {
 /// Optimal Triplet Decision (Alg. 1 lines 3-12): for each instance size, the (batch,
 /// processes) with maximum segment throughput among points whose latency is strictly below
 /// `budget_ms` (line 6: `S[i].lat > P[j].lat`). Points with more than `max_processes`
-/// processes are ignored, as in the published scheduler (Sec. III-C limits processes to 3).
+/// processes are ignored (see `ParvaConfig::max_processes`).
 pub fn optimal_triplets(table: &ProfileTable, budget_ms: f64, max_processes: u32) -> OptimalTriplets {
     let mut best: OptimalTriplets = [None; 5];
     for p in &table.points {
