@@ -1,1 +1,5 @@
 //! Node agent: GPU backends, supervisor, router and shadow failover (see issue "node-agent").
+
+pub mod backend;
+pub mod command;
+pub mod mps;
