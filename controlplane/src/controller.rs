@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use openraft::error::{ClientWriteError as CWE, RaftError as RE};
 
+use crate::agents::AgentReports;
 use crate::api::ApiError;
 use crate::raft::{ChangeMembers, Node, NodeId, PeerChannels, Raft, SmData, SmShared};
 use crate::state::{CommandOutcome, Request};
@@ -21,6 +22,8 @@ pub struct Controller {
     pub committed: Arc<AtomicU64>,
     /// Shared with the Raft network: also used to forward client requests to the leader.
     pub channels: PeerChannels,
+    /// Latest agent reports; meaningful on the leader only.
+    pub reports: AgentReports,
 }
 
 impl Controller {

@@ -5,6 +5,7 @@
 // those libraries do rather than boxing at every boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod agents;
 pub mod api;
 pub mod client;
 pub mod config;

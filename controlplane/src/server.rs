@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use proto::admin_server::AdminServer;
+use proto::agent_server::AgentServer;
 use proto::control_plane_server::ControlPlaneServer;
 use proto::raft_service_server::RaftServiceServer;
 use tokio::net::TcpListener;
@@ -13,7 +14,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::api::{AdminService, ResourceService};
+use crate::agents::AgentReports;
+use crate::api::{AdminService, AgentService, ResourceService};
 use crate::controller::Controller;
 use crate::raft::{self, Node, NodeId, PeerChannels, RaftPeerService, RaftSettings, MAX_PEER_MESSAGE};
 use crate::storage::{open_data_dir, MemBackend, Watermark};
@@ -108,6 +110,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         sm: handle.state.clone(),
         committed: handle.committed.clone(),
         channels,
+        reports: AgentReports::default(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
@@ -117,7 +120,8 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
                 .max_encoding_message_size(MAX_PEER_MESSAGE),
         )
         .add_service(ControlPlaneServer::new(ResourceService::new(controller.clone())))
-        .add_service(AdminServer::new(AdminService::new(controller.clone())));
+        .add_service(AdminServer::new(AdminService::new(controller.clone())))
+        .add_service(AgentServer::new(AgentService::new(controller.clone())));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
         let _ = shutdown_rx.await;
     }));

@@ -2,4 +2,6 @@
 
 pub mod backend;
 pub mod command;
+pub mod desired;
 pub mod mps;
+pub mod reconcile;

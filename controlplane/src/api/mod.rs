@@ -2,6 +2,7 @@
 //! conversions between proto messages and the domain model.
 
 mod admin_service;
+mod agent_service;
 mod convert;
 mod errors;
 mod forward;
@@ -9,6 +10,7 @@ mod resource_service;
 mod watch;
 
 pub use admin_service::AdminService;
+pub use agent_service::AgentService;
 pub use convert::{resource_to_proto, spec_from_proto};
 pub use errors::ApiError;
 pub use resource_service::ResourceService;

@@ -1,0 +1,8 @@
+//! What the controllers keep for and about node agents: the per-node projection of the
+//! committed Plans (desired state) and the latest agent reports (soft state, leader memory).
+
+mod desired;
+mod reports;
+
+pub use desired::desired_state;
+pub use reports::{AgentReports, NodeReport};

@@ -1,0 +1,134 @@
+//! The node agents' API: desired-state watch (served by any controller from its applied
+//! state) and reports (served by the leader, forwarded from followers).
+
+use std::pin::Pin;
+use std::time::Instant;
+
+use proto::agent_client::AgentClient;
+use proto::agent_server::Agent;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::errors::ApiError;
+use super::forward::{forwarded_request, to_leader, was_forwarded};
+use crate::agents::desired_state;
+use crate::controller::Controller;
+use crate::raft::WatchSignal;
+use crate::resources::{validate_name, ErrorCode, FieldError, Kind};
+use crate::state::{Command, Request as SmRequest};
+
+pub struct AgentService {
+    controller: Controller,
+}
+
+impl AgentService {
+    pub fn new(controller: Controller) -> Self {
+        Self { controller }
+    }
+}
+
+type DesiredStream = Pin<Box<dyn Stream<Item = Result<proto::DesiredState, Status>> + Send>>;
+
+/// The observed part of a report as the Node's status JSON (what `gpuctl get node` shows).
+fn observed_status(r: &proto::ReportRequest) -> serde_json::Value {
+    let gpus: Vec<serde_json::Value> = r
+        .gpus
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "gpu_uuid": g.gpu_uuid,
+                "model": g.model,
+                "mig_enabled": g.mig_enabled,
+                "instances": g.instances.iter().map(|i| format!("{}@{}", i.profile, i.start)).collect::<Vec<_>>(),
+                "workloads": g.workloads.iter().map(|w| serde_json::json!({
+                    "service": w.service,
+                    "mig_instance": w.mig_instance,
+                    "mps_percent": w.mps_percent,
+                    "batch": w.batch,
+                    "state": w.state,
+                    "shadow": w.shadow,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "applied_version": r.applied_version, "gpus": gpus })
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    type WatchDesiredStream = DesiredStream;
+
+    async fn watch_desired(&self, request: Request<proto::WatchDesiredRequest>) -> Result<Response<DesiredStream>, Status> {
+        let req = request.into_inner();
+        validate_name("node", &req.node).map_err(ApiError::from)?;
+        let sm = self.controller.sm.clone();
+        // Subscribe before the first projection so that no change falls between the two.
+        let mut signals = sm.subscribe();
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut last_sent = req.from_version;
+            let mut last_content: Option<proto::DesiredState> = None;
+            loop {
+                let desired = desired_state(&sm.data.read().expect("state lock").cluster, &req.node);
+                // A version can only go down when Plans are deleted; send that too, since
+                // the content changed.
+                let changed = last_content.as_ref().is_none_or(|c| *c != desired);
+                if changed && (desired.version > last_sent || last_content.is_some()) {
+                    last_sent = desired.version;
+                    if tx.send(Ok(desired.clone())).await.is_err() {
+                        return;
+                    }
+                }
+                last_content = Some(desired);
+                // Wait for a change that can alter the projection.
+                loop {
+                    match signals.recv().await {
+                        Ok(WatchSignal::Change(ev)) if matches!(ev.resource.kind(), Kind::Plan | Kind::Service) => break,
+                        Ok(WatchSignal::Change(_)) => continue,
+                        Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let req = request.into_inner();
+        validate_name("node", &req.node).map_err(ApiError::from)?;
+        if !self.controller.is_leader() {
+            let leader = self.controller.leader();
+            return to_leader(&self.controller, forwarded, leader, |ch| async move {
+                AgentClient::new(ch).report(forwarded_request(req)).await
+            })
+            .await;
+        }
+        let (exists, current_status, desired_version) = self.controller.read(|d| {
+            let node = d.cluster.get(Kind::Node, &req.node);
+            (node.is_some(), node.map(|n| n.status.clone()), desired_state(&d.cluster, &req.node).version)
+        });
+        if !exists {
+            return Err(ApiError::Field(FieldError::new(
+                ErrorCode::NotFound,
+                "node",
+                format!("node {:?} is not registered: put its Node resource first", req.node),
+            ))
+            .into());
+        }
+        // Observed state goes through Raft only when it changes; metrics stay in memory.
+        let status = observed_status(&req);
+        if current_status.as_ref() != Some(&status) {
+            let write = SmRequest {
+                request_id: uuid::Uuid::new_v4().to_string(),
+                command: Command::PutStatus { kind: Kind::Node, name: req.node.clone(), status, expected_version: 0 },
+            };
+            self.controller.write(write).await?;
+        }
+        self.controller.reports.record(req, Instant::now());
+        Ok(Response::new(proto::ReportResponse { desired_version }))
+    }
+}

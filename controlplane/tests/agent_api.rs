@@ -1,0 +1,126 @@
+//! The node agents' API on a 3-node cluster: the desired-state projection of a Plan onto one
+//! node, its resumption by version, and reports (forwarded to the leader, observed state
+//! written to the Node's status only when it changes).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use proto::agent_client::AgentClient;
+use serde_json::json;
+
+fn node(name: &str) -> proto::Resource {
+    resource(
+        "Node",
+        name,
+        "",
+        json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB", "mig_enabled": true}]}),
+    )
+}
+
+fn plan(batch: u32) -> proto::Resource {
+    resource(
+        "Plan",
+        "current",
+        "",
+        json!({"strategy": "parvagpu", "gpus": [
+            {"node": "n1", "gpu_uuid": "GPU-n1", "mig_layout": [{"profile": "4g", "start": 0}, {"profile": "3g", "start": 4}],
+             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": batch}]},
+            {"node": "n2", "gpu_uuid": "GPU-n2", "mig_layout": [{"profile": "7g", "start": 0}],
+             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 8}]}
+        ]}),
+    )
+}
+
+async fn agent_client(addr: &str) -> AgentClient<tonic::transport::Channel> {
+    AgentClient::connect(format!("http://{addr}")).await.unwrap()
+}
+
+async fn next(stream: &mut tonic::Streaming<proto::DesiredState>) -> proto::DesiredState {
+    tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("a desired state in time").unwrap().expect("stream open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn desired_state_is_the_plan_projected_on_the_node_and_resumes_by_version() {
+    let cluster = TestCluster::start(3, fast_settings()).await;
+    let client = cluster.client();
+    seed(&client).await;
+    client.put(service("web", 100.0, 40.0), proto::WriteMode::Create).await.unwrap();
+    for n in ["n1", "n2"] {
+        client.put(node(n), proto::WriteMode::Create).await.unwrap();
+    }
+    // Any controller serves the watch, followers included.
+    let endpoints = cluster.endpoints();
+    let mut agent = agent_client(&endpoints[2]).await;
+    let mut stream = agent.watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: 0 }).await.unwrap().into_inner();
+    client.put(plan(8), proto::WriteMode::Create).await.unwrap();
+    let first = next(&mut stream).await;
+    assert_eq!(first.node, "n1");
+    assert_eq!(first.gpus.len(), 1, "only n1's GPU");
+    let gpu = &first.gpus[0];
+    assert_eq!(gpu.gpu_uuid, "GPU-n1");
+    assert_eq!(gpu.mig_layout.iter().map(|m| (m.profile.as_str(), m.start)).collect::<Vec<_>>(), [("4g", 0), ("3g", 4)]);
+    assert_eq!(gpu.workloads[0].model, "resnet50", "model taken from the Service");
+    assert_eq!(gpu.workloads[0].slo_ms, 40.0);
+    assert_eq!(gpu.workloads[0].mig_instance, 0);
+
+    // A change to the plan reaches the watcher with a higher version.
+    client.put(plan(16), proto::WriteMode::Update).await.unwrap();
+    let second = next(&mut stream).await;
+    assert!(second.version > first.version);
+    assert_eq!(second.gpus[0].workloads[0].batch, 16);
+
+    // Resuming from the current version sends nothing until the next change.
+    let mut resumed =
+        agent.watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: second.version }).await.unwrap().into_inner();
+    assert!(tokio::time::timeout(Duration::from_millis(500), resumed.message()).await.is_err(), "nothing newer to send");
+    client.put(service("web", 100.0, 60.0), proto::WriteMode::Update).await.unwrap();
+    let third = next(&mut resumed).await;
+    assert_eq!(third.gpus[0].workloads[0].slo_ms, 60.0, "a Service change reaches the agent");
+    assert!(third.version > second.version);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reports_reach_the_leader_and_write_observed_state_once() {
+    let cluster = TestCluster::start(3, fast_settings()).await;
+    let client = cluster.client();
+    seed(&client).await;
+    client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    let mut agent = agent_client(&cluster.node(follower).addr.to_string()).await;
+    let report = proto::ReportRequest {
+        node: "n1".into(),
+        applied_version: 3,
+        gpus: vec![proto::ObservedGpu {
+            gpu_uuid: "GPU-n1".into(),
+            model: "A100-80GB".into(),
+            mig_enabled: true,
+            instances: vec![proto::AgentMigInstance { profile: "7g".into(), start: 0 }],
+            workloads: vec![],
+        }],
+        metrics: vec![proto::ServiceMetrics {
+            service: "web".into(),
+            p99_ms: 12.0,
+            throughput_rps: 90.0,
+            arrival_rps: 90.0,
+            ..Default::default()
+        }],
+    };
+    agent.report(report.clone()).await.unwrap();
+    let status = client.get("Node", "n1", false).await.unwrap();
+    let observed: serde_json::Value = serde_json::from_str(&status.status_json).unwrap();
+    assert_eq!(observed["applied_version"], 3);
+    assert_eq!(observed["gpus"][0]["instances"][0], "7g@0");
+    // The leader keeps the metrics in memory.
+    let kept = cluster.node(leader).controller.reports.get("n1").expect("report recorded on the leader");
+    assert_eq!(kept.report.metrics[0].p99_ms, 12.0);
+    // The same observed state again changes nothing in the replicated state.
+    agent.report(report).await.unwrap();
+    assert_eq!(client.get("Node", "n1", false).await.unwrap().resource_version, status.resource_version);
+    // An unregistered node is told to register.
+    let err = agent.report(proto::ReportRequest { node: "ghost".into(), ..Default::default() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.message().contains("not registered"), "{}", err.message());
+}

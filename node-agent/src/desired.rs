@@ -1,0 +1,191 @@
+//! The agent's desired state, decoded from the controller's `DesiredState` and checked
+//! before anything is applied: an illegal plan is refused whole, with the field and the
+//! reason, and changes nothing on the node.
+
+use planner::mig::{parse_profile, validate, GpuModel, Placement};
+use std::collections::BTreeMap;
+
+/// Where a workload runs on its GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Slot {
+    /// The whole GPU, shared with MPS.
+    WholeGpu,
+    /// A MIG instance of the GPU's layout.
+    Mig(Placement),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadSpec {
+    pub service: String,
+    pub model: String,
+    pub slot: Slot,
+    pub mps_percent: f64,
+    pub batch: u32,
+    pub processes: u32,
+    pub shadow_mps_percent: f64,
+    pub slo_ms: f64,
+}
+
+impl WorkloadSpec {
+    /// Two specs run the same process configuration (a change needs a restart or a switch).
+    pub fn same_config(&self, other: &WorkloadSpec) -> bool {
+        self.model == other.model
+            && self.slot == other.slot
+            && (self.mps_percent - other.mps_percent).abs() < 1e-9
+            && self.batch == other.batch
+            && self.processes == other.processes
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GpuDesired {
+    /// Empty: the GPU is not partitioned.
+    pub layout: Vec<Placement>,
+    pub workloads: Vec<WorkloadSpec>,
+}
+
+/// The desired state of this node, by GPU uuid.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeDesired {
+    pub version: u64,
+    pub gpus: BTreeMap<String, GpuDesired>,
+}
+
+/// Why a desired state was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("desired state refused: `{field}`: {reason}")]
+pub struct RefusedPlan {
+    pub field: String,
+    pub reason: String,
+}
+
+fn refuse(field: String, reason: impl Into<String>) -> RefusedPlan {
+    RefusedPlan { field, reason: reason.into() }
+}
+
+/// Decodes and checks `state` against this node's GPUs (`models`: uuid → model).
+pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String, GpuModel>) -> Result<NodeDesired, RefusedPlan> {
+    if state.node != node {
+        return Err(refuse("node".into(), format!("addressed to {:?}, this agent is {node:?}", state.node)));
+    }
+    let mut gpus = BTreeMap::new();
+    for (gi, g) in state.gpus.iter().enumerate() {
+        let field = |f: &str| format!("gpus[{gi}].{f}");
+        let model = *models.get(&g.gpu_uuid).ok_or_else(|| refuse(field("gpu_uuid"), format!("no GPU {:?} on this node", g.gpu_uuid)))?;
+        if gpus.contains_key(&g.gpu_uuid) {
+            return Err(refuse(field("gpu_uuid"), format!("GPU {:?} appears twice", g.gpu_uuid)));
+        }
+        let mut layout = Vec::with_capacity(g.mig_layout.len());
+        for (ii, inst) in g.mig_layout.iter().enumerate() {
+            let profile =
+                parse_profile(model, &inst.profile).map_err(|e| refuse(field(&format!("mig_layout[{ii}].profile")), e.to_string()))?;
+            let start = u8::try_from(inst.start).map_err(|_| refuse(field(&format!("mig_layout[{ii}].start")), "out of range"))?;
+            layout.push(Placement::new(profile, start));
+        }
+        validate(&layout).map_err(|e| refuse(field("mig_layout"), e.to_string()))?;
+        let mut workloads = Vec::with_capacity(g.workloads.len());
+        let mut share: BTreeMap<Slot, f64> = BTreeMap::new();
+        for (wi, w) in g.workloads.iter().enumerate() {
+            let wf = |f: &str| field(&format!("workloads[{wi}].{f}"));
+            let slot = match w.mig_instance {
+                -1 if layout.is_empty() => Slot::WholeGpu,
+                -1 => return Err(refuse(wf("mig_instance"), "the GPU is partitioned: a workload must name one of its instances")),
+                i => Slot::Mig(*usize::try_from(i).ok().and_then(|i| layout.get(i)).ok_or_else(|| {
+                    refuse(wf("mig_instance"), format!("{i} is not an index of the GPU's {} MIG instances", layout.len()))
+                })?),
+            };
+            if w.service.is_empty() {
+                return Err(refuse(wf("service"), "required"));
+            }
+            if !(w.mps_percent > 0.0 && w.mps_percent <= 100.0) {
+                return Err(refuse(wf("mps_percent"), format!("must be in (0, 100], got {}", w.mps_percent)));
+            }
+            if !(0.0..=100.0).contains(&w.shadow_mps_percent) {
+                return Err(refuse(wf("shadow_mps_percent"), format!("must be in [0, 100], got {}", w.shadow_mps_percent)));
+            }
+            if w.batch == 0 || w.processes == 0 {
+                return Err(refuse(wf(if w.batch == 0 { "batch" } else { "processes" }), "must be at least 1"));
+            }
+            *share.entry(slot).or_default() += w.mps_percent * f64::from(w.processes);
+            workloads.push(WorkloadSpec {
+                service: w.service.clone(),
+                model: w.model.clone(),
+                slot,
+                mps_percent: w.mps_percent,
+                batch: w.batch,
+                processes: w.processes,
+                shadow_mps_percent: w.shadow_mps_percent,
+                slo_ms: w.slo_ms,
+            });
+        }
+        if let Some((slot, total)) = share.iter().find(|(_, &t)| t > 100.0 + 1e-6) {
+            return Err(refuse(field("workloads"), format!("MPS shares on {slot:?} add up to {total:.1}%, more than 100%")));
+        }
+        gpus.insert(g.gpu_uuid.clone(), GpuDesired { layout, workloads });
+    }
+    Ok(NodeDesired { version: state.version, gpus })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(layout: &[(&str, u32)], workloads: Vec<proto::AgentWorkload>) -> proto::DesiredState {
+        proto::DesiredState {
+            node: "n1".into(),
+            version: 7,
+            gpus: vec![proto::AgentGpu {
+                gpu_uuid: "GPU-0".into(),
+                mig_layout: layout.iter().map(|&(p, s)| proto::AgentMigInstance { profile: p.into(), start: s }).collect(),
+                workloads,
+            }],
+        }
+    }
+
+    fn workload(mig_instance: i32, pct: f64) -> proto::AgentWorkload {
+        proto::AgentWorkload {
+            service: "s".into(),
+            model: "resnet50".into(),
+            mig_instance,
+            mps_percent: pct,
+            batch: 8,
+            processes: 1,
+            shadow_mps_percent: 10.0,
+            slo_ms: 50.0,
+        }
+    }
+
+    fn models() -> BTreeMap<String, GpuModel> {
+        [("GPU-0".to_string(), GpuModel::A100_80GB)].into()
+    }
+
+    #[test]
+    fn a_legal_plan_decodes() {
+        let d = decode(&state(&[("4g", 0), ("3g.40gb", 4)], vec![workload(1, 50.0), workload(0, 100.0)]), "n1", &models()).unwrap();
+        assert_eq!(d.version, 7);
+        let g = &d.gpus["GPU-0"];
+        assert_eq!(g.layout.len(), 2);
+        assert_eq!(g.workloads[0].slot, Slot::Mig(Placement::new(planner::mig::MigProfile::G3, 4)));
+    }
+
+    #[test]
+    fn illegal_plans_are_refused_with_the_field() {
+        let cases: Vec<(proto::DesiredState, &str)> = vec![
+            (state(&[("3g", 2)], vec![]), "gpus[0].mig_layout"),
+            (state(&[("4g", 0), ("4g", 0)], vec![]), "gpus[0].mig_layout"),
+            (state(&[("5g", 0)], vec![]), "gpus[0].mig_layout[0].profile"),
+            (state(&[("4g", 0)], vec![workload(3, 50.0)]), "gpus[0].workloads[0].mig_instance"),
+            (state(&[("4g", 0)], vec![workload(-1, 50.0)]), "gpus[0].workloads[0].mig_instance"),
+            (state(&[], vec![workload(-1, 0.0)]), "gpus[0].workloads[0].mps_percent"),
+            (state(&[], vec![workload(-1, 60.0), workload(-1, 60.0)]), "gpus[0].workloads"),
+        ];
+        for (s, field) in cases {
+            let err = decode(&s, "n1", &models()).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+        let mut other = state(&[], vec![]);
+        other.gpus[0].gpu_uuid = "GPU-9".into();
+        assert_eq!(decode(&other, "n1", &models()).unwrap_err().field, "gpus[0].gpu_uuid");
+        assert_eq!(decode(&state(&[], vec![]), "n2", &models()).unwrap_err().field, "node");
+    }
+}

@@ -1,0 +1,319 @@
+//! The reconcile plan: the ordered, idempotent steps that turn what runs on the node into
+//! what the controller wants. Pure: the agent recomputes it from scratch every round
+//! (level-triggered), so an agent killed between two steps resumes by planning again.
+//!
+//! Order (issue "node-agent", point 7): start standbys (shadows) → switch (promote a ready
+//! standby, a pointer swap in the router) → drain and stop what goes → destroy the MIG
+//! instances that change → create the new ones → start what runs on them. Instances whose
+//! profile and start stay are never touched (`planner::mig::plan_transition`).
+
+use crate::desired::{NodeDesired, Slot, WorkloadSpec};
+use planner::mig::{plan_transition, MigError, MigOp, Placement};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A workload process's role: serving, or a warm standby with a larger share (iGniter
+/// Sec. 4.2, GSLICE Sec. 3.2.4) ready to take over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    Active,
+    Standby,
+}
+
+/// A workload process the agent observes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Running {
+    /// The supervisor's stable id for the process.
+    pub id: String,
+    pub spec: WorkloadSpec,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GpuObserved {
+    pub layout: Vec<Placement>,
+    pub running: Vec<Running>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeObserved {
+    pub gpus: BTreeMap<String, GpuObserved>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Start a warm standby for the workload (its share plus the shadow share).
+    StartStandby {
+        gpu: String,
+        spec: WorkloadSpec,
+    },
+    /// Make the ready standby of (service, slot) active; waits until it reports ready.
+    Promote {
+        gpu: String,
+        service: String,
+        slot: Slot,
+    },
+    /// Stop routing new requests to a process and wait for its in-flight ones.
+    Drain {
+        gpu: String,
+        id: String,
+    },
+    Stop {
+        gpu: String,
+        id: String,
+    },
+    DestroyInstance {
+        gpu: String,
+        placement: Placement,
+    },
+    CreateInstance {
+        gpu: String,
+        placement: Placement,
+    },
+    /// Start an active process (nothing serves the workload yet).
+    Start {
+        gpu: String,
+        spec: WorkloadSpec,
+    },
+}
+
+/// Why no plan could be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("GPU {gpu}: {source}")]
+    Layout { gpu: String, source: MigError },
+    #[error("desired state names GPU {0}, which the agent does not observe")]
+    UnknownGpu(String),
+}
+
+/// The steps from `observed` to `desired`, in execution order.
+pub fn plan(desired: &NodeDesired, observed: &NodeObserved) -> Result<Vec<Step>, ReconcileError> {
+    let mut phases: [Vec<Step>; 5] = Default::default(); // standby/switch, drain/stop, destroy, create, start
+    let empty = Default::default();
+    let gpus: BTreeSet<&String> = desired.gpus.keys().chain(observed.gpus.keys()).collect();
+    for gpu in gpus {
+        let want = desired.gpus.get(gpu).unwrap_or(&empty);
+        let have = observed.gpus.get(gpu).ok_or_else(|| ReconcileError::UnknownGpu(gpu.clone()))?;
+        plan_gpu(gpu, want, have, &mut phases)?;
+    }
+    Ok(phases.into_iter().flatten().collect())
+}
+
+fn plan_gpu(gpu: &str, want: &crate::desired::GpuDesired, have: &GpuObserved, phases: &mut [Vec<Step>; 5]) -> Result<(), ReconcileError> {
+    let g = || gpu.to_string();
+    let ops = plan_transition(&have.layout, &want.layout).map_err(|source| ReconcileError::Layout { gpu: g(), source })?;
+    let destroyed: BTreeSet<Placement> = ops.iter().filter_map(|op| if let MigOp::Destroy(p) = op { Some(*p) } else { None }).collect();
+    let gone = |slot: &Slot| matches!(slot, Slot::Mig(p) if destroyed.contains(p));
+    let mut keep: BTreeSet<&str> = BTreeSet::new();
+    for spec in &want.workloads {
+        let at = |role| {
+            have.running
+                .iter()
+                .find(|r| r.role == role && r.spec.service == spec.service && r.spec.slot == spec.slot && !gone(&r.spec.slot))
+        };
+        let (active, standby) = (at(Role::Active), at(Role::Standby));
+        let standby_fits = standby.filter(|s| s.spec.same_config(spec));
+        if let Some(s) = standby_fits {
+            keep.insert(&s.id);
+        }
+        match active {
+            None => {
+                let created = matches!(spec.slot, Slot::Mig(p) if !have.layout.contains(&p) || destroyed.contains(&p));
+                // Nothing serves it: start it directly (after its instance exists), then a standby.
+                let start = Step::Start { gpu: g(), spec: spec.clone() };
+                phases[if created { 4 } else { 0 }].push(start);
+                if standby_fits.is_none() {
+                    phases[4].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
+                }
+            }
+            Some(a) if a.spec.same_config(spec) => {
+                keep.insert(&a.id);
+                if standby_fits.is_none() {
+                    phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
+                }
+            }
+            Some(a) => {
+                // Resize: the new configuration starts as the standby, takes over when ready,
+                // and the old process drains. The next round starts a fresh standby.
+                if standby_fits.is_none() {
+                    phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
+                }
+                phases[0].push(Step::Promote { gpu: g(), service: spec.service.clone(), slot: spec.slot });
+                if let Some(s) = standby_fits {
+                    keep.remove(s.id.as_str());
+                }
+                // `a` is not kept: drained and stopped below.
+                let _ = a;
+            }
+        }
+    }
+    for r in &have.running {
+        if !keep.contains(r.id.as_str()) && !promoted_standby(r, want, phases, gpu) {
+            phases[1].push(Step::Drain { gpu: g(), id: r.id.clone() });
+            phases[1].push(Step::Stop { gpu: g(), id: r.id.clone() });
+        }
+    }
+    for op in ops {
+        match op {
+            MigOp::Destroy(p) => phases[2].push(Step::DestroyInstance { gpu: g(), placement: p }),
+            MigOp::Create(p) => phases[3].push(Step::CreateInstance { gpu: g(), placement: p }),
+        }
+    }
+    Ok(())
+}
+
+/// A standby that a `Promote` of this round turns active must not be stopped.
+fn promoted_standby(r: &Running, want: &crate::desired::GpuDesired, phases: &[Vec<Step>; 5], gpu: &str) -> bool {
+    r.role == Role::Standby
+        && want.workloads.iter().any(|s| s.same_config(&r.spec) && s.service == r.spec.service)
+        && phases[0].iter().any(
+            |st| matches!(st, Step::Promote { gpu: pg, service, slot } if pg == gpu && *service == r.spec.service && *slot == r.spec.slot),
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::GpuDesired;
+    use planner::mig::MigProfile::*;
+
+    fn spec(service: &str, slot: Slot, pct: f64, batch: u32) -> WorkloadSpec {
+        WorkloadSpec {
+            service: service.into(),
+            model: "resnet50".into(),
+            slot,
+            mps_percent: pct,
+            batch,
+            processes: 1,
+            shadow_mps_percent: 10.0,
+            slo_ms: 50.0,
+        }
+    }
+
+    fn mig(p: planner::mig::MigProfile, start: u8) -> Slot {
+        Slot::Mig(Placement::new(p, start))
+    }
+
+    fn running(id: &str, spec: WorkloadSpec, role: Role) -> Running {
+        Running { id: id.into(), spec, role }
+    }
+
+    fn one_gpu(layout: Vec<Placement>, workloads: Vec<WorkloadSpec>) -> NodeDesired {
+        NodeDesired { version: 1, gpus: [("GPU-0".to_string(), GpuDesired { layout, workloads })].into() }
+    }
+
+    fn observed(layout: Vec<Placement>, running: Vec<Running>) -> NodeObserved {
+        NodeObserved { gpus: [("GPU-0".to_string(), GpuObserved { layout, running })].into() }
+    }
+
+    fn kind(s: &Step) -> &'static str {
+        match s {
+            Step::StartStandby { .. } => "standby",
+            Step::Promote { .. } => "promote",
+            Step::Drain { .. } => "drain",
+            Step::Stop { .. } => "stop",
+            Step::DestroyInstance { .. } => "destroy",
+            Step::CreateInstance { .. } => "create",
+            Step::Start { .. } => "start",
+        }
+    }
+
+    #[test]
+    fn converged_node_needs_no_step() {
+        let a = spec("a", mig(G4, 0), 100.0, 8);
+        let want = one_gpu(vec![Placement::new(G4, 0)], vec![a.clone()]);
+        let have = observed(vec![Placement::new(G4, 0)], vec![running("a1", a.clone(), Role::Active), running("a2", a, Role::Standby)]);
+        assert_eq!(plan(&want, &have).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn empty_gpu_gets_instances_then_processes_then_standbys() {
+        let a = spec("a", mig(G4, 0), 100.0, 8);
+        let b = spec("b", mig(G3, 4), 100.0, 4);
+        let want = one_gpu(vec![Placement::new(G4, 0), Placement::new(G3, 4)], vec![a.clone(), b.clone()]);
+        let steps = plan(&want, &observed(vec![], vec![])).unwrap();
+        let kinds: Vec<&str> = steps.iter().map(kind).collect();
+        assert_eq!(kinds, ["create", "create", "start", "standby", "start", "standby"]);
+        assert!(steps.contains(&Step::Start { gpu: "GPU-0".into(), spec: b }));
+    }
+
+    #[test]
+    fn changing_one_instance_leaves_the_others_untouched() {
+        // 4g@0 + 3g@4 → 4g@0 + 2g@4 + 1g@6: only the 3g goes; the 4g workload keeps running.
+        let a = spec("a", mig(G4, 0), 100.0, 8);
+        let b_old = spec("b", mig(G3, 4), 100.0, 4);
+        let b_new = spec("b", mig(G2, 4), 100.0, 4);
+        let c = spec("c", mig(G1, 6), 100.0, 2);
+        let want = one_gpu(vec![Placement::new(G4, 0), Placement::new(G2, 4), Placement::new(G1, 6)], vec![a.clone(), b_new, c]);
+        let have = observed(
+            vec![Placement::new(G4, 0), Placement::new(G3, 4)],
+            vec![
+                running("a1", a.clone(), Role::Active),
+                running("a2", a, Role::Standby),
+                running("b1", b_old.clone(), Role::Active),
+                running("b2", b_old, Role::Standby),
+            ],
+        );
+        let steps = plan(&want, &have).unwrap();
+        let kinds: Vec<&str> = steps.iter().map(kind).collect();
+        assert_eq!(kinds, ["drain", "stop", "drain", "stop", "destroy", "create", "create", "start", "standby", "start", "standby"]);
+        for s in &steps {
+            if let Step::Drain { id, .. } | Step::Stop { id, .. } = s {
+                assert!(id.starts_with('b'), "only b's processes stop, not {id}");
+            }
+        }
+        assert!(steps.contains(&Step::DestroyInstance { gpu: "GPU-0".into(), placement: Placement::new(G3, 4) }));
+        assert!(!steps.iter().any(|s| matches!(s, Step::DestroyInstance { placement, .. } if placement.profile == G4)));
+    }
+
+    #[test]
+    fn resize_on_a_kept_slot_starts_a_standby_then_promotes_it_then_drains_the_old() {
+        let old = spec("a", Slot::WholeGpu, 30.0, 8);
+        let new = spec("a", Slot::WholeGpu, 40.0, 8);
+        let want = one_gpu(vec![], vec![new.clone()]);
+        let have = observed(vec![], vec![running("a1", old.clone(), Role::Active), running("a2", old, Role::Standby)]);
+        let steps = plan(&want, &have).unwrap();
+        assert_eq!(
+            steps,
+            vec![
+                Step::StartStandby { gpu: "GPU-0".into(), spec: new },
+                Step::Promote { gpu: "GPU-0".into(), service: "a".into(), slot: Slot::WholeGpu },
+                Step::Drain { gpu: "GPU-0".into(), id: "a1".into() },
+                Step::Stop { gpu: "GPU-0".into(), id: "a1".into() },
+                Step::Drain { gpu: "GPU-0".into(), id: "a2".into() },
+                Step::Stop { gpu: "GPU-0".into(), id: "a2".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_matching_standby_is_promoted_not_restarted() {
+        let old = spec("a", Slot::WholeGpu, 30.0, 8);
+        let new = spec("a", Slot::WholeGpu, 40.0, 8);
+        let want = one_gpu(vec![], vec![new.clone()]);
+        let have = observed(vec![], vec![running("a1", old, Role::Active), running("a3", new, Role::Standby)]);
+        let steps = plan(&want, &have).unwrap();
+        assert_eq!(
+            steps,
+            vec![
+                Step::Promote { gpu: "GPU-0".into(), service: "a".into(), slot: Slot::WholeGpu },
+                Step::Drain { gpu: "GPU-0".into(), id: "a1".into() },
+                Step::Stop { gpu: "GPU-0".into(), id: "a1".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_gpu_the_agent_does_not_have_is_an_error() {
+        let want = one_gpu(vec![], vec![]);
+        assert_eq!(plan(&want, &NodeObserved::default()), Err(ReconcileError::UnknownGpu("GPU-0".into())));
+    }
+
+    #[test]
+    fn an_undesired_gpu_is_emptied() {
+        let a = spec("a", mig(G7, 0), 100.0, 8);
+        let have = observed(vec![Placement::new(G7, 0)], vec![running("a1", a, Role::Active)]);
+        let steps = plan(&NodeDesired::default(), &have).unwrap();
+        let kinds: Vec<&str> = steps.iter().map(kind).collect();
+        assert_eq!(kinds, ["drain", "stop", "destroy"]);
+    }
+}
