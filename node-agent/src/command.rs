@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 /// A command to run: program, arguments, extra environment (added to the agent's own) and
 /// optional standard input.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CommandSpec {
     pub program: String,
     pub args: Vec<String>,

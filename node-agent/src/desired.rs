@@ -3,10 +3,11 @@
 //! reason, and changes nothing on the node.
 
 use planner::mig::{parse_profile, validate, GpuModel, Placement};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Where a workload runs on its GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Slot {
     /// The whole GPU, shared with MPS.
     WholeGpu,
@@ -14,7 +15,7 @@ pub enum Slot {
     Mig(Placement),
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadSpec {
     pub service: String,
     pub model: String,

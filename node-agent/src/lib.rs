@@ -5,3 +5,4 @@ pub mod command;
 pub mod desired;
 pub mod mps;
 pub mod reconcile;
+pub mod supervisor;

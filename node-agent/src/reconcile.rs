@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// A workload process's role: serving, or a warm standby with a larger share (iGniter
 /// Sec. 4.2, GSLICE Sec. 3.2.4) ready to take over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Role {
     Active,
     Standby,

@@ -1,0 +1,270 @@
+//! Process supervisor: starts workload processes from templates, restarts crashed ones with
+//! back-off, and after an agent restart adopts the processes still running (they run in
+//! their own process group, so killing the agent does not kill them) instead of starting
+//! duplicates.
+
+mod backoff;
+mod records;
+pub mod template;
+
+pub use backoff::restart_delay;
+pub use records::{ProcessRecord, RecordStore};
+
+use crate::command::CommandSpec;
+use crate::desired::WorkloadSpec;
+use crate::reconcile::Role;
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot start `{command}`: {source}")]
+    Spawn { command: String, source: std::io::Error },
+    #[error("process state file {path}: {reason}")]
+    State { path: PathBuf, reason: String },
+    #[error("no process with id {0}")]
+    Unknown(String),
+}
+
+/// A process the supervisor runs.
+struct Supervised {
+    record: ProcessRecord,
+    /// Set for processes this agent started (so it can reap them); adopted ones have none.
+    child: Option<Child>,
+    exited_at: Option<Instant>,
+}
+
+pub struct Supervisor {
+    store: RecordStore,
+    log_dir: PathBuf,
+    procs: BTreeMap<String, Supervised>,
+    next_id: u64,
+}
+
+impl Supervisor {
+    /// Opens the supervisor's state in `state_dir`, adopting every recorded process that is
+    /// still alive (same pid and start time) and forgetting the others.
+    pub fn open(state_dir: &Path) -> Result<(Supervisor, usize), SupervisorError> {
+        let store = RecordStore::new(state_dir.join("processes.json"));
+        let log_dir = state_dir.join("logs");
+        std::fs::create_dir_all(&log_dir).map_err(|e| SupervisorError::State { path: log_dir.clone(), reason: e.to_string() })?;
+        let mut procs = BTreeMap::new();
+        let mut next_id = 0;
+        for record in store.load()? {
+            next_id = next_id.max(record.seq + 1);
+            if records::is_same_process(record.pid, record.start_ticks) {
+                procs.insert(record.id.clone(), Supervised { record, child: None, exited_at: None });
+            }
+        }
+        let adopted = procs.len();
+        let s = Supervisor { store, log_dir, procs, next_id };
+        s.save()?;
+        Ok((s, adopted))
+    }
+
+    fn save(&self) -> Result<(), SupervisorError> {
+        self.store.save(self.procs.values().map(|p| &p.record))
+    }
+
+    /// Starts a process for `spec` in `role` with the launch command `cmd`; returns its id.
+    pub fn start(&mut self, spec: &WorkloadSpec, role: Role, port: u16, cmd: &CommandSpec) -> Result<String, SupervisorError> {
+        let seq = self.next_id;
+        self.next_id += 1;
+        let id = format!("{}-{}-{seq}", spec.service, if role == Role::Active { "a" } else { "s" });
+        let (child, start_ticks) = self.spawn(&id, cmd)?;
+        let record = ProcessRecord {
+            id: id.clone(),
+            seq,
+            pid: child.id(),
+            start_ticks,
+            spec: spec.clone(),
+            role,
+            port,
+            command: cmd.clone(),
+            restarts: 0,
+        };
+        self.procs.insert(id.clone(), Supervised { record, child: Some(child), exited_at: None });
+        self.save()?;
+        Ok(id)
+    }
+
+    fn spawn(&self, id: &str, cmd: &CommandSpec) -> Result<(Child, u64), SupervisorError> {
+        let log = self.log_dir.join(format!("{id}.log"));
+        let err = |e: std::io::Error| SupervisorError::Spawn { command: cmd.command_line(), source: e };
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(err)?;
+        let mut command = Command::new(&cmd.program);
+        command
+            .args(&cmd.args)
+            .envs(cmd.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(err)?)
+            .stderr(out)
+            // Its own process group: signals to the agent (Ctrl-C, kill of the group) do not
+            // reach the workload, which keeps serving while the agent restarts.
+            .process_group(0);
+        let child = command.spawn().map_err(err)?;
+        let ticks = records::start_ticks(child.id()).unwrap_or(0);
+        Ok((child, ticks))
+    }
+
+    /// Changes a process's role (a standby promoted to active).
+    pub fn set_role(&mut self, id: &str, role: Role) -> Result<(), SupervisorError> {
+        let p = self.procs.get_mut(id).ok_or_else(|| SupervisorError::Unknown(id.to_string()))?;
+        p.record.role = role;
+        self.save()
+    }
+
+    /// Stops a process: SIGTERM, then SIGKILL after `grace`. Unknown ids are already stopped.
+    pub fn stop(&mut self, id: &str, grace: Duration) -> Result<(), SupervisorError> {
+        let Some(mut p) = self.procs.remove(id) else { return Ok(()) };
+        if p.exited_at.is_none() && records::is_same_process(p.record.pid, p.record.start_ticks) {
+            records::signal(p.record.pid, libc::SIGTERM);
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline && records::is_same_process(p.record.pid, p.record.start_ticks) && !reaped(&mut p.child) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if records::is_same_process(p.record.pid, p.record.start_ticks) {
+                records::signal(p.record.pid, libc::SIGKILL);
+            }
+            if let Some(c) = p.child.as_mut() {
+                let _ = c.wait();
+            }
+        }
+        self.save()
+    }
+
+    /// Notices exited processes and restarts those whose back-off has elapsed. Returns the
+    /// ids restarted.
+    pub fn check(&mut self, now: Instant) -> Result<Vec<String>, SupervisorError> {
+        let mut restarted = Vec::new();
+        let ids: Vec<String> = self.procs.keys().cloned().collect();
+        for id in ids {
+            let p = self.procs.get_mut(&id).expect("listed");
+            let alive = !reaped(&mut p.child) && records::is_same_process(p.record.pid, p.record.start_ticks);
+            if alive {
+                continue;
+            }
+            let exited_at = *p.exited_at.get_or_insert(now);
+            if now.duration_since(exited_at) < restart_delay(p.record.restarts) {
+                continue;
+            }
+            let cmd = p.record.command.clone();
+            let (child, ticks) = self.spawn(&id, &cmd)?;
+            let p = self.procs.get_mut(&id).expect("listed");
+            tracing::warn!(id, restarts = p.record.restarts + 1, "workload process exited; restarted");
+            p.record.pid = child.id();
+            p.record.start_ticks = ticks;
+            p.record.restarts += 1;
+            p.child = Some(child);
+            p.exited_at = None;
+            restarted.push(id);
+        }
+        if !restarted.is_empty() {
+            self.save()?;
+        }
+        Ok(restarted)
+    }
+
+    pub fn records(&self) -> impl Iterator<Item = &ProcessRecord> {
+        self.procs.values().map(|p| &p.record)
+    }
+
+    pub fn get(&self, id: &str) -> Option<&ProcessRecord> {
+        self.procs.get(id).map(|p| &p.record)
+    }
+}
+
+/// Whether our own child has exited (reaping it); adopted processes have no handle.
+fn reaped(child: &mut Option<Child>) -> bool {
+    child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::Slot;
+
+    fn spec() -> WorkloadSpec {
+        WorkloadSpec {
+            service: "web".into(),
+            model: "m".into(),
+            slot: Slot::WholeGpu,
+            mps_percent: 50.0,
+            batch: 4,
+            processes: 1,
+            shadow_mps_percent: 10.0,
+            slo_ms: 20.0,
+        }
+    }
+
+    fn sleeper() -> CommandSpec {
+        CommandSpec::new("sleep").arg("600")
+    }
+
+    #[test]
+    fn a_reopened_supervisor_adopts_live_processes_instead_of_starting_new_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, adopted) = Supervisor::open(dir.path()).unwrap();
+        assert_eq!(adopted, 0);
+        let a = s.start(&spec(), Role::Active, 7000, &sleeper()).unwrap();
+        let b = s.start(&spec(), Role::Standby, 7001, &sleeper()).unwrap();
+        let (pid_a, ticks_a) = (s.get(&a).unwrap().pid, s.get(&a).unwrap().start_ticks);
+        // The agent "dies": its in-memory state is dropped, the processes keep running.
+        drop(s);
+        let (mut s, adopted) = Supervisor::open(dir.path()).unwrap();
+        assert_eq!(adopted, 2);
+        assert_eq!(s.get(&a).unwrap().pid, pid_a, "the same process, not a new one");
+        assert_eq!(s.get(&b).unwrap().role, Role::Standby);
+        // A new process gets a fresh id even after the restart.
+        let c = s.start(&spec(), Role::Standby, 7002, &sleeper()).unwrap();
+        assert!(c != a && c != b);
+        for id in [a, b, c] {
+            s.stop(&id, Duration::from_secs(2)).unwrap();
+        }
+        assert!(!records::is_same_process(pid_a, ticks_a), "the adopted process was stopped");
+        assert_eq!(s.records().count(), 0);
+        let (_, adopted) = Supervisor::open(dir.path()).unwrap();
+        assert_eq!(adopted, 0, "stopped processes are not adopted");
+    }
+
+    #[test]
+    fn a_crashed_process_is_restarted_after_its_back_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = Supervisor::open(dir.path()).unwrap();
+        let id = s.start(&spec(), Role::Active, 7000, &sleeper()).unwrap();
+        let old = s.get(&id).unwrap().clone();
+        records::signal(old.pid, libc::SIGKILL);
+        let t0 = Instant::now();
+        // Wait until the supervisor notices the exit.
+        while s.check(t0).unwrap().is_empty() && s.procs[&id].exited_at.is_none() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(s.get(&id).unwrap().pid, old.pid, "no restart before the back-off");
+        let restarted = s.check(t0 + restart_delay(0)).unwrap();
+        assert_eq!(restarted, vec![id.clone()]);
+        let new = s.get(&id).unwrap();
+        assert_ne!(new.pid, old.pid);
+        assert_eq!(new.restarts, 1);
+        assert!(records::is_same_process(new.pid, new.start_ticks));
+        s.stop(&id, Duration::from_secs(2)).unwrap();
+    }
+
+    #[test]
+    fn a_corrupt_state_file_stops_the_agent_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("processes.json"), b"{not json").unwrap();
+        let err = Supervisor::open(dir.path()).err().expect("refused");
+        assert!(err.to_string().contains("processes.json") && err.to_string().contains("corrupt"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_program_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = Supervisor::open(dir.path()).unwrap();
+        let err = s.start(&spec(), Role::Active, 7000, &CommandSpec::new("/nonexistent/sim-infer")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/sim-infer"), "{err}");
+    }
+}

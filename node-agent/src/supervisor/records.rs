@@ -1,0 +1,83 @@
+//! The supervisor's durable record of its processes, and the /proc checks that tell whether
+//! a recorded pid is still the same process (pids are reused).
+
+use super::SupervisorError;
+use crate::command::CommandSpec;
+use crate::desired::WorkloadSpec;
+use crate::reconcile::Role;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    pub id: String,
+    /// Order of creation; ids are never reused.
+    pub seq: u64,
+    pub pid: u32,
+    /// Start time of the process in clock ticks since boot (/proc/PID/stat field 22).
+    pub start_ticks: u64,
+    pub spec: WorkloadSpec,
+    pub role: Role,
+    pub port: u16,
+    pub command: CommandSpec,
+    pub restarts: u32,
+}
+
+pub struct RecordStore {
+    path: PathBuf,
+}
+
+impl RecordStore {
+    pub fn new(path: PathBuf) -> Self {
+        RecordStore { path }
+    }
+
+    pub fn load(&self) -> Result<Vec<ProcessRecord>, SupervisorError> {
+        match std::fs::read(&self.path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| SupervisorError::State {
+                path: self.path.clone(),
+                reason: format!("corrupt ({e}); move it away to start without adopting processes"),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(SupervisorError::State { path: self.path.clone(), reason: e.to_string() }),
+        }
+    }
+
+    /// Writes the records atomically (temporary file, fsync, rename) so that a crash leaves
+    /// the old or the new list, never half of one.
+    pub fn save<'a>(&self, records: impl Iterator<Item = &'a ProcessRecord>) -> Result<(), SupervisorError> {
+        use std::io::Write;
+        let list: Vec<&ProcessRecord> = records.collect();
+        let err = |e: std::io::Error| SupervisorError::State { path: self.path.clone(), reason: e.to_string() };
+        let tmp = self.path.with_extension("json.tmp");
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(&serde_json::to_vec_pretty(&list).expect("records serialize")).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, &self.path).map_err(err)
+    }
+}
+
+/// Start time of `pid` in clock ticks since boot, if it exists.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces: parse after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    // `rest` starts at field 3; the start time is field 22.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `pid` is still the process that started at `ticks` (and not a zombie).
+pub fn is_same_process(pid: u32, ticks: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let zombie = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z");
+    !zombie && start_ticks(pid) == Some(ticks)
+}
+
+pub fn signal(pid: u32, sig: libc::c_int) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    // SAFETY: kill(2) has no memory-safety preconditions; a stale pid is ruled out by the
+    // start-time check just before.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
