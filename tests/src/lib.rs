@@ -1,19 +1,21 @@
 //! Helpers for end-to-end tests that start the real binaries: locating (and building)
 //! them, free loopback ports, and child processes that are killed when dropped.
 
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-/// Path of a binary of the `controlplane` package, building the package's binaries once
+/// Path of a binary of the `controlplane` or `node-agent` package, building the package's binaries once
 /// per test process (a no-op when they are up to date).
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "controlplane", "--bins"])
+            .args(["build", "--quiet", "-p", "controlplane", "-p", "node-agent", "--bins"])
             .status()
             .expect("running cargo build for the binaries");
         assert!(status.success(), "building the binaries failed");
@@ -60,4 +62,62 @@ impl Drop for Proc {
 /// Runs gpuctl against `servers` and returns its output.
 pub fn gpuctl(servers: &[String], args: &[&str]) -> Output {
     Command::new(binary("gpuctl")).arg("--server").arg(servers.join(",")).args(args).output().unwrap()
+}
+
+/// Three controller processes on loopback with sled data dirs under one temporary directory.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub addrs: BTreeMap<u64, String>,
+    pub procs: BTreeMap<u64, Proc>,
+}
+
+impl Cluster {
+    pub fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
+        let mut cluster = Cluster { dir, addrs, procs: BTreeMap::new() };
+        for id in 1..=3 {
+            cluster.spawn(id, id == 1);
+        }
+        cluster
+    }
+
+    pub fn spawn(&mut self, id: u64, bootstrap: bool) {
+        let mut cmd = Command::new(binary("controlplane"));
+        cmd.arg("--node-id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(&self.addrs[&id])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("n{id}")));
+        for (pid, addr) in &self.addrs {
+            cmd.arg("--peer").arg(format!("{pid}={addr}"));
+        }
+        if bootstrap {
+            cmd.arg("--bootstrap");
+        }
+        let log = self.dir.path().join(format!("n{id}.log"));
+        self.procs.insert(id, Proc::spawn(&format!("controller-{id}"), &mut cmd, &log));
+    }
+
+    pub fn servers(&self) -> Vec<String> {
+        self.addrs.values().cloned().collect()
+    }
+
+    /// The current leader among the running processes (waits up to 20 s).
+    pub fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let out = gpuctl(&self.servers(), &["cluster", "status", "-o", "json"]);
+            if let Ok(views) = serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout) {
+                if let Some(l) = views.iter().find(|v| v["state"] == "Leader").and_then(|v| v["node_id"].as_u64()) {
+                    if self.procs.contains_key(&l) {
+                        return l;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("no leader among the controller processes");
+    }
 }

@@ -1,68 +1,11 @@
 //! Real controller processes on loopback: kill -9 of the leader, restart, corrupt data dirs,
 //! and gpuctl's behaviour as a user sees it.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tests::{binary, free_addr, gpuctl, Proc};
-
-struct Cluster {
-    dir: tempfile::TempDir,
-    addrs: BTreeMap<u64, String>,
-    procs: BTreeMap<u64, Proc>,
-}
-
-impl Cluster {
-    fn start() -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
-        let mut cluster = Cluster { dir, addrs, procs: BTreeMap::new() };
-        for id in 1..=3 {
-            cluster.spawn(id, id == 1);
-        }
-        cluster
-    }
-
-    fn spawn(&mut self, id: u64, bootstrap: bool) {
-        let mut cmd = Command::new(binary("controlplane"));
-        cmd.arg("--node-id")
-            .arg(id.to_string())
-            .arg("--listen")
-            .arg(&self.addrs[&id])
-            .arg("--data-dir")
-            .arg(self.dir.path().join(format!("n{id}")));
-        for (pid, addr) in &self.addrs {
-            cmd.arg("--peer").arg(format!("{pid}={addr}"));
-        }
-        if bootstrap {
-            cmd.arg("--bootstrap");
-        }
-        let log = self.dir.path().join(format!("n{id}.log"));
-        self.procs.insert(id, Proc::spawn(&format!("controller-{id}"), &mut cmd, &log));
-    }
-
-    fn servers(&self) -> Vec<String> {
-        self.addrs.values().cloned().collect()
-    }
-
-    fn leader(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            let out = gpuctl(&self.servers(), &["cluster", "status", "-o", "json"]);
-            if let Ok(views) = serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout) {
-                if let Some(l) = views.iter().find(|v| v["state"] == "Leader").and_then(|v| v["node_id"].as_u64()) {
-                    if self.procs.contains_key(&l) {
-                        return l;
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        panic!("no leader among the controller processes");
-    }
-}
+use tests::{binary, free_addr, gpuctl, Cluster, Proc};
 
 fn write_manifest(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);

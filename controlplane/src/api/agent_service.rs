@@ -49,6 +49,7 @@ fn observed_status(r: &proto::ReportRequest) -> serde_json::Value {
                     "batch": w.batch,
                     "state": w.state,
                     "shadow": w.shadow,
+                    "pid": w.pid,
                 })).collect::<Vec<_>>(),
             })
         })

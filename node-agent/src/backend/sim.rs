@@ -10,6 +10,7 @@ use super::{sort_instances, BackendError, GpuBackend, GpuInfo, MigInstance};
 use crate::command::lock;
 use planner::mig::{validate, GpuModel, MigError, Placement};
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// Simulated GPUs; cheap to share (`Arc<SimBackend>`), all state behind one mutex.
@@ -20,6 +21,11 @@ pub struct SimBackend {
 
 #[derive(Debug)]
 struct SimState {
+    /// Mixed into every uuid so that the GPUs of different simulated hosts differ.
+    host_seed: u64,
+    /// Where the simulated hardware state lives between agent restarts (real GPUs keep
+    /// their MIG instances when the agent dies); `None` = memory only.
+    device_file: Option<PathBuf>,
     gpus: Vec<SimGpu>,
     /// Instances created so far on the whole host; feeds the uuids so that a re-created
     /// instance gets a new uuid, as on hardware.
@@ -58,7 +64,28 @@ impl SimBackend {
                 SimGpu { info, instances: BTreeMap::new() }
             })
             .collect();
-        SimBackend { state: Mutex::new(SimState { gpus, created: 0 }) }
+        SimBackend { state: Mutex::new(SimState { host_seed: 0, device_file: None, gpus, created: 0 }) }
+    }
+
+    /// Simulated GPUs of one host: uuids unique to `host`, and the MIG state kept in
+    /// `device_file` so that it survives an agent restart as hardware state does. An
+    /// existing file must describe the same GPU models, else it is refused.
+    pub fn for_host(models: &[GpuModel], mig_enabled: bool, host: &str, device_file: Option<PathBuf>) -> Result<Self, BackendError> {
+        let host_seed = fnv1a(host.as_bytes());
+        let backend = SimBackend::new(models, mig_enabled);
+        {
+            let mut state = lock(&backend.state);
+            state.host_seed = host_seed;
+            for g in &mut state.gpus {
+                g.info.uuid = sim_uuid("GPU", u64::from(g.info.index) ^ host_seed, 0);
+            }
+            if let Some(path) = &device_file {
+                state.load(path)?;
+            }
+            state.device_file = device_file;
+            state.save()?;
+        }
+        Ok(backend)
     }
 
     /// Marks process `pid` as running on GPU instance `gpu_instance_id`, as a CUDA process
@@ -85,7 +112,55 @@ impl SimBackend {
     }
 }
 
+/// The persisted part of the simulated hardware.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct DeviceFile {
+    created: u64,
+    gpus: Vec<(GpuModel, bool, Vec<MigInstance>)>,
+}
+
 impl SimState {
+    fn load(&mut self, path: &Path) -> Result<(), BackendError> {
+        let bad = |reason: String| BackendError::Io {
+            command: format!("read simulated device state {}", path.display()),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(bad(e.to_string())),
+        };
+        let file: DeviceFile = serde_json::from_slice(&bytes).map_err(|e| bad(format!("corrupt: {e}")))?;
+        let models: Vec<GpuModel> = file.gpus.iter().map(|g| g.0).collect();
+        let ours: Vec<GpuModel> = self.gpus.iter().map(|g| g.info.model).collect();
+        if models != ours {
+            return Err(bad(format!("it describes GPUs {models:?}, the configuration {ours:?}")));
+        }
+        for (gpu, (_, mig, instances)) in self.gpus.iter_mut().zip(file.gpus) {
+            gpu.info.mig_enabled = mig;
+            gpu.instances =
+                instances.into_iter().map(|i| (i.gpu_instance_id, SimInstance { instance: i, pids: BTreeSet::new() })).collect();
+        }
+        self.created = file.created;
+        Ok(())
+    }
+
+    fn save(&self) -> Result<(), BackendError> {
+        let Some(path) = &self.device_file else { return Ok(()) };
+        let file = DeviceFile {
+            created: self.created,
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| (g.info.model, g.info.mig_enabled, g.instances.values().map(|i| i.instance.clone()).collect()))
+                .collect(),
+        };
+        let tmp = path.with_extension("tmp");
+        let io = |e: std::io::Error| BackendError::Io { command: format!("write simulated device state {}", path.display()), source: e };
+        std::fs::write(&tmp, serde_json::to_vec(&file).expect("device state serializes")).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
     fn gpu(&self, gpu: u32) -> Result<&SimGpu, BackendError> {
         self.gpus.get(gpu as usize).ok_or_else(|| BackendError::NotFound { gpu, what: format!("GPU index {gpu}") })
     }
@@ -143,7 +218,7 @@ impl GpuBackend for SimBackend {
             sim_gpu.instances.clear();
         }
         sim_gpu.info.mig_enabled = enabled;
-        Ok(())
+        state.save()
     }
 
     fn list_instances(&self, gpu: u32) -> Result<Vec<MigInstance>, BackendError> {
@@ -160,6 +235,7 @@ impl GpuBackend for SimBackend {
     fn create_instance(&self, gpu: u32, placement: Placement) -> Result<MigInstance, BackendError> {
         let mut state = lock(&self.state);
         let serial = state.created + 1;
+        let host_seed = state.host_seed;
         let sim_gpu = state.mig_gpu_mut(gpu)?;
         check_placement(gpu, &sim_gpu.instances, placement)?;
         let gpu_instance_id = (1..).find(|id| !sim_gpu.instances.contains_key(id)).unwrap_or(u32::MAX);
@@ -168,10 +244,11 @@ impl GpuBackend for SimBackend {
             gpu_instance_id,
             compute_instance_id: Some(0),
             placement,
-            device_uuid: Some(sim_uuid("MIG", u64::from(gpu), serial)),
+            device_uuid: Some(sim_uuid("MIG", u64::from(gpu) ^ host_seed, serial)),
         };
         sim_gpu.instances.insert(gpu_instance_id, SimInstance { instance: instance.clone(), pids: BTreeSet::new() });
         state.created = serial;
+        state.save()?;
         Ok(instance)
     }
 
@@ -191,7 +268,7 @@ impl GpuBackend for SimBackend {
             });
         }
         sim_gpu.instances.remove(&gpu_instance_id);
-        Ok(())
+        state.save()
     }
 }
 
@@ -235,6 +312,10 @@ fn product(model: GpuModel) -> (&'static str, u64) {
 
 /// A uuid-shaped id (`PREFIX-8-4-4-4-12` hex digits) derived deterministically from its inputs
 /// (FNV-1a, so it is stable across Rust releases, unlike `DefaultHasher`).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 fn sim_uuid(prefix: &str, a: u64, b: u64) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let mut next = |bytes: &[u8]| {
@@ -254,6 +335,23 @@ mod tests {
     use super::*;
     use planner::mig::{maximal_layouts, MigProfile, COMPUTE_SLICES};
     use MigProfile::*;
+
+    #[test]
+    fn a_host_keeps_its_mig_instances_across_agent_restarts_and_has_its_own_uuids() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gpus.json");
+        let b = SimBackend::for_host(&[GpuModel::A100_80GB], true, "node-a", Some(file.clone())).unwrap();
+        let made = b.create_instance(0, Placement::new(G3, 4)).unwrap();
+        let uuid = b.inventory().unwrap()[0].uuid.clone();
+        drop(b);
+        let again = SimBackend::for_host(&[GpuModel::A100_80GB], true, "node-a", Some(file.clone())).unwrap();
+        assert_eq!(again.list_instances(0).unwrap(), vec![made]);
+        assert_eq!(again.inventory().unwrap()[0].uuid, uuid);
+        let other = SimBackend::for_host(&[GpuModel::A100_80GB], true, "node-b", None).unwrap();
+        assert_ne!(other.inventory().unwrap()[0].uuid, uuid, "hosts have distinct GPU uuids");
+        let err = SimBackend::for_host(&[GpuModel::H100_80GB], true, "node-a", Some(file)).expect_err("refused");
+        assert!(err.to_string().contains("gpus.json"), "{err}");
+    }
 
     fn a100() -> SimBackend {
         SimBackend::new(&[GpuModel::A100_80GB], true)

@@ -70,7 +70,7 @@ impl Supervisor {
     }
 
     /// Starts a process for `spec` in `role` with the launch command `cmd`; returns its id.
-    pub fn start(&mut self, spec: &WorkloadSpec, role: Role, port: u16, cmd: &CommandSpec) -> Result<String, SupervisorError> {
+    pub fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role, port: u16, cmd: &CommandSpec) -> Result<String, SupervisorError> {
         let seq = self.next_id;
         self.next_id += 1;
         let id = format!("{}-{}-{seq}", spec.service, if role == Role::Active { "a" } else { "s" });
@@ -78,6 +78,7 @@ impl Supervisor {
         let record = ProcessRecord {
             id: id.clone(),
             seq,
+            gpu: gpu.to_string(),
             pid: child.id(),
             start_ticks,
             spec: spec.clone(),
@@ -209,8 +210,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, adopted) = Supervisor::open(dir.path()).unwrap();
         assert_eq!(adopted, 0);
-        let a = s.start(&spec(), Role::Active, 7000, &sleeper()).unwrap();
-        let b = s.start(&spec(), Role::Standby, 7001, &sleeper()).unwrap();
+        let a = s.start("GPU-0", &spec(), Role::Active, 7000, &sleeper()).unwrap();
+        let b = s.start("GPU-0", &spec(), Role::Standby, 7001, &sleeper()).unwrap();
         let (pid_a, ticks_a) = (s.get(&a).unwrap().pid, s.get(&a).unwrap().start_ticks);
         // The agent "dies": its in-memory state is dropped, the processes keep running.
         drop(s);
@@ -219,7 +220,7 @@ mod tests {
         assert_eq!(s.get(&a).unwrap().pid, pid_a, "the same process, not a new one");
         assert_eq!(s.get(&b).unwrap().role, Role::Standby);
         // A new process gets a fresh id even after the restart.
-        let c = s.start(&spec(), Role::Standby, 7002, &sleeper()).unwrap();
+        let c = s.start("GPU-0", &spec(), Role::Standby, 7002, &sleeper()).unwrap();
         assert!(c != a && c != b);
         for id in [a, b, c] {
             s.stop(&id, Duration::from_secs(2)).unwrap();
@@ -234,7 +235,7 @@ mod tests {
     fn a_crashed_process_is_restarted_after_its_back_off() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = Supervisor::open(dir.path()).unwrap();
-        let id = s.start(&spec(), Role::Active, 7000, &sleeper()).unwrap();
+        let id = s.start("GPU-0", &spec(), Role::Active, 7000, &sleeper()).unwrap();
         let old = s.get(&id).unwrap().clone();
         records::signal(old.pid, libc::SIGKILL);
         let t0 = Instant::now();
@@ -264,7 +265,7 @@ mod tests {
     fn a_missing_program_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = Supervisor::open(dir.path()).unwrap();
-        let err = s.start(&spec(), Role::Active, 7000, &CommandSpec::new("/nonexistent/sim-infer")).unwrap_err();
+        let err = s.start("GPU-0", &spec(), Role::Active, 7000, &CommandSpec::new("/nonexistent/sim-infer")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/sim-infer"), "{err}");
     }
 }

@@ -13,6 +13,8 @@ pub struct ProcessRecord {
     pub id: String,
     /// Order of creation; ids are never reused.
     pub seq: u64,
+    /// uuid of the GPU the workload runs on.
+    pub gpu: String,
     pub pid: u32,
     /// Start time of the process in clock ticks since boot (/proc/PID/stat field 22).
     pub start_ticks: u64,

@@ -1,0 +1,159 @@
+//! The agent's configuration file (TOML). Unknown keys are refused so a typo never turns
+//! into a silently ignored setting.
+
+use crate::supervisor::template::Template;
+use planner::mig::GpuModel;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This node's name (the Node resource the agent registers).
+    pub node: String,
+    /// Controller gRPC addresses (host:port); any of them will do.
+    pub controllers: Vec<String>,
+    /// The InstanceType resource this host is.
+    pub instance_type: String,
+    /// Address (host:port) registered for this node: where its agent and routers are reached.
+    #[serde(default = "loopback")]
+    pub advertise: String,
+    /// Agent state: process records, MPS pipes, the last desired state.
+    pub state_dir: PathBuf,
+    /// `sim`, `nvml` or `nvidia-smi`.
+    #[serde(default = "sim")]
+    pub gpu_backend: String,
+    #[serde(default)]
+    pub sim: SimFleet,
+    pub template: Template,
+    /// Ports handed to workload processes: [first, last].
+    #[serde(default = "ports")]
+    pub port_range: [u16; 2],
+    /// How often the agent reports and reconciles, in milliseconds.
+    #[serde(default = "interval")]
+    pub interval_ms: u64,
+}
+
+/// The simulated GPUs of this host (`gpu_backend = "sim"`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimFleet {
+    /// GPU model names: A100-40GB, A100-80GB, H100-80GB, H200, V100, T4 (the last two: no MIG).
+    pub gpus: Vec<String>,
+    #[serde(default = "yes")]
+    pub mig_enabled: bool,
+}
+
+impl Default for SimFleet {
+    fn default() -> Self {
+        SimFleet { gpus: vec!["A100-80GB".into()], mig_enabled: true }
+    }
+}
+
+fn loopback() -> String {
+    "127.0.0.1:7100".into()
+}
+fn sim() -> String {
+    "sim".into()
+}
+fn ports() -> [u16; 2] {
+    [20000, 29999]
+}
+fn interval() -> u64 {
+    1000
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct ConfigError {
+    pub path: String,
+    pub reason: String,
+}
+
+/// The planner's geometry for a GPU model name of the config.
+pub fn gpu_model(name: &str) -> Option<GpuModel> {
+    Some(match name {
+        "A100-40GB" => GpuModel::A100_40GB,
+        "A100-80GB" => GpuModel::A100_80GB,
+        "H100-80GB" => GpuModel::H100_80GB,
+        "H200" => GpuModel::H200,
+        "V100" | "T4" | "A10" | "L4" => GpuModel::NoMig,
+        _ => return None,
+    })
+}
+
+impl AgentConfig {
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let err = |reason: String| ConfigError { path: path.display().to_string(), reason };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        Self::parse(&text).map_err(|e| err(e.reason))
+    }
+
+    pub fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
+        let cfg: AgentConfig = toml::from_str(text).map_err(|e| ConfigError { path: String::new(), reason: e.to_string() })?;
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |field: &str, reason: &str| Err(ConfigError { path: String::new(), reason: format!("`{field}`: {reason}") });
+        if self.node.is_empty() {
+            return bad("node", "required");
+        }
+        if self.controllers.is_empty() {
+            return bad("controllers", "at least one controller address is required");
+        }
+        if self.port_range[0] == 0 || self.port_range[0] > self.port_range[1] {
+            return bad("port_range", "must be [first, last] with 0 < first <= last");
+        }
+        if self.interval_ms == 0 {
+            return bad("interval_ms", "must be positive");
+        }
+        if let Some(unknown) = self.sim.gpus.iter().find(|g| gpu_model(g).is_none()) {
+            return bad("sim.gpus", &format!("unknown GPU model {unknown:?} (known: A100-40GB, A100-80GB, H100-80GB, H200, V100, T4)"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+node = "n1"
+controllers = ["127.0.0.1:7001"]
+instance_type = "p4de.24xlarge"
+state_dir = "/tmp/agent"
+[sim]
+gpus = ["A100-80GB", "T4"]
+[template]
+kind = "command"
+program = "sim-infer"
+args = ["--port={port}"]
+"#;
+
+    #[test]
+    fn defaults_fill_the_optional_fields() {
+        let c = AgentConfig::parse(GOOD).unwrap();
+        assert_eq!(c.gpu_backend, "sim");
+        assert_eq!(c.interval_ms, 1000);
+        assert_eq!(c.sim.gpus.len(), 2);
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        for (text, field) in [
+            (GOOD.replace("node = \"n1\"", "node = \"\""), "`node`"),
+            (GOOD.replace("[\"127.0.0.1:7001\"]", "[]"), "`controllers`"),
+            (GOOD.replace("\"T4\"", "\"GTX480\""), "`sim.gpus`"),
+            (GOOD.replace("state_dir", "state_dri"), "state_dri"),
+        ] {
+            let err = AgentConfig::parse(&text).unwrap_err();
+            assert!(err.reason.contains(field), "{field}: {}", err.reason);
+        }
+    }
+}

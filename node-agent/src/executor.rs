@@ -1,0 +1,186 @@
+//! Carries out reconcile steps against the GPU backend, MPS control and the supervisor, and
+//! observes the node for the next round. Blocking (driver calls, process signals): the
+//! runtime calls it from a blocking thread.
+
+use crate::backend::{BackendError, GpuBackend, GpuInfo, MigInstance};
+use crate::desired::{Slot, WorkloadSpec};
+use crate::mps::{MpsControl, MpsError};
+use crate::reconcile::{GpuObserved, NodeObserved, Role, Running, Step};
+use crate::supervisor::template::{launch_command, LaunchParams, Template};
+use crate::supervisor::{Supervisor, SupervisorError};
+use planner::mig::Placement;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a stopped process may take to exit before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Mps(#[from] MpsError),
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    #[error("GPU {0} is not on this node")]
+    UnknownGpu(String),
+    #[error("GPU {gpu} has no MIG instance {placement}")]
+    NoInstance { gpu: String, placement: Placement },
+    #[error("no free port left in {0:?}")]
+    NoPort([u16; 2]),
+    #[error("no standby of {service} to promote on GPU {gpu}")]
+    NoStandby { gpu: String, service: String },
+}
+
+pub struct Executor {
+    pub backend: Arc<dyn GpuBackend>,
+    pub mps: Arc<dyn MpsControl>,
+    pub supervisor: Supervisor,
+    pub template: Template,
+    pub ports: [u16; 2],
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl Executor {
+    fn gpu(&self, uuid: &str) -> Result<&GpuInfo, ExecError> {
+        self.gpus.iter().find(|g| g.uuid == uuid).ok_or_else(|| ExecError::UnknownGpu(uuid.to_string()))
+    }
+
+    fn instances(&self, gpu: &GpuInfo) -> Result<Vec<MigInstance>, ExecError> {
+        match self.backend.list_instances(gpu.index) {
+            Ok(list) => Ok(list),
+            Err(BackendError::MigDisabled { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// What runs on the node now.
+    pub fn observe(&self) -> Result<NodeObserved, ExecError> {
+        let mut observed = NodeObserved::default();
+        for g in &self.gpus {
+            let layout = self.instances(g)?.iter().map(|i| i.placement).collect();
+            let running = self
+                .supervisor
+                .records()
+                .filter(|r| r.gpu == g.uuid)
+                .map(|r| Running { id: r.id.clone(), spec: r.spec.clone(), role: r.role })
+                .collect();
+            observed.gpus.insert(g.uuid.clone(), GpuObserved { layout, running });
+        }
+        Ok(observed)
+    }
+
+    /// Carries out one step. Every step checks the state first, so repeating one that was
+    /// done (the agent died right after it) changes nothing.
+    pub fn execute(&mut self, step: &Step) -> Result<(), ExecError> {
+        match step {
+            Step::CreateInstance { gpu, placement } => {
+                let g = self.gpu(gpu)?.clone();
+                if !g.mig_enabled {
+                    self.backend.set_mig_mode(g.index, true)?;
+                    self.refresh_inventory()?;
+                }
+                if !self.instances(&g)?.iter().any(|i| i.placement == *placement) {
+                    self.backend.create_instance(g.index, *placement)?;
+                }
+            }
+            Step::DestroyInstance { gpu, placement } => {
+                let g = self.gpu(gpu)?.clone();
+                if let Some(i) = self.instances(&g)?.iter().find(|i| i.placement == *placement) {
+                    self.backend.destroy_instance(g.index, i.gpu_instance_id)?;
+                }
+            }
+            Step::Start { gpu, spec } => self.start(gpu, spec, Role::Active)?,
+            Step::StartStandby { gpu, spec } => self.start(gpu, spec, Role::Standby)?,
+            Step::Promote { gpu, service, slot } => {
+                let id = self
+                    .supervisor
+                    .records()
+                    .filter(|r| r.gpu == *gpu && r.role == Role::Standby && r.spec.service == *service && r.spec.slot == *slot)
+                    .max_by_key(|r| r.seq)
+                    .map(|r| r.id.clone())
+                    .ok_or_else(|| ExecError::NoStandby { gpu: gpu.clone(), service: service.clone() })?;
+                self.supervisor.set_role(&id, Role::Active)?;
+            }
+            // Until the router runs in the agent, a process receives nothing the agent must
+            // wait for; stopping it with a grace period lets its own drain finish.
+            Step::Drain { .. } => {}
+            Step::Stop { gpu, id } => {
+                let Some(record) = self.supervisor.get(id).cloned() else { return Ok(()) };
+                self.supervisor.stop(id, STOP_GRACE)?;
+                // After an agent restart the MPS bookkeeping may not know the client; the
+                // process is gone either way, so a failed release is only logged.
+                if let Err(e) = self
+                    .device_of(gpu, record.spec.slot)
+                    .and_then(|d| Ok(self.mps.release_client(&d, &client_name(&record.spec.service, record.role, record.port))?))
+                {
+                    tracing::debug!(id, error = %e, "MPS client not released");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn refresh_inventory(&mut self) -> Result<(), ExecError> {
+        self.gpus = self.backend.inventory()?;
+        Ok(())
+    }
+
+    /// The device a workload's processes may see: its MIG instance or the whole GPU.
+    fn device_of(&self, gpu: &str, slot: Slot) -> Result<String, ExecError> {
+        let g = self.gpu(gpu)?;
+        match slot {
+            Slot::WholeGpu => Ok(g.uuid.clone()),
+            Slot::Mig(p) => self
+                .instances(g)?
+                .into_iter()
+                .find(|i| i.placement == p)
+                .and_then(|i| i.device_uuid)
+                .ok_or_else(|| ExecError::NoInstance { gpu: gpu.to_string(), placement: p }),
+        }
+    }
+
+    fn free_port(&self) -> Result<u16, ExecError> {
+        let used: BTreeSet<u16> = self.supervisor.records().map(|r| r.port).collect();
+        (self.ports[0]..=self.ports[1]).find(|p| !used.contains(p)).ok_or(ExecError::NoPort(self.ports))
+    }
+
+    fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role) -> Result<(), ExecError> {
+        let exists = self.supervisor.records().any(|r| r.gpu == gpu && r.role == role && r.spec.same_config(spec));
+        if exists {
+            return Ok(());
+        }
+        let device = self.device_of(gpu, spec.slot)?;
+        self.mps.start_daemon(&device)?;
+        // The standby gets the workload's share plus the shadow share (iGniter Sec. 4.2).
+        let share = if role == Role::Standby { spec.mps_percent + spec.shadow_mps_percent } else { spec.mps_percent };
+        let percent = share.clamp(1.0, 100.0).round() as u8;
+        let port = self.free_port()?;
+        let client = client_name(&spec.service, role, port);
+        let mps_env = self.mps.client_env(&device, &client, Some(percent))?;
+        let gpcs = match spec.slot {
+            Slot::WholeGpu => 0,
+            Slot::Mig(p) => p.profile.compute(),
+        };
+        let params = LaunchParams {
+            service: spec.service.clone(),
+            model: spec.model.clone(),
+            batch: spec.batch,
+            port,
+            gpcs,
+            device_uuid: device,
+            mps_env,
+            mps_percent: f64::from(percent),
+        };
+        let cmd = launch_command(&self.template, &params);
+        self.supervisor.start(gpu, spec, role, port, &cmd)?;
+        Ok(())
+    }
+}
+
+/// The MPS client name of a workload process (unique per port).
+fn client_name(service: &str, role: Role, port: u16) -> String {
+    format!("{service}-{}-{port}", if role == Role::Active { "a" } else { "s" })
+}

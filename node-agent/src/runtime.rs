@@ -1,0 +1,274 @@
+//! The agent's main loops: the controller link (register, watch the desired state, report)
+//! and the reconcile loop. Static stability: with every controller unreachable the agent
+//! keeps running its last desired state (also kept on disk across agent restarts) and
+//! retries any controller with back-off and jitter.
+
+use crate::backend::{select_backend, BackendOptions, GpuBackend};
+use crate::config::{gpu_model, AgentConfig};
+use crate::desired::{decode, NodeDesired};
+use crate::executor::Executor;
+use crate::mps::{MpsControl, NvidiaMps, SimMps};
+use crate::reconcile;
+use crate::supervisor::Supervisor;
+use prost::Message;
+use proto::agent_client::AgentClient;
+use proto::control_plane_client::ControlPlaneClient;
+use rand::Rng;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+
+/// Per-call deadline on controller RPCs (the watch stream has none).
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Agent {
+    cfg: AgentConfig,
+    executor: Arc<Mutex<Executor>>,
+    models: BTreeMap<String, planner::mig::GpuModel>,
+    desired_file: PathBuf,
+}
+
+impl Agent {
+    /// Opens the backend and the supervisor's state (adopting running processes).
+    pub fn open(cfg: AgentConfig) -> anyhow::Result<Agent> {
+        std::fs::create_dir_all(&cfg.state_dir).map_err(|e| anyhow::anyhow!("state_dir {}: {e}", cfg.state_dir.display()))?;
+        let backend: Arc<dyn GpuBackend> = if cfg.gpu_backend == "sim" {
+            let models: Vec<_> = cfg.sim.gpus.iter().filter_map(|g| gpu_model(g)).collect();
+            let file = cfg.state_dir.join("sim-gpus.json");
+            Arc::new(crate::backend::sim::SimBackend::for_host(&models, cfg.sim.mig_enabled, &cfg.node, Some(file))?)
+        } else {
+            select_backend(&cfg.gpu_backend, &BackendOptions::default())?
+        };
+        let mps: Arc<dyn MpsControl> =
+            if cfg.gpu_backend == "sim" { Arc::new(SimMps::new(&cfg.state_dir)) } else { Arc::new(NvidiaMps::new(&cfg.state_dir)) };
+        let (supervisor, adopted) = Supervisor::open(&cfg.state_dir)?;
+        let gpus = backend.inventory()?;
+        tracing::info!(node = %cfg.node, backend = backend.name(), gpus = gpus.len(), adopted, "agent starting");
+        let models = gpus.iter().map(|g| (g.uuid.clone(), g.model)).collect();
+        let executor = Executor { backend, mps, supervisor, template: cfg.template.clone(), ports: cfg.port_range, gpus };
+        let desired_file = cfg.state_dir.join("desired.pb");
+        Ok(Agent { cfg, executor: Arc::new(Mutex::new(executor)), models, desired_file })
+    }
+
+    /// The Node resource this agent registers.
+    fn node_resource(&self) -> proto::Resource {
+        let gpus: Vec<serde_json::Value> = self
+            .executor
+            .lock()
+            .expect("executor lock")
+            .gpus
+            .iter()
+            .map(|g| serde_json::json!({"uuid": g.uuid, "model": self.model_name(g), "mig_enabled": g.mig_enabled}))
+            .collect();
+        let spec = serde_json::json!({"address": self.cfg.advertise, "instance_type": self.cfg.instance_type, "gpus": gpus});
+        proto::Resource { kind: "Node".into(), name: self.cfg.node.clone(), spec_json: spec.to_string(), ..Default::default() }
+    }
+
+    /// The GpuModel resource name of a GPU: the configured name for simulated GPUs (V100 and
+    /// T4 share the planner's no-MIG geometry), else derived from the product.
+    fn model_name(&self, g: &crate::backend::GpuInfo) -> String {
+        match self.cfg.sim.gpus.get(g.index as usize) {
+            Some(name) if self.cfg.gpu_backend == "sim" => name.clone(),
+            _ => config_model_name(g.model, &g.name).to_string(),
+        }
+    }
+
+    /// The last desired state this agent accepted, from disk.
+    fn saved_desired(&self) -> Option<NodeDesired> {
+        let bytes = std::fs::read(&self.desired_file).ok()?;
+        let state = proto::DesiredState::decode(bytes.as_slice()).ok()?;
+        decode(&state, &self.cfg.node, &self.models).ok()
+    }
+
+    fn save_desired(&self, state: &proto::DesiredState) {
+        let tmp = self.desired_file.with_extension("tmp");
+        let written = std::fs::write(&tmp, state.encode_to_vec()).and_then(|()| std::fs::rename(&tmp, &self.desired_file));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not keep the desired state on disk");
+        }
+    }
+
+    /// Runs until `shutdown` resolves.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let (tx, rx) = watch::channel(self.saved_desired());
+        let link = tokio::spawn(self.clone().link_loop(tx));
+        let reconcile = tokio::spawn(self.clone().reconcile_loop(rx.clone()));
+        let report = tokio::spawn(self.clone().report_loop(rx));
+        shutdown.await;
+        link.abort();
+        reconcile.abort();
+        report.abort();
+    }
+
+    async fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+        Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(2)).connect().await
+    }
+
+    /// Registers and follows the desired state through any controller; on failure, backs
+    /// off with jitter and tries the next one.
+    async fn link_loop(self: Arc<Self>, tx: watch::Sender<Option<NodeDesired>>) {
+        let mut attempt: u32 = 0;
+        let mut k = 0usize;
+        loop {
+            let addr = self.cfg.controllers[k % self.cfg.controllers.len()].clone();
+            k += 1;
+            match self.follow(&addr, &tx).await {
+                Ok(()) => attempt = 0,
+                Err(e) => {
+                    tracing::warn!(controller = %addr, error = format!("{e:#}"), "controller link lost");
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    async fn follow(&self, addr: &str, tx: &watch::Sender<Option<NodeDesired>>) -> anyhow::Result<()> {
+        let channel = Self::channel(addr).await?;
+        let mut put = tonic::Request::new(proto::PutRequest { resource: Some(self.node_resource()), ..Default::default() });
+        put.set_timeout(RPC_TIMEOUT);
+        ControlPlaneClient::new(channel.clone()).put(put).await?;
+        let from_version = tx.borrow().as_ref().map_or(0, |d| d.version);
+        let mut stream = AgentClient::new(channel)
+            .watch_desired(proto::WatchDesiredRequest { node: self.cfg.node.clone(), from_version })
+            .await?
+            .into_inner();
+        tracing::info!(controller = %addr, from_version, "registered; following the desired state");
+        while let Some(state) = stream.message().await? {
+            match decode(&state, &self.cfg.node, &self.models) {
+                Ok(desired) => {
+                    self.save_desired(&state);
+                    tracing::info!(version = desired.version, "new desired state");
+                    tx.send_replace(Some(desired));
+                }
+                // Refused whole: nothing of it is applied, the previous state keeps running.
+                Err(e) => tracing::error!(version = state.version, error = %e, "desired state refused"),
+            }
+        }
+        anyhow::bail!("desired-state stream ended")
+    }
+
+    async fn reconcile_loop(self: Arc<Self>, mut rx: watch::Receiver<Option<NodeDesired>>) {
+        let interval = Duration::from_millis(self.cfg.interval_ms);
+        loop {
+            let desired = rx.borrow_and_update().clone();
+            if let Some(desired) = desired {
+                let executor = self.executor.clone();
+                let result =
+                    tokio::task::spawn_blocking(move || reconcile_once(&mut executor.lock().expect("executor lock"), &desired)).await;
+                match result {
+                    Ok(Ok(0)) => {}
+                    Ok(Ok(n)) => tracing::info!(steps = n, "reconciled"),
+                    Ok(Err(e)) => tracing::warn!(error = %e, "reconcile failed; retrying"),
+                    Err(e) => tracing::error!(error = %e, "reconcile task panicked"),
+                }
+            }
+            let _ = tokio::time::timeout(interval, rx.changed()).await;
+        }
+    }
+
+    async fn report_loop(self: Arc<Self>, rx: watch::Receiver<Option<NodeDesired>>) {
+        let interval = Duration::from_millis(self.cfg.interval_ms);
+        let mut k = 0usize;
+        loop {
+            tokio::time::sleep(interval).await;
+            let report = self.report(&rx);
+            for _ in 0..self.cfg.controllers.len() {
+                let addr = &self.cfg.controllers[k % self.cfg.controllers.len()];
+                let sent = async {
+                    let mut req = tonic::Request::new(report.clone());
+                    req.set_timeout(RPC_TIMEOUT);
+                    AgentClient::new(Self::channel(addr).await?).report(req).await.map_err(anyhow::Error::from)
+                };
+                match sent.await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::debug!(controller = %addr, error = %e, "report not delivered");
+                        k += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn report(&self, rx: &watch::Receiver<Option<NodeDesired>>) -> proto::ReportRequest {
+        let executor = self.executor.lock().expect("executor lock");
+        let observed = executor.observe().unwrap_or_default();
+        let desired = rx.borrow().clone();
+        let converged = desired.as_ref().is_some_and(|d| reconcile::plan(d, &observed).is_ok_and(|s| s.is_empty()));
+        let gpus = executor
+            .gpus
+            .iter()
+            .map(|g| {
+                let o = observed.gpus.get(&g.uuid).cloned().unwrap_or_default();
+                proto::ObservedGpu {
+                    gpu_uuid: g.uuid.clone(),
+                    model: self.model_name(g),
+                    mig_enabled: g.mig_enabled,
+                    instances: o
+                        .layout
+                        .iter()
+                        .map(|p| proto::AgentMigInstance { profile: p.profile.to_string(), start: u32::from(p.start) })
+                        .collect(),
+                    workloads: o
+                        .running
+                        .iter()
+                        .map(|r| proto::ObservedWorkload {
+                            service: r.spec.service.clone(),
+                            mig_instance: match r.spec.slot {
+                                crate::desired::Slot::WholeGpu => -1,
+                                crate::desired::Slot::Mig(p) => o.layout.iter().position(|q| *q == p).map_or(-1, |i| i as i32),
+                            },
+                            mps_percent: r.spec.mps_percent,
+                            batch: r.spec.batch,
+                            state: "running".into(),
+                            shadow: r.role == reconcile::Role::Standby,
+                            pid: executor.supervisor.get(&r.id).map_or(0, |p| p.pid),
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        proto::ReportRequest {
+            node: self.cfg.node.clone(),
+            applied_version: if converged { desired.map_or(0, |d| d.version) } else { 0 },
+            gpus,
+            metrics: Vec::new(),
+        }
+    }
+}
+
+/// One reconcile round: observe, plan, execute in order. Returns the number of steps.
+fn reconcile_once(executor: &mut Executor, desired: &NodeDesired) -> anyhow::Result<usize> {
+    executor.supervisor.check(std::time::Instant::now())?;
+    let observed = executor.observe()?;
+    let steps = reconcile::plan(desired, &observed)?;
+    for step in &steps {
+        tracing::debug!(?step, "executing");
+        executor.execute(step)?;
+    }
+    Ok(steps.len())
+}
+
+/// Reconnection delay: 200 ms doubling to 10 s, with ±50% jitter so that a fleet of agents
+/// does not reconnect in lock-step after a controller outage.
+fn backoff(attempt: u32) -> Duration {
+    let base = 200u64.saturating_mul(1 << attempt.min(6)).min(10_000);
+    Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2))
+}
+
+/// The GpuModel resource name for a GPU (what the controller's references expect).
+fn config_model_name(model: planner::mig::GpuModel, product: &str) -> &'static str {
+    use planner::mig::GpuModel::*;
+    match model {
+        A100_40GB => "A100-40GB",
+        A100_80GB => "A100-80GB",
+        H100_80GB => "H100-80GB",
+        H200 => "H200",
+        NoMig if product.contains("T4") => "T4",
+        NoMig => "V100",
+    }
+}

@@ -1,0 +1,181 @@
+//! A node agent (real process, simulated GPUs) under a 3-node controller cluster (real
+//! processes): a desired state with MIG and MPS workloads converges; kill -9 of the agent
+//! and a restart adopt the running workload processes instead of duplicating them; the loss
+//! of the controller leader does not interrupt the workloads, and the agent follows the
+//! new leader.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use controlplane::client::Client;
+use serde_json::{json, Value};
+use tests::{binary, Cluster, Proc};
+
+fn resource(kind: &str, name: &str, tenant: &str, spec: Value) -> proto::Resource {
+    proto::Resource { kind: kind.into(), name: name.into(), tenant: tenant.into(), spec_json: spec.to_string(), ..Default::default() }
+}
+
+async fn seed(client: &Client) {
+    let profile = json!({"model": "resnet50", "gpu_model": "A100-80GB", "points": [{"gpcs": 1, "batch": 8, "throughput_rps": 400, "latency_ms": 18}]});
+    for r in [
+        resource("Tenant", "acme", "", json!({})),
+        resource("GpuModel", "A100-80GB", "", json!({"sm_count": 108, "memory_gib": 80})),
+        resource("GpuModel", "T4", "", json!({"sm_count": 40, "memory_gib": 16})),
+        resource(
+            "InstanceType",
+            "mixed",
+            "",
+            json!({"gpu_model": "A100-80GB", "gpu_count": 2, "price_per_hour": 10, "launch_latency_s": 60}),
+        ),
+        resource("ModelProfile", "resnet50-a100", "", profile),
+        resource("Service", "web", "acme", json!({"model": "resnet50", "slo": {"latency_ms": 50, "request_rate": 100}})),
+        resource("Service", "batch", "acme", json!({"model": "resnet50", "slo": {"latency_ms": 200, "request_rate": 50}})),
+    ] {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+}
+
+/// Kills the workload processes the agent recorded, so a failed test leaves none behind
+/// (they run in their own process group on purpose).
+struct Workloads(PathBuf);
+
+impl Workloads {
+    fn pids(&self) -> Vec<u32> {
+        let Ok(bytes) = std::fs::read(self.0.join("processes.json")) else { return vec![] };
+        let records: Vec<Value> = serde_json::from_slice(&bytes).unwrap_or_default();
+        records.iter().filter_map(|r| r["pid"].as_u64()).map(|p| p as u32).collect()
+    }
+}
+
+impl Drop for Workloads {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+fn start_agent(dir: &Path, servers: &[String]) -> Proc {
+    let config = format!(
+        r#"node = "n1"
+controllers = {servers:?}
+instance_type = "mixed"
+state_dir = "{state}"
+interval_ms = 200
+[sim]
+gpus = ["A100-80GB", "T4"]
+[template]
+kind = "command"
+program = "sleep"
+args = ["600"]
+"#,
+        state = dir.join("agent").display()
+    );
+    let path = dir.join("agent.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = Command::new(binary("node-agent"));
+    cmd.arg("--config").arg(&path).env("RUST_LOG", "info");
+    Proc::spawn("node-agent", &mut cmd, &dir.join("agent.log"))
+}
+
+async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
+    resource(
+        "Plan",
+        "current",
+        "",
+        json!({"strategy": "test", "gpus": [
+            {"node": "n1", "gpu_uuid": gpus[0], "mig_layout": [{"profile": "4g", "start": 0}, {"profile": "3g", "start": 4}],
+             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": web_batch, "shadow_mps_percent": 0},
+                           {"service": "batch", "mig_instance": 1, "mps_percent": 100, "batch": 4}]},
+            {"node": "n1", "gpu_uuid": gpus[1],
+             "workloads": [{"service": "web", "mps_percent": 40, "batch": 8, "shadow_mps_percent": 10}]}
+        ]}),
+    )
+}
+
+/// The Node's observed state once it reports convergence to at least `version`.
+async fn converged(client: &Client, version: u64) -> Value {
+    wait_for("the agent to converge", async || {
+        let node = client.get("Node", "n1", false).await.ok()?;
+        let status: Value = serde_json::from_str(&node.status_json).ok()?;
+        (status["applied_version"].as_u64()? >= version).then_some(status)
+    })
+    .await
+}
+
+fn workload_pids(status: &Value) -> Vec<u64> {
+    let mut pids: Vec<u64> = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["workloads"].as_array().unwrap().iter().map(|w| w["pid"].as_u64().unwrap()))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
+    let mut cluster = Cluster::start();
+    let client = Client::new(cluster.servers());
+    seed(&client).await;
+    let workloads = Workloads(cluster.dir.path().join("agent"));
+    let mut agent = start_agent(cluster.dir.path(), &cluster.servers());
+
+    // The agent registers its GPUs.
+    let gpus: Vec<String> = wait_for("the agent to register", async || {
+        let node = client.get("Node", "n1", false).await.ok()?;
+        let spec: Value = serde_json::from_str(&node.spec_json).ok()?;
+        Some(spec["gpus"].as_array()?.iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect())
+    })
+    .await;
+    assert_eq!(gpus.len(), 2);
+
+    let put = client.put(plan(&gpus, 8), proto::WriteMode::Unspecified).await.unwrap();
+    let version = put.resource.unwrap().mod_revision;
+    let status = converged(&client, version).await;
+    let a100 = status["gpus"].as_array().unwrap().iter().find(|g| g["gpu_uuid"] == gpus[0].as_str()).unwrap();
+    assert_eq!(a100["instances"], json!(["4g@0", "3g@4"]), "observed MIG layout equals the desired one");
+    // Three workloads, each an active process and a warm standby.
+    let pids = workload_pids(&status);
+    assert_eq!(pids.len(), 6, "{status}");
+    assert!(pids.iter().all(|&p| alive(p as u32)));
+
+    // kill -9 of the agent, then a restart: the same processes, none duplicated.
+    agent.kill9();
+    drop(agent);
+    let _agent = start_agent(cluster.dir.path(), &cluster.servers());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = converged(&client, version).await;
+    assert_eq!(workload_pids(&after), pids, "adopted, not restarted");
+    assert_eq!(workloads.pids().len(), 6);
+
+    // The controller leader dies: the workloads keep running, and a change committed by the
+    // new leader reaches the agent, which resizes through a standby.
+    let leader = cluster.leader();
+    cluster.procs.remove(&leader).unwrap().kill9();
+    assert!(pids.iter().all(|&p| alive(p as u32)), "workloads unaffected by the controller loss");
+    let client = Client::new(cluster.servers());
+    let put = client.put(plan(&gpus, 16), proto::WriteMode::Unspecified).await.unwrap();
+    let resized = converged(&client, put.resource.unwrap().mod_revision).await;
+    let now = workload_pids(&resized);
+    assert_eq!(now.len(), 6, "{resized}");
+    let kept = now.iter().filter(|p| pids.contains(p)).count();
+    assert_eq!(kept, 4, "only web's two processes on the 4g instance were replaced: {pids:?} → {now:?}");
+}
