@@ -1,24 +1,17 @@
-//! Compares gpuplane's MIG strategies with ParvaGPU's published deployments on the same
-//! inputs, and times them.
-//!
-//!   cargo run --release -p planner --bin plan-bench -- [--anchors DIR] [--runs N]
-//!
-//! Needs the published reference data (`parvagpu/prof_data`, `parvagpu/SLO`,
-//! `parvagpu/deployment`), read at run time from `--anchors DIR`, `$GPUPLANE_ANCHORS`, or
-//! `../shared/anchors`; nothing of it is part of this repository. Prints one row per SLO
-//! scenario: GPUs of the published deployment, GPUs and GPCs of our ParvaGPU and exact
-//! plans, whether every service's predicted capacity covers its rate, and the median
-//! planning time over `--runs` runs.
+//! ParvaGPU's published scenarios: gpuplane's ParvaGPU and exact strategies against the
+//! published deployment maps on the same inputs (`parvagpu/prof_data`, `parvagpu/SLO`,
+//! `parvagpu/deployment`, read at run time). One row per SLO scenario: GPUs of the published
+//! deployment, GPUs and GPCs of our plans, the lower bound (see `bounds.rs`), whether every
+//! service's predicted capacity covers its rate, and the median planning time.
 
+use crate::bounds;
 use planner::input::{GpuType, PlanningInput, ServiceDemand};
 use planner::mig::GpuModel;
 use planner::perf::table::ProfileTable;
 use planner::plan::Plan;
 use planner::strategy::{exact, parvagpu};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 /// The profile files in the column order of the SLO tables (alphabetical).
 const MODELS: [&str; 11] = [
@@ -35,34 +28,6 @@ const MODELS: [&str; 11] = [
     "vgg19",
 ];
 const GPU_TYPE: &str = "a100-80gb";
-
-const USAGE: &str = "plan-bench [--anchors DIR] [--runs N] [--detail]";
-
-struct Args {
-    anchors: PathBuf,
-    runs: usize,
-    /// Print each scenario's segment mixes per service (published, ParvaGPU, exact).
-    detail: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut anchors = std::env::var_os("GPUPLANE_ANCHORS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/anchors"));
-    let mut runs = 21;
-    let mut detail = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--anchors" => anchors = it.next().ok_or("--anchors: expected a directory")?.into(),
-            "--runs" => {
-                runs = it.next().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0).ok_or("--runs: expected a positive integer")?
-            }
-            "--detail" => detail = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?} (usage: {USAGE})")),
-        }
-    }
-    Ok(Args { anchors, runs, detail })
-}
 
 /// The services of one SLO scenario: one per model with both an SLO and a rate.
 fn scenario_services(latency: &[Option<f64>], rate: &[Option<f64>]) -> Vec<ServiceDemand> {
@@ -145,26 +110,7 @@ fn covers(plan: &Plan, input: &PlanningInput) -> bool {
         && input.services.iter().all(|s| plan.prediction(&s.name).is_some_and(|p| p.capacity_rps + 1e-6 >= s.request_rate))
 }
 
-fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[times.len() / 2]
-}
-
-fn run(args: &Args) -> Result<(), String> {
-    let root = args.anchors.join("parvagpu");
-    if !root.is_dir() {
-        return Err(format!(
-            "{} not found: this benchmark needs the published ParvaGPU data; pass --anchors DIR or set GPUPLANE_ANCHORS",
-            root.display()
-        ));
-    }
+pub fn run(root: &Path, runs: usize, detail: bool) -> Result<(), String> {
     let mut tables = BTreeMap::new();
     for m in MODELS {
         let path = root.join("prof_data").join(format!("{m}.csv"));
@@ -177,28 +123,32 @@ fn run(args: &Args) -> Result<(), String> {
     let mut input = PlanningInput { gpu_types: vec![gpu], ..Default::default() };
     input.profiles.tables.insert(GPU_TYPE.into(), tables);
 
-    println!("ParvaGPU scenarios on A100-80GB (published data from {}), median of {} runs", root.display(), args.runs);
+    println!("\nParvaGPU scenarios on A100-80GB (published data from {}), median of {runs} runs", root.display());
     println!(
-        "{:<8} {:>8} {:>10} {:>14} {:>12} {:>12} {:>14} {:>12} {:>8} {:>12}",
-        "scenario", "services", "published", "parvagpu GPUs", "GPCs", "time", "exact GPUs", "GPCs", "optimal", "time"
+        "{:<8} {:>8} {:>15} {:>17} {:>14} {:>10} {:>14} {:>10} {:>10} {:>8} {:>10}",
+        "scenario", "services", "published", "lower bound", "parvagpu GPUs", "GPCs", "time", "exact GPUs", "GPCs", "optimal", "time"
     );
     for (k, (lat_row, rate_row)) in latency.iter().zip(&rate).enumerate() {
         input.services = scenario_services(lat_row, rate_row);
         let n = k + 1;
         let deploy = root.join(format!("deployment/SLO{n}/SLO{n}_ParvaGPU_deploy.csv"));
         let published = published_gpus(&deploy)?;
+        let published_gpcs: u32 =
+            published_mixes(&deploy)?.values().flat_map(|m| m.iter()).map(|(&size, &count)| u32::from(size) * count).sum();
         let parva_cfg = parvagpu::ParvaConfig::default();
         let exact_cfg = exact::ExactConfig::default();
+        let lb = bounds::mig(&input, &parva_cfg, exact_cfg.node_budget);
         let parva = parvagpu::plan(&input, &parva_cfg);
         let (ex, report) = exact::plan(&input, &exact_cfg);
-        let t_parva = median_time(args.runs, || drop(parvagpu::plan(&input, &parva_cfg)));
-        let t_exact = median_time(args.runs, || drop(exact::plan(&input, &exact_cfg)));
+        let t_parva = crate::median_time(runs, || drop(parvagpu::plan(&input, &parva_cfg)));
+        let t_exact = crate::median_time(runs, || drop(exact::plan(&input, &exact_cfg)));
         let mark = |p: &Plan| if covers(p, &input) { "" } else { " (!)" };
         println!(
-            "{:<8} {:>8} {:>10} {:>14} {:>12} {:>12} {:>14} {:>12} {:>8} {:>12}",
+            "{:<8} {:>8} {:>15} {:>17} {:>14} {:>10} {:>14} {:>10} {:>10} {:>8} {:>10}",
             format!("SLO{n}"),
             input.services.len(),
-            published,
+            format!("{published} ({published_gpcs} GPCs)"),
+            format!("{}{} GPCs={:.2}", if lb.complete { "" } else { "~" }, lb.gpcs, lb.gpus()),
             format!("{}{}", parva.gpus_used(), mark(&parva)),
             parva.gpcs_used(),
             format!("{:.2?}", t_parva),
@@ -216,7 +166,7 @@ fn run(args: &Args) -> Result<(), String> {
             format!("{:.2?}", t_exact),
         );
     }
-    if args.detail {
+    if detail {
         for (k, (lat_row, rate_row)) in latency.iter().zip(&rate).enumerate() {
             let n = k + 1;
             input.services = scenario_services(lat_row, rate_row);
@@ -231,16 +181,8 @@ fn run(args: &Args) -> Result<(), String> {
             }
         }
     }
+    println!("lower bound: Σ per-service minimum GPCs over the profiled points (exact::min_gpc_mix) = GPUs-worth after '='; any plan needs ≥ ⌈that⌉ GPUs");
+    println!("optimal: joint = no choice of segment mixes packs onto fewer GPUs; mixes = packing optimal for the chosen mixes; heur = ParvaGPU's plan was as good");
     println!("(!) = some service's predicted capacity is below its rate or it was refused");
     Ok(())
-}
-
-fn main() -> ExitCode {
-    match parse_args().and_then(|a| run(&a)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("plan-bench: {e}");
-            ExitCode::from(2)
-        }
-    }
 }
