@@ -137,11 +137,14 @@ pub fn alloc_gpus(hw: &HardwareCoeffs, grid: Grid, placed: &[(&Job<'_>, u32)], n
     let mut flag = true;
     while total(&units) <= max && flag {
         flag = false;
+        // Predictions depend only on the shares: recompute them only after a raise (the
+        // same sequence of predictions as recomputing before every workload, much cheaper).
+        let mut predictions = predict_gpu(hw, grid, &jobs, &units);
         for i in 0..jobs.len() {
-            let p = predict_gpu(hw, grid, &jobs, &units)[i];
-            if jobs[i].violated_by(&p) {
+            if jobs[i].violated_by(&predictions[i]) {
                 units[i] += 1;
                 flag = true;
+                predictions = predict_gpu(hw, grid, &jobs, &units);
             }
         }
     }
@@ -168,9 +171,28 @@ impl GpuAlloc {
 /// `r_lower`, the same on every GPU, so it is left out here (Eq. 19's `r_inter = r − r_lower`)
 /// without changing which GPU wins. Ties go to the lowest index (line 9's strict `<`).
 pub fn choose_gpu(hw: &HardwareCoeffs, grid: Grid, jobs: &[Job<'_>], gpus: &[GpuAlloc], w: usize) -> Option<(usize, Vec<u32>)> {
+    choose_gpu_needing(hw, grid, jobs, gpus, w, jobs[w].lower_units)
+}
+
+/// [`choose_gpu`] skipping every GPU whose free share is below `need` units, a share the
+/// job needs on any GPU: co-location only adds interference in Eq. 1-11 (lower frequency,
+/// cache contention, scheduling delay), so the job never needs less than it does alone.
+fn choose_gpu_needing(
+    hw: &HardwareCoeffs,
+    grid: Grid,
+    jobs: &[Job<'_>],
+    gpus: &[GpuAlloc],
+    w: usize,
+    need: u32,
+) -> Option<(usize, Vec<u32>)> {
     let mut best: Option<(usize, Vec<u32>)> = None;
     let mut inter_min = u64::from(grid.max_units); // line 5: r_inter^min ← r_max
     for (j, g) in gpus.iter().enumerate() {
+        // Alg. 2 cannot succeed where the job's need does not fit the free share: skip the
+        // predictions.
+        if g.used_units() + u64::from(need) > u64::from(grid.max_units) {
+            continue;
+        }
         let placed: Vec<(&Job<'_>, u32)> = g.jobs.iter().zip(&g.units).map(|(&i, &u)| (&jobs[i], u)).collect();
         let Some(ua) = alloc_gpus(hw, grid, &placed, &jobs[w]) else { continue };
         let after: u64 = ua.iter().map(|&u| u64::from(u)).sum();
@@ -178,6 +200,10 @@ pub fn choose_gpu(hw: &HardwareCoeffs, grid: Grid, jobs: &[Job<'_>], gpus: &[Gpu
         if inter < inter_min {
             inter_min = inter;
             best = Some((j, ua));
+            // No later GPU can do strictly better than no interference (line 9's `<`).
+            if inter == 0 {
+                break;
+            }
         }
     }
     best
@@ -193,7 +219,8 @@ pub fn place_all(hw: &HardwareCoeffs, grid: Grid, jobs: &[Job<'_>]) -> (Vec<GpuA
     let mut gpus: Vec<GpuAlloc> = Vec::new();
     let mut unplaced = Vec::new();
     for w in order {
-        match choose_gpu(hw, grid, jobs, &gpus, w) {
+        let need = fits_alone(hw, grid, &jobs[w]).unwrap_or(jobs[w].lower_units);
+        match choose_gpu_needing(hw, grid, jobs, &gpus, w, need) {
             // Line 16: adopt Alg. 2's shares on GPU q.
             Some((q, ua)) => {
                 gpus[q].jobs.push(w);
