@@ -5,7 +5,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure().compile_protos(
-        &["proto/gpuplane/v1/raft.proto", "proto/gpuplane/v1/controlplane.proto", "proto/gpuplane/v1/agent.proto"],
+        &[
+            "proto/gpuplane/v1/raft.proto",
+            "proto/gpuplane/v1/controlplane.proto",
+            "proto/gpuplane/v1/agent.proto",
+            "proto/gpuplane/v1/inference.proto",
+        ],
         &["proto"],
     )?;
     Ok(())

@@ -1,0 +1,303 @@
+//! The router: one local Inference endpoint per service, forwarding each request to a
+//! backend of the active set.
+//!
+//! The active set is one `ArcSwap` pointer: a switch is a single store, and a request sees
+//! either the old set or the new one, never a mix. Requests already sent to a backend that
+//! leaves the set complete there; [`Backend::drained`] tells when the last one has.
+
+use super::backend::Backend;
+use super::window::{Window, WindowStats};
+use crate::inflight::InFlightGuard;
+use arc_swap::ArcSwap;
+use planner::policy::elsa::{schedule, ElsaConfig, Query, ServiceTimeModel};
+use proto::inference_server::{Inference, InferenceServer};
+use proto::{InferRequest, InferResponse, ReadyRequest, ReadyResponse};
+use std::future::Future;
+use std::sync::atomic::{fence, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+/// Static settings of one service's router.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// The service this endpoint serves; requests naming another get NOT_FOUND.
+    pub service: String,
+    /// Latency target, ms: ELSA's `SLA_target`.
+    pub slo_ms: f64,
+    pub elsa: ElsaConfig,
+    /// Measurement window, ms (1000: per second).
+    pub window_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("backend `{0}` is not in the active set")]
+    NotActive(String),
+    #[error("window histogram: {0}")]
+    Histogram(#[from] hdrhistogram::CreationError),
+    #[error("router gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// The backends requests go to now.
+#[derive(Debug, Default)]
+pub struct ActiveSet {
+    backends: Vec<Arc<Backend>>,
+}
+
+impl ActiveSet {
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
+    pub fn contains(&self, backend: &Arc<Backend>) -> bool {
+        self.backends.iter().any(|b| Arc::ptr_eq(b, backend))
+    }
+
+    pub fn ids(&self) -> Vec<&str> {
+        self.backends.iter().map(|b| b.id()).collect()
+    }
+}
+
+/// What a switch did.
+#[derive(Debug)]
+pub struct Swap {
+    pub previous: Arc<ActiveSet>,
+    pub current: Arc<ActiveSet>,
+    /// Time of the pointer store itself.
+    pub store_time: Duration,
+}
+
+impl Swap {
+    /// Backends that were active and no longer are: drain, then stop them.
+    pub fn retired(&self) -> Vec<Arc<Backend>> {
+        self.previous.backends.iter().filter(|b| !self.current.contains(b)).cloned().collect()
+    }
+}
+
+/// Rounds of "pick, count, re-check" before a request gives up on a set that keeps changing.
+const MAX_DISPATCH_ATTEMPTS: usize = 1000;
+
+struct Inner {
+    config: RouterConfig,
+    model: Arc<dyn ServiceTimeModel + Send + Sync>,
+    active: ArcSwap<ActiveSet>,
+    /// Serialises writers so each `Swap::previous` is exactly what it replaced.
+    switching: Mutex<()>,
+    epoch: Instant,
+    window: Mutex<Window>,
+    windows: broadcast::Sender<WindowStats>,
+}
+
+/// One service's router; clones share state.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+}
+
+/// A request sent to a backend: counted in flight and in its queue until dropped.
+struct Dispatched {
+    backend: Arc<Backend>,
+    ticket: u64,
+    epoch: Instant,
+    _in_flight: InFlightGuard,
+}
+
+impl Drop for Dispatched {
+    fn drop(&mut self) {
+        let now_ms = self.epoch.elapsed().as_secs_f64() * 1000.0;
+        self.backend.queue().answered(self.ticket, now_ms);
+    }
+}
+
+impl Router {
+    /// `model` prices batches on partitions for ELSA (used only with several backends).
+    pub fn new(
+        config: RouterConfig,
+        model: Arc<dyn ServiceTimeModel + Send + Sync>,
+        backends: Vec<Arc<Backend>>,
+    ) -> Result<Self, RouterError> {
+        let window = Window::new(config.window_ms)?;
+        let (windows, _) = broadcast::channel(256);
+        Ok(Router {
+            inner: Arc::new(Inner {
+                config,
+                model,
+                active: ArcSwap::from_pointee(ActiveSet { backends }),
+                switching: Mutex::new(()),
+                epoch: Instant::now(),
+                window: Mutex::new(window),
+                windows,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.inner.config
+    }
+
+    pub fn active(&self) -> Arc<ActiveSet> {
+        self.inner.active.load_full()
+    }
+
+    /// Makes `backends` the active set: one pointer store.
+    pub fn set_active(&self, backends: Vec<Arc<Backend>>) -> Swap {
+        let current = Arc::new(ActiveSet { backends });
+        let _writer = self.inner.switching.lock().unwrap_or_else(|p| p.into_inner());
+        self.store(current)
+    }
+
+    /// Replaces backend `old_id` in the active set by `new` (a shadow taking over).
+    pub fn replace(&self, old_id: &str, new: Arc<Backend>) -> Result<Swap, RouterError> {
+        let _writer = self.inner.switching.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.inner.active.load();
+        if !now.backends.iter().any(|b| b.id() == old_id) {
+            return Err(RouterError::NotActive(old_id.into()));
+        }
+        let backends = now.backends.iter().map(|b| if b.id() == old_id { Arc::clone(&new) } else { Arc::clone(b) }).collect();
+        Ok(self.store(Arc::new(ActiveSet { backends })))
+    }
+
+    fn store(&self, current: Arc<ActiveSet>) -> Swap {
+        let started = Instant::now();
+        let previous = self.inner.active.swap(Arc::clone(&current));
+        // Pairs with the fence in `dispatch`: a drain that reads 0 in flight after this
+        // point is certain every later dispatch re-reads the new set.
+        fence(SeqCst);
+        Swap { previous, current, store_time: started.elapsed() }
+    }
+
+    /// Closed measurement windows, as they close.
+    pub fn subscribe_windows(&self) -> broadcast::Receiver<WindowStats> {
+        self.inner.windows.subscribe()
+    }
+
+    /// Closes the current window if its time is up (call periodically when idle).
+    pub fn tick(&self) {
+        self.record(|w, now| w.advance(now));
+    }
+
+    pub fn into_service(self) -> InferenceServer<Router> {
+        InferenceServer::new(self)
+    }
+
+    fn now_ms(&self) -> f64 {
+        self.inner.epoch.elapsed().as_secs_f64() * 1000.0
+    }
+
+    fn record(&self, f: impl FnOnce(&mut Window, u64) -> Vec<WindowStats>) {
+        let now = u64::try_from(self.inner.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let closed = {
+            let mut w = self.inner.window.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut w, now)
+        };
+        for stats in closed {
+            // No subscriber is fine: nobody is watching this service's windows.
+            let _ = self.inner.windows.send(stats);
+        }
+    }
+
+    /// Picks a backend and counts the request on it, so that a drain of that backend
+    /// cannot miss it: count first, then re-check it is still active; if a switch retired
+    /// it meanwhile, un-count and pick again from the new set.
+    fn dispatch(&self, batch: u32, arrival_ms: f64) -> Result<Dispatched, Status> {
+        for _ in 0..MAX_DISPATCH_ATTEMPTS {
+            let set = self.inner.active.load_full();
+            let backend = match set.backends.len() {
+                0 => return Err(Status::unavailable(format!("service `{}`: no active backend", self.inner.config.service))),
+                1 => Arc::clone(&set.backends[0]),
+                _ => Arc::clone(&set.backends[self.choose(&set, batch, arrival_ms)?]),
+            };
+            let guard = backend.enter();
+            fence(SeqCst);
+            if self.inner.active.load().contains(&backend) {
+                let ticket = backend.queue().sent(batch, self.now_ms());
+                return Ok(Dispatched { backend, ticket, epoch: self.inner.epoch, _in_flight: guard });
+            }
+        }
+        Err(Status::unavailable(format!(
+            "service `{}`: active set changed {MAX_DISPATCH_ATTEMPTS} times while dispatching",
+            self.inner.config.service
+        )))
+    }
+
+    /// ELSA (paris-elsa Alg. 2) over the queues this router has sent to each backend.
+    fn choose(&self, set: &ActiveSet, batch: u32, arrival_ms: f64) -> Result<usize, Status> {
+        let now_ms = self.now_ms().max(arrival_ms);
+        let states: Vec<_> = set.backends.iter().map(|b| b.partition_state(now_ms)).collect();
+        let query = Query { batch, arrival_ms, sla_target_ms: self.inner.config.slo_ms };
+        let model = |gpcs: u32, batch: u32| self.inner.model.service_time_ms(gpcs, batch);
+        let decision = schedule(&query, &states, &model, &self.inner.config.elsa, now_ms)
+            .map_err(|e| Status::failed_precondition(format!("service `{}`: ELSA: {e}", self.inner.config.service)))?;
+        Ok(decision.partition)
+    }
+}
+
+#[tonic::async_trait]
+impl Inference for Router {
+    async fn infer(&self, request: Request<InferRequest>) -> Result<Response<InferResponse>, Status> {
+        let req = request.into_inner();
+        let service = &self.inner.config.service;
+        if req.service != *service {
+            return Err(Status::not_found(format!("service `{}` is not served here (this endpoint serves `{service}`)", req.service)));
+        }
+        let started = Instant::now();
+        let arrival_ms = self.now_ms();
+        self.record(|w, now| w.arrival(now));
+        let dispatched = match self.dispatch(req.batch.max(1), arrival_ms) {
+            Ok(d) => d,
+            Err(status) => {
+                self.record(|w, now| w.failed(now));
+                return Err(status);
+            }
+        };
+        let result = dispatched.backend.client().infer(req).await;
+        drop(dispatched);
+        match result {
+            Ok(response) => {
+                let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                self.record(|w, now| w.completed(now, latency_us));
+                Ok(response)
+            }
+            Err(status) => {
+                self.record(|w, now| w.failed(now));
+                Err(status)
+            }
+        }
+    }
+
+    /// Ready when every active backend is.
+    async fn ready(&self, _request: Request<ReadyRequest>) -> Result<Response<ReadyResponse>, Status> {
+        let set = self.active();
+        let mut ready = !set.backends.is_empty();
+        for b in set.backends() {
+            ready &= b.ready().await.map(|r| r.ready).unwrap_or(false);
+        }
+        Ok(Response::new(ReadyResponse { ready, served_by: format!("router:{}", self.inner.config.service), ..Default::default() }))
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown`, closing idle windows on a timer.
+pub async fn serve(router: Router, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RouterError> {
+    let ticker = tokio::spawn({
+        let router = router.clone();
+        let period = Duration::from_millis((router.config().window_ms / 4).max(1));
+        async move {
+            let mut interval = tokio::time::interval(period);
+            loop {
+                interval.tick().await;
+                router.tick();
+            }
+        }
+    });
+    let result = tonic::transport::Server::builder()
+        .add_service(router.into_service())
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
+        .await;
+    ticker.abort();
+    Ok(result?)
+}
