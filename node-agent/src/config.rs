@@ -29,6 +29,9 @@ pub struct AgentConfig {
     /// Ports handed to workload processes: [first, last].
     #[serde(default = "ports")]
     pub port_range: [u16; 2],
+    /// Ports of the per-service router endpoints (on the `advertise` host): [first, last].
+    #[serde(default = "router_ports")]
+    pub router_ports: [u16; 2],
     /// How often the agent reports and reconciles, in milliseconds.
     #[serde(default = "interval")]
     pub interval_ms: u64,
@@ -58,6 +61,9 @@ fn sim() -> String {
 }
 fn ports() -> [u16; 2] {
     [20000, 29999]
+}
+fn router_ports() -> [u16; 2] {
+    [7200, 7299]
 }
 fn interval() -> u64 {
     1000
@@ -108,6 +114,9 @@ impl AgentConfig {
         }
         if self.port_range[0] == 0 || self.port_range[0] > self.port_range[1] {
             return bad("port_range", "must be [first, last] with 0 < first <= last");
+        }
+        if self.router_ports[0] == 0 || self.router_ports[0] > self.router_ports[1] {
+            return bad("router_ports", "must be [first, last] with 0 < first <= last");
         }
         if self.interval_ms == 0 {
             return bad("interval_ms", "must be positive");

@@ -6,6 +6,7 @@ use crate::backend::{BackendError, GpuBackend, GpuInfo, MigInstance};
 use crate::desired::{Slot, WorkloadSpec};
 use crate::mps::{MpsControl, MpsError};
 use crate::reconcile::{GpuObserved, NodeObserved, Role, Running, Step};
+use crate::routing::{ActiveProcess, Routers, RoutingError};
 use crate::supervisor::template::{launch_command, LaunchParams, Template};
 use crate::supervisor::{Supervisor, SupervisorError};
 use planner::mig::Placement;
@@ -30,6 +31,8 @@ pub enum ExecError {
     NoInstance { gpu: String, placement: Placement },
     #[error("no free port left in {0:?}")]
     NoPort([u16; 2]),
+    #[error(transparent)]
+    Routing(#[from] RoutingError),
     #[error("no standby of {service} to promote on GPU {gpu}")]
     NoStandby { gpu: String, service: String },
 }
@@ -41,6 +44,8 @@ pub struct Executor {
     pub template: Template,
     pub ports: [u16; 2],
     pub gpus: Vec<GpuInfo>,
+    /// The per-service routers; `None` when the agent routes nothing (tests of the steps).
+    pub routers: Option<Arc<Routers>>,
 }
 
 impl Executor {
@@ -92,7 +97,10 @@ impl Executor {
                     self.backend.destroy_instance(g.index, i.gpu_instance_id)?;
                 }
             }
-            Step::Start { gpu, spec } => self.start(gpu, spec, Role::Active)?,
+            Step::Start { gpu, spec } => {
+                self.start(gpu, spec, Role::Active)?;
+                self.route(&spec.service)?;
+            }
             Step::StartStandby { gpu, spec } => self.start(gpu, spec, Role::Standby)?,
             Step::Promote { gpu, service, slot } => {
                 let id = self
@@ -103,10 +111,14 @@ impl Executor {
                     .map(|r| r.id.clone())
                     .ok_or_else(|| ExecError::NoStandby { gpu: gpu.clone(), service: service.clone() })?;
                 self.supervisor.set_role(&id, Role::Active)?;
+                // The switch: one pointer swap in the service's router.
+                self.route(service)?;
             }
-            // Until the router runs in the agent, a process receives nothing the agent must
-            // wait for; stopping it with a grace period lets its own drain finish.
-            Step::Drain { .. } => {}
+            Step::Drain { id, .. } => {
+                if let Some(routers) = &self.routers {
+                    routers.retire(id);
+                }
+            }
             Step::Stop { gpu, id } => {
                 let Some(record) = self.supervisor.get(id).cloned() else { return Ok(()) };
                 self.supervisor.stop(id, STOP_GRACE)?;
@@ -119,6 +131,38 @@ impl Executor {
                     tracing::debug!(id, error = %e, "MPS client not released");
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Points the service's router at its active processes on this node.
+    pub fn route(&self, service: &str) -> Result<(), ExecError> {
+        let Some(routers) = &self.routers else { return Ok(()) };
+        let active: Vec<&crate::supervisor::ProcessRecord> =
+            self.supervisor.records().filter(|r| r.role == Role::Active && r.spec.service == service).collect();
+        let Some(first) = active.first() else { return Ok(()) };
+        let processes: Vec<ActiveProcess> = active
+            .iter()
+            .map(|r| ActiveProcess {
+                id: r.id.clone(),
+                port: r.port,
+                gpcs: match r.spec.slot {
+                    Slot::WholeGpu => 7,
+                    Slot::Mig(p) => u32::from(p.profile.compute()),
+                },
+                max_batch: r.spec.batch,
+            })
+            .collect();
+        routers.sync(service, &first.spec.model, first.spec.slo_ms, &processes)?;
+        Ok(())
+    }
+
+    /// Routes every service with processes here (after an agent restart, or for processes
+    /// that were not ready in an earlier round).
+    pub fn route_all(&self) -> Result<(), ExecError> {
+        let services: BTreeSet<String> = self.supervisor.records().map(|r| r.spec.service.clone()).collect();
+        for s in services {
+            self.route(&s)?;
         }
         Ok(())
     }

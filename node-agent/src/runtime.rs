@@ -9,6 +9,7 @@ use crate::desired::{decode, NodeDesired};
 use crate::executor::Executor;
 use crate::mps::{MpsControl, NvidiaMps, SimMps};
 use crate::reconcile;
+use crate::routing::Routers;
 use crate::supervisor::Supervisor;
 use prost::Message;
 use proto::agent_client::AgentClient;
@@ -29,6 +30,7 @@ pub struct Agent {
     executor: Arc<Mutex<Executor>>,
     models: BTreeMap<String, planner::mig::GpuModel>,
     desired_file: PathBuf,
+    routers: Arc<Routers>,
 }
 
 impl Agent {
@@ -48,9 +50,19 @@ impl Agent {
         let gpus = backend.inventory()?;
         tracing::info!(node = %cfg.node, backend = backend.name(), gpus = gpus.len(), adopted, "agent starting");
         let models = gpus.iter().map(|g| (g.uuid.clone(), g.model)).collect();
-        let executor = Executor { backend, mps, supervisor, template: cfg.template.clone(), ports: cfg.port_range, gpus };
+        let host = cfg.advertise.rsplit_once(':').map_or(cfg.advertise.as_str(), |(h, _)| h).to_string();
+        let routers = Arc::new(Routers::new(host, cfg.router_ports, cfg.state_dir.clone(), tokio::runtime::Handle::current()));
+        let executor = Executor {
+            backend,
+            mps,
+            supervisor,
+            template: cfg.template.clone(),
+            ports: cfg.port_range,
+            gpus,
+            routers: Some(routers.clone()),
+        };
         let desired_file = cfg.state_dir.join("desired.pb");
-        Ok(Agent { cfg, executor: Arc::new(Mutex::new(executor)), models, desired_file })
+        Ok(Agent { cfg, executor: Arc::new(Mutex::new(executor)), models, desired_file, routers })
     }
 
     /// The Node resource this agent registers.
@@ -175,7 +187,10 @@ impl Agent {
         let mut k = 0usize;
         loop {
             tokio::time::sleep(interval).await;
-            let report = self.report(&rx);
+            // The executor may be busy in a reconcile round (waiting for a process to be
+            // ready): build the report off the async workers.
+            let (me, watch) = (self.clone(), rx.clone());
+            let Ok(report) = tokio::task::spawn_blocking(move || me.report(&watch)).await else { continue };
             for _ in 0..self.cfg.controllers.len() {
                 let addr = &self.cfg.controllers[k % self.cfg.controllers.len()];
                 let sent = async {
@@ -236,7 +251,7 @@ impl Agent {
             node: self.cfg.node.clone(),
             applied_version: if converged { desired.map_or(0, |d| d.version) } else { 0 },
             gpus,
-            metrics: Vec::new(),
+            metrics: self.routers.metrics(),
         }
     }
 }
@@ -250,6 +265,7 @@ fn reconcile_once(executor: &mut Executor, desired: &NodeDesired) -> anyhow::Res
         tracing::debug!(?step, "executing");
         executor.execute(step)?;
     }
+    executor.route_all()?;
     Ok(steps.len())
 }
 

@@ -60,21 +60,25 @@ fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
 }
 
-fn start_agent(dir: &Path, servers: &[String]) -> Proc {
+fn start_agent(dir: &Path, servers: &[String], router_port: u16) -> Proc {
     let config = format!(
         r#"node = "n1"
 controllers = {servers:?}
 instance_type = "mixed"
 state_dir = "{state}"
 interval_ms = 200
+router_ports = [{router}, {router_last}]
 [sim]
 gpus = ["A100-80GB", "T4"]
 [template]
 kind = "command"
-program = "sleep"
-args = ["600"]
+program = "{sim_infer}"
+args = ["--listen=127.0.0.1:{{port}}", "--model={{model}}", "--mig-gpcs={{gpcs}}", "--max-batch={{batch}}", "--time-scale=0.1", "--id={{service}}-{{port}}"]
 "#,
-        state = dir.join("agent").display()
+        state = dir.join("agent").display(),
+        router = router_port,
+        router_last = router_port + 1,
+        sim_infer = binary("sim-infer").display(),
     );
     let path = dir.join("agent.toml");
     std::fs::write(&path, config).unwrap();
@@ -83,13 +87,18 @@ args = ["600"]
     Proc::spawn("node-agent", &mut cmd, &dir.join("agent.log"))
 }
 
-async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+/// Polls `f` for up to 30 s; on timeout fails with the agent's log.
+async fn wait_for<T>(what: &str, log: &Path, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(v) = f().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            panic!("timed out waiting for {what}; agent log:\n{tail}");
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -110,8 +119,8 @@ fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
 }
 
 /// The Node's observed state once it reports convergence to at least `version`.
-async fn converged(client: &Client, version: u64) -> Value {
-    wait_for("the agent to converge", async || {
+async fn converged(client: &Client, log: &Path, version: u64) -> Value {
+    wait_for("the agent to converge", log, async || {
         let node = client.get("Node", "n1", false).await.ok()?;
         let status: Value = serde_json::from_str(&node.status_json).ok()?;
         (status["applied_version"].as_u64()? >= version).then_some(status)
@@ -136,10 +145,12 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let client = Client::new(cluster.servers());
     seed(&client).await;
     let workloads = Workloads(cluster.dir.path().join("agent"));
-    let mut agent = start_agent(cluster.dir.path(), &cluster.servers());
+    let log = cluster.dir.path().join("agent.log");
+    let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
+    let mut agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
 
     // The agent registers its GPUs.
-    let gpus: Vec<String> = wait_for("the agent to register", async || {
+    let gpus: Vec<String> = wait_for("the agent to register", &log, async || {
         let node = client.get("Node", "n1", false).await.ok()?;
         let spec: Value = serde_json::from_str(&node.spec_json).ok()?;
         Some(spec["gpus"].as_array()?.iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect())
@@ -149,7 +160,7 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
 
     let put = client.put(plan(&gpus, 8), proto::WriteMode::Unspecified).await.unwrap();
     let version = put.resource.unwrap().mod_revision;
-    let status = converged(&client, version).await;
+    let status = converged(&client, &log, version).await;
     let a100 = status["gpus"].as_array().unwrap().iter().find(|g| g["gpu_uuid"] == gpus[0].as_str()).unwrap();
     assert_eq!(a100["instances"], json!(["4g@0", "3g@4"]), "observed MIG layout equals the desired one");
     // Three workloads, each an active process and a warm standby.
@@ -160,22 +171,78 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     // kill -9 of the agent, then a restart: the same processes, none duplicated.
     agent.kill9();
     drop(agent);
-    let _agent = start_agent(cluster.dir.path(), &cluster.servers());
+    let _agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = converged(&client, version).await;
+    let after = converged(&client, &log, version).await;
     assert_eq!(workload_pids(&after), pids, "adopted, not restarted");
     assert_eq!(workloads.pids().len(), 6);
 
-    // The controller leader dies: the workloads keep running, and a change committed by the
-    // new leader reaches the agent, which resizes through a standby.
+    // Continuous load on web's router endpoint while the controller leader dies and a
+    // change committed by the new leader resizes web through a standby (a pointer swap).
+    let endpoint = wait_for("web's router endpoint", &log, async || {
+        let ports: Value = serde_json::from_slice(&std::fs::read(cluster.dir.path().join("agent/router-ports.json")).ok()?).ok()?;
+        Some(format!("http://127.0.0.1:{}", ports["web"].as_u64()?))
+    })
+    .await;
+    let load = Load::start(&endpoint, 4);
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let leader = cluster.leader();
     cluster.procs.remove(&leader).unwrap().kill9();
     assert!(pids.iter().all(|&p| alive(p as u32)), "workloads unaffected by the controller loss");
     let client = Client::new(cluster.servers());
     let put = client.put(plan(&gpus, 16), proto::WriteMode::Unspecified).await.unwrap();
-    let resized = converged(&client, put.resource.unwrap().mod_revision).await;
+    let resized = converged(&client, &log, put.resource.unwrap().mod_revision).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (ok, failed) = load.stop().await;
+    assert_eq!(failed, 0, "no request failed across the leader loss and the resize ({ok} succeeded)");
+    assert!(ok > 100, "the load ran: {ok} requests");
     let now = workload_pids(&resized);
     assert_eq!(now.len(), 6, "{resized}");
     let kept = now.iter().filter(|p| pids.contains(p)).count();
     assert_eq!(kept, 4, "only web's two processes on the 4g instance were replaced: {pids:?} → {now:?}");
+}
+
+/// Concurrent clients sending requests to one endpoint, counting successes and failures.
+struct Load {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<(u64, u64)>>,
+}
+
+impl Load {
+    fn start(endpoint: &str, clients: usize) -> Load {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let tasks = (0..clients)
+            .map(|c| {
+                let endpoint = endpoint.to_string();
+                let stopped = stopped.clone();
+                tokio::spawn(async move {
+                    let mut client = proto::inference_client::InferenceClient::connect(endpoint).await.expect("router reachable");
+                    let (mut ok, mut failed) = (0, 0);
+                    let mut id = (c as u64) << 32;
+                    while !*stopped.borrow() {
+                        id += 1;
+                        match client
+                            .infer(proto::InferRequest { request_id: id, service: "web".into(), batch: 1, ..Default::default() })
+                            .await
+                        {
+                            Ok(r) if r.get_ref().request_id == id => ok += 1,
+                            Ok(_) | Err(_) => failed += 1,
+                        }
+                    }
+                    (ok, failed)
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    async fn stop(self) -> (u64, u64) {
+        self.stop.send_replace(true);
+        let mut totals = (0, 0);
+        for t in self.tasks {
+            let (ok, failed) = t.await.unwrap();
+            totals = (totals.0 + ok, totals.1 + failed);
+        }
+        totals
+    }
 }

@@ -1,0 +1,214 @@
+//! The agent's routers: one local endpoint per service with processes on this node. The
+//! executor calls in from its blocking thread: after a start or a promotion the service's
+//! active set becomes its ready active processes (one pointer swap); a process to stop is
+//! first taken out of the set and drained, so no request reaches a stopped process.
+
+use crate::router::{serve, Backend, BackendSpec, Router, RouterConfig, ShapeServiceTime, WindowStats};
+use crate::sim_infer::latency::model_shape;
+use planner::policy::elsa::{ElsaConfig, ServiceTimeModel};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+
+/// How long a new process may take to answer Ready before it is routed to anyway... never:
+/// it stays out of the set and the next reconcile round tries again.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a retired process may take to finish its in-flight requests.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One active process of a service, as the router sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveProcess {
+    pub id: String,
+    pub port: u16,
+    /// Partition size (7 for a whole GPU).
+    pub gpcs: u32,
+    pub max_batch: u32,
+}
+
+struct ServiceRouter {
+    router: Router,
+    port: u16,
+    backends: BTreeMap<String, Arc<Backend>>,
+    latest: Arc<Mutex<Option<WindowStats>>>,
+    _stop: oneshot::Sender<()>,
+}
+
+pub struct Routers {
+    host: String,
+    ports: [u16; 2],
+    /// Service → port, kept across agent restarts so that clients keep their endpoint.
+    ports_file: PathBuf,
+    runtime: Handle,
+    routers: Mutex<BTreeMap<String, ServiceRouter>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RoutingError {
+    #[error("no free router port left in {0:?}")]
+    NoPort([u16; 2]),
+    #[error("router for {service} cannot listen on {addr}: {source}")]
+    Listen { service: String, addr: String, source: std::io::Error },
+    #[error("router for {service}: {message}")]
+    Router { service: String, message: String },
+}
+
+impl Routers {
+    pub fn new(host: String, ports: [u16; 2], state_dir: PathBuf, runtime: Handle) -> Self {
+        Routers { host, ports, ports_file: state_dir.join("router-ports.json"), runtime, routers: Mutex::new(BTreeMap::new()) }
+    }
+
+    fn saved_ports(&self) -> BTreeMap<String, u16> {
+        std::fs::read(&self.ports_file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
+
+    fn port_for(&self, service: &str, taken: &BTreeSet<u16>) -> Result<u16, RoutingError> {
+        let mut saved = self.saved_ports();
+        if let Some(&p) = saved.get(service) {
+            return Ok(p);
+        }
+        let used: BTreeSet<u16> = saved.values().copied().chain(taken.iter().copied()).collect();
+        let port = (self.ports[0]..=self.ports[1]).find(|p| !used.contains(p)).ok_or(RoutingError::NoPort(self.ports))?;
+        saved.insert(service.to_string(), port);
+        if let Err(e) = std::fs::write(&self.ports_file, serde_json::to_vec(&saved).expect("ports serialize")) {
+            tracing::warn!(error = %e, "router ports not kept on disk");
+        }
+        Ok(port)
+    }
+
+    /// Makes the ready processes of `active` the active set of `service`'s router, starting
+    /// the router if needed. Processes not ready yet stay out until a later call.
+    pub fn sync(&self, service: &str, model: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<(), RoutingError> {
+        let mut routers = self.routers.lock().expect("routers lock");
+        if !routers.contains_key(service) {
+            let taken: BTreeSet<u16> = routers.values().map(|r| r.port).collect();
+            let port = self.port_for(service, &taken)?;
+            let r = self.start_router(service, model, slo_ms, port)?;
+            routers.insert(service.to_string(), r);
+        }
+        let r = routers.get_mut(service).expect("just inserted");
+        let mut next: Vec<Arc<Backend>> = Vec::new();
+        for p in active {
+            let backend = match r.backends.get(&p.id) {
+                Some(b) => b.clone(),
+                None => {
+                    let spec =
+                        BackendSpec { id: p.id.clone(), addr: format!("127.0.0.1:{}", p.port), gpcs: p.gpcs, max_batch: p.max_batch };
+                    let b = Backend::connect_lazy(spec)
+                        .map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
+                    if !self.wait_ready(&b) {
+                        tracing::info!(service, process = %p.id, "process not ready yet; not routed to");
+                        continue;
+                    }
+                    r.backends.insert(p.id.clone(), b.clone());
+                    b
+                }
+            };
+            next.push(backend);
+        }
+        let now: Vec<String> = r.router.active().ids().into_iter().map(String::from).collect();
+        let wanted: Vec<String> = next.iter().map(|b| b.id().to_string()).collect();
+        if now != wanted && !next.is_empty() {
+            let swap = r.router.set_active(next);
+            tracing::info!(service, active = ?wanted, swap_us = swap.store_time.as_micros() as u64, "router switched");
+        }
+        Ok(())
+    }
+
+    fn wait_ready(&self, backend: &Arc<Backend>) -> bool {
+        let b = backend.clone();
+        self.runtime.block_on(async move {
+            let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+            while tokio::time::Instant::now() < deadline {
+                if b.ready().await.is_ok_and(|r| r.ready) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            false
+        })
+    }
+
+    fn start_router(&self, service: &str, model: &str, slo_ms: f64, port: u16) -> Result<ServiceRouter, RoutingError> {
+        let addr = format!("{}:{port}", self.host);
+        let listener = std::net::TcpListener::bind(&addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|source| RoutingError::Listen { service: service.into(), addr: addr.clone(), source })?;
+        let times: Arc<dyn ServiceTimeModel + Send + Sync> = match model_shape(model) {
+            Ok(shape) => Arc::new(ShapeServiceTime { shape, time_scale: 1.0 }),
+            // Without a profile ELSA sees equal partitions and falls back to the shortest wait.
+            Err(_) => Arc::new(|_: u32, _: u32| Some(1.0)),
+        };
+        let config = RouterConfig { service: service.into(), slo_ms, elsa: ElsaConfig::default(), window_ms: 1000 };
+        let router =
+            Router::new(config, times, Vec::new()).map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
+        let latest = Arc::new(Mutex::new(None));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serving = router.clone();
+        let mut windows = router.subscribe_windows();
+        let keep = latest.clone();
+        let _guard = self.runtime.enter();
+        let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| RoutingError::Listen {
+            service: service.into(),
+            addr: addr.clone(),
+            source,
+        })?;
+        let name = service.to_string();
+        self.runtime.spawn(async move {
+            if let Err(e) = serve(serving, listener, async move {
+                let _ = stopped.await;
+            })
+            .await
+            {
+                tracing::error!(service = %name, error = %e, "router stopped");
+            }
+        });
+        self.runtime.spawn(async move {
+            while let Ok(w) = windows.recv().await {
+                *keep.lock().expect("window lock") = Some(w);
+            }
+        });
+        tracing::info!(service, %addr, "router listening");
+        Ok(ServiceRouter { router, port, backends: BTreeMap::new(), latest, _stop: stop })
+    }
+
+    /// Takes process `id` out of its router's active set and waits for its in-flight
+    /// requests. A process that is its service's last is kept routed: stopping it anyway
+    /// (the service leaves the node) fails only what arrives after.
+    pub fn retire(&self, id: &str) {
+        let mut routers = self.routers.lock().expect("routers lock");
+        for (service, r) in routers.iter_mut() {
+            let Some(backend) = r.backends.remove(id) else { continue };
+            let rest: Vec<Arc<Backend>> = r.router.active().backends().iter().filter(|b| b.id() != id).cloned().collect();
+            if !rest.is_empty() {
+                r.router.set_active(rest);
+            }
+            let drained = self.runtime.block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, backend.drained()).await.is_ok() });
+            if !drained {
+                tracing::warn!(service = %service, process = id, "drain timed out");
+            }
+        }
+    }
+
+    /// Per service: the router's address and its latest closed window.
+    pub fn metrics(&self) -> Vec<proto::ServiceMetrics> {
+        let routers = self.routers.lock().expect("routers lock");
+        routers
+            .iter()
+            .map(|(service, r)| {
+                let w = r.latest.lock().expect("window lock").clone();
+                proto::ServiceMetrics {
+                    service: service.clone(),
+                    p99_ms: w.as_ref().and_then(|w| w.p99_ms).unwrap_or(0.0),
+                    throughput_rps: w.as_ref().map_or(0.0, WindowStats::throughput_rps),
+                    arrival_rps: w.as_ref().map_or(0.0, WindowStats::arrival_rps),
+                    failed: w.as_ref().map_or(0, |w| w.failed),
+                    endpoint: format!("{}:{}", self.host, r.port),
+                }
+            })
+            .collect()
+    }
+}
