@@ -135,6 +135,40 @@ impl Executor {
         Ok(())
     }
 
+    /// Failover of a service whose p99 missed its SLO (iGniter Sec. 4.2, GSLICE Sec. 3.2.4):
+    /// every active process with a matching standby hands over to it (a pointer swap), then
+    /// drains and stops. The next reconcile round starts fresh standbys. Returns the
+    /// processes replaced.
+    pub fn failover(&mut self, service: &str) -> Result<Vec<String>, ExecError> {
+        let pairs: Vec<(String, String)> = self
+            .supervisor
+            .records()
+            .filter(|a| a.role == Role::Active && a.spec.service == service)
+            .filter_map(|a| {
+                let standby = self
+                    .supervisor
+                    .records()
+                    .find(|s| s.role == Role::Standby && s.gpu == a.gpu && s.spec.service == service && s.spec.same_config(&a.spec))?;
+                Some((a.id.clone(), standby.id.clone()))
+            })
+            .collect();
+        for (old, new) in &pairs {
+            self.supervisor.set_role(new, Role::Active)?;
+            // Out of the active set before the swap recomputes it; stopped after draining.
+            self.supervisor.set_role(old, Role::Standby)?;
+        }
+        if !pairs.is_empty() {
+            self.route(service)?;
+        }
+        for (old, _) in &pairs {
+            if let Some(routers) = &self.routers {
+                routers.retire(old);
+            }
+            self.supervisor.stop(old, STOP_GRACE)?;
+        }
+        Ok(pairs.into_iter().map(|(old, _)| old).collect())
+    }
+
     /// Points the service's router at its active processes on this node.
     pub fn route(&self, service: &str) -> Result<(), ExecError> {
         let Some(routers) = &self.routers else { return Ok(()) };
@@ -188,7 +222,10 @@ impl Executor {
 
     fn free_port(&self) -> Result<u16, ExecError> {
         let used: BTreeSet<u16> = self.supervisor.records().map(|r| r.port).collect();
-        (self.ports[0]..=self.ports[1]).find(|p| !used.contains(p)).ok_or(ExecError::NoPort(self.ports))
+        // Skip ports another program holds (several agents may share a host in tests and
+        // demos): a process that cannot bind its port would only crash-loop.
+        let bindable = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        (self.ports[0]..=self.ports[1]).find(|&p| !used.contains(&p) && bindable(p)).ok_or(ExecError::NoPort(self.ports))
     }
 
     fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role) -> Result<(), ExecError> {

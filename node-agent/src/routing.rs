@@ -18,6 +18,31 @@ use tokio::sync::oneshot;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a retired process may take to finish its in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Windows in a row with p99 over the SLO before a failover (iGniter Sec. 4.2 acts on a
+/// violation; two windows keep one slow second from causing a switch).
+pub const VIOLATION_WINDOWS: u32 = 2;
+
+/// Counts consecutive windows whose p99 exceeds the SLO; a window without completions
+/// breaks the streak (nothing was measured). Returns true when a failover is due (and
+/// starts counting again).
+#[derive(Debug, Default)]
+pub struct ViolationStreak {
+    streak: u32,
+}
+
+impl ViolationStreak {
+    pub fn observe(&mut self, window: &WindowStats, slo_ms: f64) -> bool {
+        match window.p99_ms {
+            Some(p99) if p99 > slo_ms => self.streak += 1,
+            _ => self.streak = 0,
+        }
+        if self.streak >= VIOLATION_WINDOWS {
+            self.streak = 0;
+            return true;
+        }
+        false
+    }
+}
 
 /// One active process of a service, as the router sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +63,9 @@ struct ServiceRouter {
 }
 
 pub struct Routers {
+    /// Services whose p99 exceeded the SLO in [`VIOLATION_WINDOWS`] windows in a row, for
+    /// the agent to fail over to their standbys.
+    violations: Arc<Mutex<BTreeSet<String>>>,
     host: String,
     ports: [u16; 2],
     /// Service → port, kept across agent restarts so that clients keep their endpoint.
@@ -58,7 +86,14 @@ pub enum RoutingError {
 
 impl Routers {
     pub fn new(host: String, ports: [u16; 2], state_dir: PathBuf, runtime: Handle) -> Self {
-        Routers { host, ports, ports_file: state_dir.join("router-ports.json"), runtime, routers: Mutex::new(BTreeMap::new()) }
+        Routers {
+            violations: Arc::default(),
+            host,
+            ports,
+            ports_file: state_dir.join("router-ports.json"),
+            runtime,
+            routers: Mutex::new(BTreeMap::new()),
+        }
     }
 
     fn saved_ports(&self) -> BTreeMap<String, u16> {
@@ -150,6 +185,8 @@ impl Routers {
         let serving = router.clone();
         let mut windows = router.subscribe_windows();
         let keep = latest.clone();
+        let violations = self.violations.clone();
+        let service_name = service.to_string();
         let _guard = self.runtime.enter();
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| RoutingError::Listen {
             service: service.into(),
@@ -167,7 +204,12 @@ impl Routers {
             }
         });
         self.runtime.spawn(async move {
+            let mut streak = ViolationStreak::default();
             while let Ok(w) = windows.recv().await {
+                if streak.observe(&w, slo_ms) {
+                    tracing::warn!(service = %service_name, p99_ms = w.p99_ms, slo_ms, "p99 over the SLO: failing over to the standbys");
+                    violations.lock().expect("violations lock").insert(service_name.clone());
+                }
                 *keep.lock().expect("window lock") = Some(w);
             }
         });
@@ -193,6 +235,11 @@ impl Routers {
         }
     }
 
+    /// The services due for a failover since the last call.
+    pub fn take_violations(&self) -> BTreeSet<String> {
+        std::mem::take(&mut *self.violations.lock().expect("violations lock"))
+    }
+
     /// Per service: the router's address and its latest closed window.
     pub fn metrics(&self) -> Vec<proto::ServiceMetrics> {
         let routers = self.routers.lock().expect("routers lock");
@@ -210,5 +257,34 @@ impl Routers {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(p99: Option<f64>) -> WindowStats {
+        WindowStats { index: 0, length_ms: 1000, p99_ms: p99, p50_ms: p99, completed: u64::from(p99.is_some()), failed: 0, arrivals: 1 }
+    }
+
+    #[test]
+    fn two_violating_windows_in_a_row_trigger_one_failover() {
+        let mut s = ViolationStreak::default();
+        assert!(!s.observe(&window(Some(60.0)), 50.0));
+        assert!(s.observe(&window(Some(70.0)), 50.0), "second window in a row");
+        assert!(!s.observe(&window(Some(70.0)), 50.0), "counting starts again after a failover");
+        assert!(s.observe(&window(Some(70.0)), 50.0));
+    }
+
+    #[test]
+    fn a_good_or_empty_window_breaks_the_streak() {
+        let mut s = ViolationStreak::default();
+        assert!(!s.observe(&window(Some(60.0)), 50.0));
+        assert!(!s.observe(&window(Some(40.0)), 50.0));
+        assert!(!s.observe(&window(Some(60.0)), 50.0));
+        assert!(!s.observe(&window(None), 50.0));
+        assert!(!s.observe(&window(Some(60.0)), 50.0));
+        assert!(!s.observe(&window(Some(50.0)), 50.0), "exactly the SLO is met");
     }
 }

@@ -259,6 +259,12 @@ impl Agent {
 /// One reconcile round: observe, plan, execute in order. Returns the number of steps.
 fn reconcile_once(executor: &mut Executor, desired: &NodeDesired) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
+    if let Some(routers) = executor.routers.clone() {
+        for service in routers.take_violations() {
+            let replaced = executor.failover(&service)?;
+            tracing::info!(service, ?replaced, "switched to the standbys");
+        }
+    }
     let observed = executor.observe()?;
     let steps = reconcile::plan(desired, &observed)?;
     for step in &steps {
