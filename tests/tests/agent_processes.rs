@@ -120,6 +120,16 @@ fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
     )
 }
 
+/// The GPU uuids the agent registered for its node.
+async fn registered_gpus(client: &Client, log: &Path) -> Vec<String> {
+    wait_for("the agent to register", log, async || {
+        let node = client.get("Node", "n1", false).await.ok()?;
+        let spec: Value = serde_json::from_str(&node.spec_json).ok()?;
+        Some(spec["gpus"].as_array()?.iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect())
+    })
+    .await
+}
+
 /// The Node's observed state once it reports convergence to at least `version`.
 async fn converged(client: &Client, log: &Path, version: u64) -> Value {
     wait_for("the agent to converge", log, async || {
@@ -157,12 +167,7 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let mut agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
 
     // The agent registers its GPUs.
-    let gpus: Vec<String> = wait_for("the agent to register", &log, async || {
-        let node = client.get("Node", "n1", false).await.ok()?;
-        let spec: Value = serde_json::from_str(&node.spec_json).ok()?;
-        Some(spec["gpus"].as_array()?.iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect())
-    })
-    .await;
+    let gpus = registered_gpus(&client, &log).await;
     assert_eq!(gpus.len(), 2);
 
     let put = client.put(plan(&gpus, 8), proto::WriteMode::Unspecified).await.unwrap();
@@ -286,12 +291,7 @@ async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request
     let log = cluster.dir.path().join("agent.log");
     let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
     let _agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
-    let gpus: Vec<String> = wait_for("the agent to register", &log, async || {
-        let node = client.get("Node", "n1", false).await.ok()?;
-        let spec: Value = serde_json::from_str(&node.spec_json).ok()?;
-        Some(spec["gpus"].as_array()?.iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect())
-    })
-    .await;
+    let gpus = registered_gpus(&client, &log).await;
     let plan = resource(
         "Plan",
         "current",
@@ -318,4 +318,58 @@ async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request
     assert!(!alive(first as u32), "the replaced process was stopped");
     let log_text = std::fs::read_to_string(&log).unwrap();
     assert!(log_text.contains("p99 over the SLO"), "the agent says why it switched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_controller_down_the_agent_keeps_serving_its_last_desired_state() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = Cluster::start();
+    let client = Client::new(cluster.servers());
+    seed(&client).await;
+    let workloads = Workloads(cluster.dir.path().join("agent"));
+    let log = cluster.dir.path().join("agent.log");
+    let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
+    let mut agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
+    let gpus = registered_gpus(&client, &log).await;
+    let put = client.put(plan(&gpus, 8), proto::WriteMode::Unspecified).await.unwrap();
+    let version = put.resource.unwrap().mod_revision;
+    let pids = workload_pids(&converged(&client, &log, version).await);
+
+    // Every controller goes away; then the agent itself is killed and restarted. It runs
+    // from the desired state it kept on disk and serves through its routers.
+    for id in [1, 2, 3] {
+        cluster.procs.remove(&id).unwrap().kill9();
+    }
+    agent.kill9();
+    drop(agent);
+    let _agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
+    let endpoint = wait_for("web's router endpoint", &log, async || {
+        let ports: Value = serde_json::from_slice(&std::fs::read(cluster.dir.path().join("agent/router-ports.json")).ok()?).ok()?;
+        let port = ports["web"].as_u64()?;
+        let mut c = proto::inference_client::InferenceClient::connect(format!("http://127.0.0.1:{port}")).await.ok()?;
+        c.infer(proto::InferRequest { request_id: 1, service: "web".into(), batch: 1, ..Default::default() }).await.ok()?;
+        Some(format!("http://127.0.0.1:{port}"))
+    })
+    .await;
+    let load = Load::start(&endpoint, 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (ok, failed) = load.stop().await;
+    assert_eq!(failed, 0);
+    assert!(ok > 50, "served with no controller: {ok} requests");
+    assert!(pids.iter().all(|&p| alive(p as u32)), "the same processes, adopted");
+    assert_eq!(workloads.pids().len(), pids.len(), "none duplicated");
+    let agent_log = std::fs::read_to_string(&log).unwrap();
+    assert!(agent_log.contains("controller link lost"), "it keeps retrying the controllers");
+
+    // The controllers come back: the agent follows them again (a new plan reaches it).
+    for id in [1, 2, 3] {
+        cluster.spawn(id, false);
+    }
+    let client = Client::new(cluster.servers());
+    let put = wait_for("the controllers to take writes again", &log, async || {
+        client.put(plan(&gpus, 16), proto::WriteMode::Unspecified).await.ok()
+    })
+    .await;
+    let status = converged(&client, &log, put.resource.unwrap().mod_revision).await;
+    assert_eq!(workload_pids(&status).len(), pids.len());
 }
