@@ -151,6 +151,29 @@ fn workload_pids(status: &Value) -> Vec<u64> {
     pids
 }
 
+/// A controller cluster with the fleet's resources, and an agent on simulated GPUs.
+struct Setup {
+    cluster: Cluster,
+    client: Client,
+    workloads: Workloads,
+    log: PathBuf,
+    router_port: u16,
+    agent: Proc,
+}
+
+impl Setup {
+    async fn start() -> Setup {
+        let cluster = Cluster::start();
+        let client = Client::new(cluster.servers());
+        seed(&client).await;
+        let workloads = Workloads(cluster.dir.path().join("agent"));
+        let log = cluster.dir.path().join("agent.log");
+        let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
+        let agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
+        Setup { cluster, client, workloads, log, router_port, agent }
+    }
+}
+
 /// The tests of this file each run a cluster, an agent and load: one at a time on small CI
 /// machines.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -158,13 +181,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let _serial = SERIAL.lock().await;
-    let mut cluster = Cluster::start();
-    let client = Client::new(cluster.servers());
-    seed(&client).await;
-    let workloads = Workloads(cluster.dir.path().join("agent"));
-    let log = cluster.dir.path().join("agent.log");
-    let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
-    let mut agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
+    let Setup { mut cluster, client, workloads, log, router_port, mut agent } = Setup::start().await;
 
     // The agent registers its GPUs.
     let gpus = registered_gpus(&client, &log).await;
@@ -276,9 +293,7 @@ fn active_pid(status: &Value, service: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request() {
     let _serial = SERIAL.lock().await;
-    let cluster = Cluster::start();
-    let client = Client::new(cluster.servers());
-    seed(&client).await;
+    let Setup { cluster: _cluster, client, workloads: _workloads, log, router_port, agent: _agent } = Setup::start().await;
     // An SLO no process can meet: every window violates it, so the agent keeps failing over.
     client
         .put(
@@ -287,10 +302,6 @@ async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request
         )
         .await
         .unwrap();
-    let _workloads = Workloads(cluster.dir.path().join("agent"));
-    let log = cluster.dir.path().join("agent.log");
-    let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
-    let _agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
     let gpus = registered_gpus(&client, &log).await;
     let plan = resource(
         "Plan",
@@ -323,13 +334,7 @@ async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_controller_down_the_agent_keeps_serving_its_last_desired_state() {
     let _serial = SERIAL.lock().await;
-    let mut cluster = Cluster::start();
-    let client = Client::new(cluster.servers());
-    seed(&client).await;
-    let workloads = Workloads(cluster.dir.path().join("agent"));
-    let log = cluster.dir.path().join("agent.log");
-    let router_port: u16 = tests::free_addr().rsplit_once(':').unwrap().1.parse().unwrap();
-    let mut agent = start_agent(cluster.dir.path(), &cluster.servers(), router_port);
+    let Setup { mut cluster, client, workloads, log, router_port, mut agent } = Setup::start().await;
     let gpus = registered_gpus(&client, &log).await;
     let put = client.put(plan(&gpus, 8), proto::WriteMode::Unspecified).await.unwrap();
     let version = put.resource.unwrap().mod_revision;
