@@ -140,18 +140,23 @@ impl Executor {
     /// drains and stops. The next reconcile round starts fresh standbys. Returns the
     /// processes replaced.
     pub fn failover(&mut self, service: &str) -> Result<Vec<String>, ExecError> {
-        let pairs: Vec<(String, String)> = self
-            .supervisor
-            .records()
-            .filter(|a| a.role == Role::Active && a.spec.service == service)
-            .filter_map(|a| {
-                let standby = self
-                    .supervisor
-                    .records()
-                    .find(|s| s.role == Role::Standby && s.gpu == a.gpu && s.spec.service == service && s.spec.same_config(&a.spec))?;
-                Some((a.id.clone(), standby.id.clone()))
-            })
-            .collect();
+        // Each standby replaces one active process of its workload (a workload with several
+        // processes hands over one of them).
+        let mut used = BTreeSet::new();
+        let mut pairs: Vec<(String, String)> = Vec::new();
+        for a in self.supervisor.records().filter(|a| a.role == Role::Active && a.spec.service == service) {
+            let standby = self.supervisor.records().find(|s| {
+                s.role == Role::Standby
+                    && s.gpu == a.gpu
+                    && s.spec.service == service
+                    && s.spec.same_config(&a.spec)
+                    && !used.contains(&s.id)
+            });
+            if let Some(s) = standby {
+                used.insert(s.id.clone());
+                pairs.push((a.id.clone(), s.id.clone()));
+            }
+        }
         for (old, new) in &pairs {
             self.supervisor.set_role(new, Role::Active)?;
             // Out of the active set before the swap recomputes it; stopped after draining.
@@ -229,7 +234,9 @@ impl Executor {
     }
 
     fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role) -> Result<(), ExecError> {
-        let exists = self.supervisor.records().any(|r| r.gpu == gpu && r.role == role && r.spec.same_config(spec));
+        // The plan counts the processes it wants (a workload may run several), so a start
+        // always starts one; only a standby is unique per workload.
+        let exists = role == Role::Standby && self.supervisor.records().any(|r| r.gpu == gpu && r.role == role && r.spec.same_config(spec));
         if exists {
             return Ok(());
         }

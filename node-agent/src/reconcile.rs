@@ -105,46 +105,42 @@ fn plan_gpu(gpu: &str, want: &crate::desired::GpuDesired, have: &GpuObserved, ph
     let gone = |slot: &Slot| matches!(slot, Slot::Mig(p) if destroyed.contains(p));
     let mut keep: BTreeSet<&str> = BTreeSet::new();
     for spec in &want.workloads {
-        let at = |role| {
+        let here = |role: Role| {
             have.running
                 .iter()
-                .find(|r| r.role == role && r.spec.service == spec.service && r.spec.slot == spec.slot && !gone(&r.spec.slot))
+                .filter(move |r| r.role == role && r.spec.service == spec.service && r.spec.slot == spec.slot && !gone(&r.spec.slot))
         };
-        let (active, standby) = (at(Role::Active), at(Role::Standby));
-        let standby_fits = standby.filter(|s| s.spec.same_config(spec));
-        if let Some(s) = standby_fits {
+        // A workload runs `processes` identical active processes (ParvaGPU's MPS processes
+        // per segment) and one warm standby.
+        let wanted = spec.processes as usize;
+        let fitting: Vec<&Running> = here(Role::Active).filter(|r| r.spec.same_config(spec)).take(wanted).collect();
+        let any_active = here(Role::Active).next().is_some();
+        let standby = here(Role::Standby).find(|s| s.spec.same_config(spec));
+        keep.extend(fitting.iter().map(|r| r.id.as_str()));
+        let mut missing = wanted - fitting.len();
+        let created = matches!(spec.slot, Slot::Mig(p) if !have.layout.contains(&p) || destroyed.contains(&p));
+        // On a new instance after it is created; else at once, before anything old stops.
+        let phase = if created { 4 } else { 0 };
+        let mut new_standby = None;
+        if fitting.is_empty() && any_active {
+            // Resize: the new configuration starts as the standby and takes over when ready
+            // (one pointer swap); the old processes drain and stop below. The next round
+            // starts a fresh standby.
+            if standby.is_none() {
+                phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
+            }
+            phases[0].push(Step::Promote { gpu: g(), service: spec.service.clone(), slot: spec.slot });
+            missing -= 1;
+        } else if let Some(s) = standby {
             keep.insert(&s.id);
+        } else {
+            new_standby = Some(Step::StartStandby { gpu: g(), spec: spec.clone() });
         }
-        match active {
-            None => {
-                let created = matches!(spec.slot, Slot::Mig(p) if !have.layout.contains(&p) || destroyed.contains(&p));
-                // Nothing serves it: start it directly (after its instance exists), then a standby.
-                let start = Step::Start { gpu: g(), spec: spec.clone() };
-                phases[if created { 4 } else { 0 }].push(start);
-                if standby_fits.is_none() {
-                    phases[4].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
-                }
-            }
-            Some(a) if a.spec.same_config(spec) => {
-                keep.insert(&a.id);
-                if standby_fits.is_none() {
-                    phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
-                }
-            }
-            Some(a) => {
-                // Resize: the new configuration starts as the standby, takes over when ready,
-                // and the old process drains. The next round starts a fresh standby.
-                if standby_fits.is_none() {
-                    phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
-                }
-                phases[0].push(Step::Promote { gpu: g(), service: spec.service.clone(), slot: spec.slot });
-                if let Some(s) = standby_fits {
-                    keep.remove(s.id.as_str());
-                }
-                // `a` is not kept: drained and stopped below.
-                let _ = a;
-            }
+        for _ in 0..missing {
+            phases[phase].push(Step::Start { gpu: g(), spec: spec.clone() });
         }
+        // The standby after the processes that serve: they come first.
+        phases[phase].extend(new_standby);
     }
     for r in &have.running {
         if !keep.contains(r.id.as_str()) && !promoted_standby(r, want, phases, gpu) {
@@ -300,6 +296,52 @@ mod tests {
                 Step::Stop { gpu: "GPU-0".into(), id: "a1".into() },
             ]
         );
+    }
+
+    #[test]
+    fn a_workload_runs_its_processes_and_one_standby() {
+        let mut a = spec("a", mig(G3, 4), 33.3, 8);
+        a.processes = 3;
+        let want = one_gpu(vec![Placement::new(G3, 4)], vec![a.clone()]);
+        let kinds = |steps: &[Step]| steps.iter().map(kind).collect::<Vec<_>>();
+        let steps = plan(&want, &observed(vec![], vec![])).unwrap();
+        assert_eq!(kinds(&steps), ["create", "start", "start", "start", "standby"]);
+        // One process died and its restart was lost: only the missing one starts.
+        let have = observed(
+            vec![Placement::new(G3, 4)],
+            vec![running("a1", a.clone(), Role::Active), running("a2", a.clone(), Role::Active), running("a9", a.clone(), Role::Standby)],
+        );
+        assert_eq!(plan(&want, &have).unwrap(), vec![Step::Start { gpu: "GPU-0".into(), spec: a.clone() }]);
+        // Fewer processes wanted: the surplus drains and stops.
+        let mut two = a.clone();
+        two.processes = 2;
+        let have = observed(
+            vec![Placement::new(G3, 4)],
+            vec![
+                running("a1", two.clone(), Role::Active),
+                running("a2", two.clone(), Role::Active),
+                running("a3", two.clone(), Role::Active),
+                running("a9", two.clone(), Role::Standby),
+            ],
+        );
+        let want = one_gpu(vec![Placement::new(G3, 4)], vec![two]);
+        assert_eq!(kinds(&plan(&want, &have).unwrap()), ["drain", "stop"]);
+    }
+
+    #[test]
+    fn resizing_a_multi_process_workload_promotes_the_standby_and_starts_the_rest_first() {
+        let mut old = spec("a", Slot::WholeGpu, 30.0, 8);
+        old.processes = 2;
+        let mut new = spec("a", Slot::WholeGpu, 40.0, 8);
+        new.processes = 2;
+        let want = one_gpu(vec![], vec![new.clone()]);
+        let have = observed(
+            vec![],
+            vec![running("a1", old.clone(), Role::Active), running("a2", old.clone(), Role::Active), running("a3", old, Role::Standby)],
+        );
+        let steps = plan(&want, &have).unwrap();
+        let kinds: Vec<&str> = steps.iter().map(kind).collect();
+        assert_eq!(kinds, ["standby", "promote", "start", "drain", "stop", "drain", "stop", "drain", "stop"]);
     }
 
     #[test]

@@ -113,7 +113,7 @@ fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
         json!({"strategy": "test", "gpus": [
             {"node": "n1", "gpu_uuid": gpus[0], "mig_layout": [{"profile": "4g", "start": 0}, {"profile": "3g", "start": 4}],
              "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": web_batch, "shadow_mps_percent": 0},
-                           {"service": "batch", "mig_instance": 1, "mps_percent": 100, "batch": 4}]},
+                           {"service": "batch", "mig_instance": 1, "mps_percent": 50, "batch": 4, "processes": 2}]},
             {"node": "n1", "gpu_uuid": gpus[1],
              "workloads": [{"service": "web", "mps_percent": 40, "batch": 8, "shadow_mps_percent": 10}]}
         ]}),
@@ -192,9 +192,9 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let status = converged(&client, &log, version).await;
     let a100 = status["gpus"].as_array().unwrap().iter().find(|g| g["gpu_uuid"] == gpus[0].as_str()).unwrap();
     assert_eq!(a100["instances"], json!(["4g@0", "3g@4"]), "observed MIG layout equals the desired one");
-    // Three workloads, each an active process and a warm standby.
+    // Three workloads, each its processes (batch runs two) and a warm standby.
     let pids = workload_pids(&status);
-    assert_eq!(pids.len(), 6, "{status}");
+    assert_eq!(pids.len(), 7, "{status}");
     assert!(pids.iter().all(|&p| alive(p as u32)));
 
     // kill -9 of the agent, then a restart: the same processes, none duplicated.
@@ -204,7 +204,7 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = converged(&client, &log, version).await;
     assert_eq!(workload_pids(&after), pids, "adopted, not restarted");
-    assert_eq!(workloads.pids().len(), 6);
+    assert_eq!(workloads.pids().len(), 7);
 
     // Continuous load on web's router endpoint while the controller leader dies and a
     // change committed by the new leader resizes web through a standby (a pointer swap).
@@ -226,9 +226,9 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     assert_eq!(failed, 0, "no request failed across the leader loss and the resize ({ok} succeeded)");
     assert!(ok > 100, "the load ran: {ok} requests");
     let now = workload_pids(&resized);
-    assert_eq!(now.len(), 6, "{resized}");
+    assert_eq!(now.len(), 7, "{resized}");
     let kept = now.iter().filter(|p| pids.contains(p)).count();
-    assert_eq!(kept, 4, "only web's two processes on the 4g instance were replaced: {pids:?} → {now:?}");
+    assert_eq!(kept, 5, "only web's two processes on the 4g instance were replaced: {pids:?} → {now:?}");
 }
 
 /// Concurrent clients sending requests to one endpoint, counting successes and failures.
