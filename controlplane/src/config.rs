@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::loops::LoopSettings;
+use crate::provision::MigStrategy;
 use crate::raft::RaftSettings;
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -25,6 +27,30 @@ pub struct ControllerConfig {
     pub bootstrap: bool,
     #[serde(default)]
     pub raft: RaftConfig,
+    #[serde(default)]
+    pub loops: LoopsConfig,
+}
+
+/// `[loops]`: the leader-only loops.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopsConfig {
+    /// Seconds between provisioning passes (also run on every relevant change); default 30.
+    pub provision_interval_s: Option<f64>,
+    /// `parvagpu` (default) or `exact-mig`.
+    pub mig_strategy: Option<MigStrategy>,
+}
+
+impl LoopsConfig {
+    pub fn settings(&self, enabled: bool) -> Result<LoopSettings, String> {
+        let d = LoopSettings::default();
+        let interval = match self.provision_interval_s {
+            Some(s) if !(s > 0.0 && s <= 86_400.0) => return Err(format!("loops.provision_interval_s: must be in (0, 86400], got {s}")),
+            Some(s) => std::time::Duration::from_secs_f64(s),
+            None => d.provision_interval,
+        };
+        Ok(LoopSettings { provision_interval: interval, mig_strategy: self.mig_strategy.unwrap_or(d.mig_strategy), enabled })
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

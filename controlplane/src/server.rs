@@ -17,6 +17,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::agents::AgentReports;
 use crate::api::{AdminService, AgentService, ResourceService};
 use crate::controller::Controller;
+use crate::loops::{self, LoopSettings};
 use crate::raft::{self, Node, NodeId, PeerChannels, RaftPeerService, RaftSettings, MAX_PEER_MESSAGE};
 use crate::storage::{open_data_dir, MemBackend, Watermark};
 
@@ -40,6 +41,8 @@ pub struct NodeOptions {
     /// When set and the node has never been initialised, initialise the cluster with these
     /// members. Set it on exactly one node.
     pub bootstrap: Option<BTreeMap<NodeId, String>>,
+    /// The leader-only loops (provisioner).
+    pub loops: LoopSettings,
 }
 
 pub struct RunningNode {
@@ -47,6 +50,7 @@ pub struct RunningNode {
     pub addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    loops: Option<JoinHandle<()>>,
 }
 
 impl RunningNode {
@@ -70,6 +74,9 @@ impl RunningNode {
     }
 
     async fn stop(&mut self) {
+        if let Some(l) = self.loops.take() {
+            l.abort();
+        }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -83,6 +90,9 @@ impl RunningNode {
 
 impl Drop for RunningNode {
     fn drop(&mut self) {
+        if let Some(l) = self.loops.take() {
+            l.abort();
+        }
         if let Some(server) = self.server.take() {
             server.abort();
         }
@@ -133,6 +143,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
             handle.raft.initialize(nodes).await?;
         }
     }
+    let loops = loops::spawn(controller.clone(), opts.loops.clone());
     tracing::info!(id = opts.id, %addr, "controller serving");
-    Ok(RunningNode { controller, addr, shutdown: Some(shutdown_tx), server: Some(server) })
+    Ok(RunningNode { controller, addr, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
 }

@@ -79,24 +79,10 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-/// The planner's geometry for a GPU model name of the config. The name is also the
-/// GpuModel resource the node registers, so variants such as `V100-16GB` or `T4-16GB` are
-/// accepted by their family prefix.
+/// The planner's geometry for a GPU model name of the config (the GpuModel resource the
+/// node registers), by family: see [`GpuModel::for_name`].
 pub fn gpu_model(name: &str) -> Option<GpuModel> {
-    let family = |prefix: &str| name == prefix || name.starts_with(&format!("{prefix}-"));
-    Some(if family("A100-40GB") {
-        GpuModel::A100_40GB
-    } else if family("A100-80GB") || family("A100") {
-        GpuModel::A100_80GB
-    } else if family("H100-80GB") || family("H100") {
-        GpuModel::H100_80GB
-    } else if family("H200") {
-        GpuModel::H200
-    } else if ["V100", "T4", "A10", "L4"].iter().any(|f| family(f)) {
-        GpuModel::NoMig
-    } else {
-        return None;
-    })
+    GpuModel::for_name(name)
 }
 
 impl AgentConfig {
@@ -159,15 +145,6 @@ args = ["--port={port}"]
         assert_eq!(c.gpu_backend, "sim");
         assert_eq!(c.interval_ms, 1000);
         assert_eq!(c.sim.gpus.len(), 2);
-    }
-
-    #[test]
-    fn gpu_names_match_by_family() {
-        assert_eq!(gpu_model("T4-16GB"), Some(GpuModel::NoMig));
-        assert_eq!(gpu_model("A100-80GB"), Some(GpuModel::A100_80GB));
-        assert_eq!(gpu_model("A100-40GB"), Some(GpuModel::A100_40GB));
-        assert_eq!(gpu_model("H100-80GB"), Some(GpuModel::H100_80GB));
-        assert_eq!(gpu_model("T40"), None);
     }
 
     #[test]

@@ -69,13 +69,21 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub addrs: BTreeMap<u64, String>,
     pub procs: BTreeMap<u64, Proc>,
+    /// Extra flags for every controller process.
+    pub flags: Vec<String>,
 }
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Self::start_with(&[])
+    }
+
+    /// Three controllers started with extra `flags` (e.g. `--no-loops`).
+    pub fn start_with(flags: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
-        let mut cluster = Cluster { dir, addrs, procs: BTreeMap::new() };
+        let flags = flags.iter().map(|f| f.to_string()).collect();
+        let mut cluster = Cluster { dir, addrs, procs: BTreeMap::new(), flags };
         for id in 1..=3 {
             cluster.spawn(id, id == 1);
         }
@@ -96,6 +104,7 @@ impl Cluster {
         if bootstrap {
             cmd.arg("--bootstrap");
         }
+        cmd.args(&self.flags);
         let log = self.dir.path().join(format!("n{id}.log"));
         self.procs.insert(id, Proc::spawn(&format!("controller-{id}"), &mut cmd, &log));
     }

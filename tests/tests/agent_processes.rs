@@ -163,7 +163,8 @@ struct Setup {
 
 impl Setup {
     async fn start() -> Setup {
-        let cluster = Cluster::start();
+        // These tests write the plans themselves: no provisioner.
+        let cluster = Cluster::start_with(&["--no-loops"]);
         let client = Client::new(cluster.servers());
         seed(&client).await;
         let workloads = Workloads(cluster.dir.path().join("agent"));

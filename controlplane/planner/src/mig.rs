@@ -26,6 +26,28 @@ pub enum GpuModel {
     NoMig,
 }
 
+impl GpuModel {
+    /// The geometry of a GPU named as a GpuModel resource, by family: `A100-80GB`,
+    /// `H100-80GB`, `H200`; `V100-16GB`, `T4-16GB`, `A10`, `L4` have no MIG. `None` for a
+    /// family the planner does not know.
+    pub fn for_name(name: &str) -> Option<GpuModel> {
+        let family = |prefix: &str| name == prefix || name.starts_with(&format!("{prefix}-"));
+        Some(if family("A100-40GB") {
+            GpuModel::A100_40GB
+        } else if family("A100-80GB") || family("A100") {
+            GpuModel::A100_80GB
+        } else if family("H100-80GB") || family("H100") {
+            GpuModel::H100_80GB
+        } else if family("H200") {
+            GpuModel::H200
+        } else if ["V100", "T4", "A10", "L4"].iter().any(|f| family(f)) {
+            GpuModel::NoMig
+        } else {
+            return None;
+        })
+    }
+}
+
 /// The MIG profiles, identified by geometry rather than by memory size so that the same id
 /// means the same placement rules on every model (the memory size is in [`ProfileSpec::name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -316,6 +338,15 @@ mod tests {
 
     fn p(profile: MigProfile, start: u8) -> Placement {
         Placement::new(profile, start)
+    }
+
+    #[test]
+    fn gpu_names_match_by_family() {
+        assert_eq!(GpuModel::for_name("T4-16GB"), Some(GpuModel::NoMig));
+        assert_eq!(GpuModel::for_name("A100-80GB"), Some(GpuModel::A100_80GB));
+        assert_eq!(GpuModel::for_name("A100-40GB"), Some(GpuModel::A100_40GB));
+        assert_eq!(GpuModel::for_name("H100-80GB"), Some(GpuModel::H100_80GB));
+        assert_eq!(GpuModel::for_name("T40"), None);
     }
 
     #[test]

@@ -42,6 +42,9 @@ struct Args {
     /// With --dev: first port of the local cluster.
     #[arg(long, default_value_t = 7401)]
     dev_port: u16,
+    /// Run without the leader-only loops (provisioner): for tests that write plans by hand.
+    #[arg(long)]
+    no_loops: bool,
 }
 
 fn init_tracing() {
@@ -94,6 +97,7 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
         storage: StorageChoice::DataDir(data_dir),
         raft: cfg.raft.settings(),
         bootstrap: cfg.bootstrap.then_some(peers),
+        loops: cfg.loops.settings(!args.no_loops).map_err(anyhow::Error::msg)?,
     };
     let node = start_node(opts).await?;
     serve_until_signal(vec![node]).await
@@ -111,6 +115,7 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
             storage: StorageChoice::DataDir(base.join(format!("controller-{id}"))),
             raft: Default::default(),
             bootstrap: (*id == 1).then(|| addrs.clone()),
+            loops: controlplane::loops::LoopSettings { enabled: !args.no_loops, ..Default::default() },
         };
         nodes.push(start_node(opts).await?);
     }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use controlplane::client::Client;
+use controlplane::loops::LoopSettings;
 use controlplane::raft::RaftSettings;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
 
@@ -15,6 +16,8 @@ pub struct TestCluster {
     pub nodes: BTreeMap<u64, Option<RunningNode>>,
     pub addrs: BTreeMap<u64, SocketAddr>,
     pub settings: RaftSettings,
+    /// Off unless a test turns them on: most tests check Raft and the API alone.
+    pub loops: LoopSettings,
 }
 
 pub fn fast_settings() -> RaftSettings {
@@ -23,8 +26,12 @@ pub fn fast_settings() -> RaftSettings {
 
 impl TestCluster {
     pub async fn start(n: u64, settings: RaftSettings) -> Self {
+        Self::start_with_loops(n, settings, LoopSettings { enabled: false, ..LoopSettings::default() }).await
+    }
+
+    pub async fn start_with_loops(n: u64, settings: RaftSettings, loops: LoopSettings) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), settings };
+        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), settings, loops };
         for id in 1..=n {
             cluster.start_node(id, "127.0.0.1:0".parse().unwrap(), None).await;
         }
@@ -49,6 +56,7 @@ impl TestCluster {
             storage: StorageChoice::DataDir(self.data_dir(id)),
             raft: self.settings.clone(),
             bootstrap,
+            loops: self.loops.clone(),
         };
         let node = start_node(opts).await.unwrap();
         self.addrs.insert(id, node.addr);
@@ -66,6 +74,7 @@ impl TestCluster {
                 storage: StorageChoice::DataDir(self.data_dir(id)),
                 raft: self.settings.clone(),
                 bootstrap: None,
+                loops: self.loops.clone(),
             };
             match start_node(opts).await {
                 Ok(node) => {

@@ -1,0 +1,78 @@
+//! The provisioner loop: plans every service on the fleet and commits the Plan named
+//! `current` when it differs from the committed one.
+
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use super::LoopSettings;
+use crate::api::ApiError;
+use crate::controller::Controller;
+use crate::provision::provision;
+use crate::raft::WatchSignal;
+use crate::resources::{validate_spec, Kind, Spec};
+use crate::state::{Command, Request, WriteMode};
+
+/// Changes settle this long before a pass, so one `apply` of many resources costs one plan.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+pub async fn run(controller: Controller, settings: LoopSettings) {
+    let mut signals = controller.sm.subscribe();
+    loop {
+        match pass(&controller, &settings).await {
+            Ok(true) => tracing::info!("committed a new plan"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "provisioning pass failed; retrying at the next one"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(settings.provision_interval) => {}
+            _ = relevant_change(&mut signals) => tokio::time::sleep(DEBOUNCE).await,
+        }
+    }
+}
+
+/// Resolves on a change the plan may depend on (not the Plan itself, which this loop
+/// writes, nor tenants). Node status reports count too: a pass that changes nothing writes
+/// nothing.
+async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) {
+    loop {
+        match signals.recv().await {
+            Ok(WatchSignal::Change(ev)) => {
+                if !matches!(ev.resource.kind(), Kind::Plan | Kind::Tenant) {
+                    return;
+                }
+            }
+            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// One pass; `Ok(true)` when a new plan was committed.
+async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, ApiError> {
+    // Plan from everything committed so far.
+    controller.read_barrier().await?;
+    let (spec, current) = controller.read(|d| {
+        let spec = provision(&d.cluster, settings.mig_strategy);
+        let current = d.cluster.get(Kind::Plan, "current").map(|r| (r.resource_version, r.spec.clone()));
+        (spec, current)
+    });
+    let spec = Spec::Plan(spec);
+    if current.as_ref().is_some_and(|(_, s)| *s == spec) {
+        return Ok(false);
+    }
+    validate_spec(&spec)?;
+    let write = Request {
+        request_id: uuid::Uuid::new_v4().to_string(),
+        command: Command::Put {
+            name: "current".into(),
+            tenant: String::new(),
+            spec,
+            mode: WriteMode::Upsert,
+            // Compare-and-set: a plan computed from an older state never overwrites a newer one.
+            expected_version: current.map_or(0, |(v, _)| v),
+        },
+    };
+    controller.write(write).await?;
+    Ok(true)
+}

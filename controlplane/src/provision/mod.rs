@@ -1,0 +1,72 @@
+//! The provisioner: from the committed state (GPU models, instance types, profiles,
+//! services, nodes) to a Plan mapped onto the nodes' GPUs. The pure parts are here; the
+//! leader-only loop that runs them is in `crate::loops`.
+
+mod assign;
+mod input;
+
+pub use assign::{assign_to_nodes, FleetGpu};
+pub use input::planning_input;
+
+use crate::resources::{Kind, PlanSpec, ServicePrediction, Spec};
+use crate::state::ClusterState;
+use planner::strategy::{exact, parvagpu};
+use serde::{Deserialize, Serialize};
+
+/// The strategy for MIG pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigStrategy {
+    #[default]
+    Parvagpu,
+    ExactMig,
+}
+
+/// The fleet's GPUs: every GPU of every registered node, with its GpuModel name.
+pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
+    cluster
+        .list(Kind::Node)
+        .filter_map(|n| match &n.spec {
+            Spec::Node(spec) => Some((n.name.clone(), spec)),
+            _ => None,
+        })
+        .flat_map(|(node, spec)| {
+            spec.gpus.iter().map(move |g| FleetGpu { node: node.clone(), uuid: g.uuid.clone(), model: g.model.clone() })
+        })
+        .collect()
+}
+
+/// One provisioning pass: plan the services, then place the plan's GPUs on the fleet,
+/// keeping what the current plan already runs where it can.
+pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
+    let input = planning_input(cluster);
+    let plan = match strategy {
+        MigStrategy::Parvagpu => parvagpu::plan(&input, &parvagpu::ParvaConfig::default()),
+        MigStrategy::ExactMig => exact::plan(&input, &exact::ExactConfig::default()).0,
+    };
+    let current = cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
+        Spec::Plan(p) => Some(p.clone()),
+        _ => None,
+    });
+    let (gpus, unplaced) = assign_to_nodes(&plan, &fleet(cluster), current.as_ref());
+    let mut services: Vec<ServicePrediction> = plan
+        .predictions
+        .iter()
+        .map(|p| ServicePrediction {
+            service: p.service.clone(),
+            capacity_rps: p.capacity_rps,
+            latency_ms: p.latency_ms,
+            infeasible_reason: unplaced.get(&p.service).cloned(),
+        })
+        .collect();
+    for i in &plan.infeasible {
+        services.push(ServicePrediction {
+            service: i.service.clone(),
+            capacity_rps: 0.0,
+            latency_ms: 0.0,
+            infeasible_reason: Some(i.reason.to_string()),
+        });
+    }
+    services.sort_by(|a, b| a.service.cmp(&b.service));
+    PlanSpec { strategy: plan.strategy, gpus, services }
+}

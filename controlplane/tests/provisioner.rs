@@ -1,0 +1,102 @@
+//! The leader-only provisioner on a 3-node cluster: it plans the services onto the
+//! registered nodes' GPUs, re-plans on a change, keeps running after a leader failover, and
+//! names the services the fleet cannot hold.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use controlplane::loops::LoopSettings;
+use serde_json::{json, Value};
+
+fn fleet_resources() -> Vec<proto::Resource> {
+    let mig = json!({"compute_slices": 7, "memory_slices": 8, "profiles": [
+        {"name": "1g", "compute_slices": 1, "memory_slices": 1, "starts": [0,1,2,3,4,5,6]},
+        {"name": "2g", "compute_slices": 2, "memory_slices": 2, "starts": [0,2,4]},
+        {"name": "3g", "compute_slices": 3, "memory_slices": 4, "starts": [0,4]},
+        {"name": "4g", "compute_slices": 4, "memory_slices": 4, "starts": [0]},
+        {"name": "7g", "compute_slices": 7, "memory_slices": 8, "starts": [0]}]});
+    // Illustrative round figures: throughput per process grows with the instance.
+    let points: Vec<Value> = [(1, 100.0), (2, 210.0), (3, 330.0), (4, 430.0), (7, 760.0)]
+        .iter()
+        .map(|&(g, tp)| json!({"gpcs": g, "batch": 8, "throughput_rps": tp, "latency_ms": 10}))
+        .collect();
+    vec![
+        resource("Tenant", "acme", "", json!({})),
+        resource("GpuModel", "A100-80GB", "", json!({"sm_count": 108, "memory_gib": 80, "mig": mig})),
+        resource("InstanceType", "a2", "", json!({"gpu_model": "A100-80GB", "gpu_count": 2, "price_per_hour": 8, "launch_latency_s": 60})),
+        resource("ModelProfile", "resnet50-a100", "", json!({"model": "resnet50", "gpu_model": "A100-80GB", "points": points})),
+        resource(
+            "Node",
+            "n1",
+            "",
+            json!({"address": "n1:7100", "instance_type": "a2", "gpus": [
+            {"uuid": "GPU-a", "model": "A100-80GB", "mig_enabled": true}, {"uuid": "GPU-b", "model": "A100-80GB", "mig_enabled": true}]}),
+        ),
+    ]
+}
+
+fn svc(name: &str, rate: f64) -> proto::Resource {
+    resource("Service", name, "acme", json!({"model": "resnet50", "slo": {"latency_ms": 100, "request_rate": rate}}))
+}
+
+/// The committed plan once `ok` accepts it (waits up to 20 s).
+async fn plan_where(client: &controlplane::client::Client, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.get("Plan", "current", false).await {
+            let spec: Value = serde_json::from_str(&r.spec_json).unwrap();
+            if ok(&spec) {
+                return spec;
+            }
+        }
+        assert!(Instant::now() < deadline, "no plan as expected in time");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn capacity(plan: &Value, service: &str) -> f64 {
+    plan["services"].as_array().unwrap().iter().find(|s| s["service"] == service).and_then(|s| s["capacity_rps"].as_f64()).unwrap_or(0.0)
+}
+
+fn gpcs(plan: &Value) -> u64 {
+    let size = |p: &Value| p["profile"].as_str().unwrap()[..1].parse::<u64>().unwrap();
+    plan["gpus"].as_array().unwrap().iter().flat_map(|g| g["mig_layout"].as_array().unwrap().iter().map(size)).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_failover() {
+    let loops = LoopSettings { provision_interval: Duration::from_secs(1), ..LoopSettings::default() };
+    let mut cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
+    let client = cluster.client();
+    for r in fleet_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+    client.put(svc("web", 300.0), proto::WriteMode::Create).await.unwrap();
+    let plan = plan_where(&client, |p| capacity(p, "web") >= 300.0).await;
+    assert!(plan["gpus"].as_array().unwrap().iter().all(|g| g["node"] == "n1"));
+    assert!(plan["services"][0]["infeasible_reason"].is_null(), "{plan}");
+    let before = gpcs(&plan);
+
+    // More load: the next pass plans more GPCs.
+    client.put(svc("web", 900.0), proto::WriteMode::Update).await.unwrap();
+    let plan = plan_where(&client, |p| capacity(p, "web") >= 900.0).await;
+    assert!(gpcs(&plan) > before);
+
+    // The leader goes away; the new leader's provisioner takes over.
+    let leader = cluster.wait_leader().await;
+    cluster.stop(leader).await;
+    cluster.wait_leader().await;
+    let client = cluster.client();
+    client.put(svc("batch", 200.0), proto::WriteMode::Create).await.unwrap();
+    let plan = plan_where(&client, |p| capacity(p, "batch") >= 200.0 && capacity(p, "web") >= 900.0).await;
+
+    // A service the two GPUs cannot hold is named, with the reason, not dropped.
+    client.put(svc("huge", 5000.0), proto::WriteMode::Create).await.unwrap();
+    let plan_after = plan_where(&client, |p| p["services"].as_array().unwrap().iter().any(|s| s["service"] == "huge")).await;
+    let huge = plan_after["services"].as_array().unwrap().iter().find(|s| s["service"] == "huge").unwrap();
+    assert!(huge["infeasible_reason"].as_str().is_some_and(|r| r.contains("more nodes")), "{plan_after}");
+    assert!(plan_after["gpus"].as_array().unwrap().len() <= 2);
+    let _ = plan;
+}
