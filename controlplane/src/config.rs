@@ -39,6 +39,10 @@ pub struct LoopsConfig {
     pub provision_interval_s: Option<f64>,
     /// `parvagpu` (default) or `exact-mig`.
     pub mig_strategy: Option<MigStrategy>,
+    /// Agents' report interval, ms (default 1000): the failure detector's heartbeat.
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Heartbeats a node may miss before it is unhealthy (default 5).
+    pub missed_heartbeats: Option<u32>,
 }
 
 impl LoopsConfig {
@@ -49,7 +53,23 @@ impl LoopsConfig {
             Some(s) => std::time::Duration::from_secs_f64(s),
             None => d.provision_interval,
         };
-        Ok(LoopSettings { provision_interval: interval, mig_strategy: self.mig_strategy.unwrap_or(d.mig_strategy), enabled })
+        let heartbeat = match self.heartbeat_interval_ms {
+            Some(0) => return Err("loops.heartbeat_interval_ms: must be positive".into()),
+            Some(ms) => std::time::Duration::from_millis(ms),
+            None => d.heartbeat_interval,
+        };
+        let missed = match self.missed_heartbeats {
+            Some(0) => return Err("loops.missed_heartbeats: must be at least 1".into()),
+            Some(n) => n,
+            None => d.missed_heartbeats,
+        };
+        Ok(LoopSettings {
+            provision_interval: interval,
+            mig_strategy: self.mig_strategy.unwrap_or(d.mig_strategy),
+            heartbeat_interval: heartbeat,
+            missed_heartbeats: missed,
+            enabled,
+        })
     }
 }
 

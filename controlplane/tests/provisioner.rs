@@ -100,3 +100,62 @@ async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_fai
     assert!(plan_after["gpus"].as_array().unwrap().len() <= 2);
     let _ = plan;
 }
+
+async fn report(agent: &mut proto::agent_client::AgentClient<tonic::transport::Channel>, node: &str) {
+    agent.report(proto::ReportRequest { node: node.into(), ..Default::default() }).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_that_misses_its_heartbeats_is_planned_around_until_it_reports_again() {
+    let loops = LoopSettings {
+        provision_interval: Duration::from_millis(500),
+        heartbeat_interval: Duration::from_millis(100),
+        missed_heartbeats: 3,
+        ..LoopSettings::default()
+    };
+    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
+    let client = cluster.client();
+    for r in fleet_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+    client
+        .put(
+            resource("Node", "n2", "", json!({"address": "n2:7100", "instance_type": "a2", "gpus": [{"uuid": "GPU-c", "model": "A100-80GB", "mig_enabled": true}]})),
+            proto::WriteMode::Create,
+        )
+        .await
+        .unwrap();
+    // Enough load for all three GPUs.
+    client.put(svc("web", 2000.0), proto::WriteMode::Create).await.unwrap();
+    let leader = cluster.wait_leader().await;
+    let mut agent = proto::agent_client::AgentClient::connect(format!("http://{}", cluster.node(leader).addr)).await.unwrap();
+    // n1's agent keeps reporting; n2's stays silent.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let uses_only_n1 =
+        |p: &Value| !p["gpus"].as_array().unwrap().is_empty() && p["gpus"].as_array().unwrap().iter().all(|g| g["node"] == "n1");
+    loop {
+        report(&mut agent, "n1").await;
+        let node2: Value = serde_json::from_str(&client.get("Node", "n2", false).await.unwrap().status_json).unwrap_or(Value::Null);
+        let plan = client.get("Plan", "current", false).await.ok().map(|r| serde_json::from_str::<Value>(&r.spec_json).unwrap());
+        if node2["health"] == "unhealthy" && plan.as_ref().is_some_and(uses_only_n1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n2 was not marked unhealthy and planned around: {node2} {plan:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let n1: Value = serde_json::from_str(&client.get("Node", "n1", false).await.unwrap().status_json).unwrap();
+    assert_eq!(n1["health"], "healthy");
+
+    // n2 reports again: healthy, and its GPU is planned on again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        report(&mut agent, "n1").await;
+        report(&mut agent, "n2").await;
+        let plan: Value = serde_json::from_str(&client.get("Plan", "current", false).await.unwrap().spec_json).unwrap();
+        if plan["gpus"].as_array().unwrap().iter().any(|g| g["node"] == "n2") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n2 was not planned on again: {plan}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

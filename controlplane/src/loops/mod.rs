@@ -3,6 +3,7 @@
 //! new leader simply runs them again (level-triggered: each pass recomputes from the whole
 //! state).
 
+pub mod failure_detector;
 mod provisioner;
 
 use std::time::Duration;
@@ -19,13 +20,23 @@ pub struct LoopSettings {
     /// GPU models or instance types).
     pub provision_interval: Duration,
     pub mig_strategy: MigStrategy,
+    /// How often agents report (their heartbeat) and the failure detector checks.
+    pub heartbeat_interval: Duration,
+    /// Heartbeats a node may miss before it is marked unhealthy.
+    pub missed_heartbeats: u32,
     /// `false` turns every loop off (tests of the bare Raft cluster).
     pub enabled: bool,
 }
 
 impl Default for LoopSettings {
     fn default() -> Self {
-        LoopSettings { provision_interval: Duration::from_secs(30), mig_strategy: MigStrategy::default(), enabled: true }
+        LoopSettings {
+            provision_interval: Duration::from_secs(30),
+            mig_strategy: MigStrategy::default(),
+            heartbeat_interval: Duration::from_secs(1),
+            missed_heartbeats: 5,
+            enabled: true,
+        }
     }
 }
 
@@ -36,17 +47,18 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
             return;
         }
         let mut metrics = controller.raft.metrics();
-        let mut running: Option<JoinHandle<()>> = None;
+        let mut running: Vec<JoinHandle<()>> = Vec::new();
         loop {
             let leading = metrics.borrow().current_leader == Some(controller.id);
-            match (leading, running.is_some()) {
-                (true, false) => {
-                    tracing::info!("leader: starting the provisioner");
-                    running = Some(tokio::spawn(provisioner::run(controller.clone(), settings.clone())));
+            match (leading, running.is_empty()) {
+                (true, true) => {
+                    tracing::info!("leader: starting the provisioner and the failure detector");
+                    running.push(tokio::spawn(provisioner::run(controller.clone(), settings.clone())));
+                    running.push(tokio::spawn(failure_detector::run(controller.clone(), settings.clone())));
                 }
-                (false, true) => {
-                    tracing::info!("no longer leader: stopping the provisioner");
-                    if let Some(task) = running.take() {
+                (false, false) => {
+                    tracing::info!("no longer leader: stopping the loops");
+                    for task in running.drain(..) {
                         task.abort();
                     }
                 }
@@ -56,7 +68,7 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                 break;
             }
         }
-        if let Some(task) = running {
+        for task in running {
             task.abort();
         }
     })

@@ -22,10 +22,12 @@ pub enum MigStrategy {
     ExactMig,
 }
 
-/// The fleet's GPUs: every GPU of every registered node, with its GpuModel name.
+/// The fleet's GPUs: every GPU of every registered node the failure detector has not
+/// marked unhealthy, with its GpuModel name.
 pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
     cluster
         .list(Kind::Node)
+        .filter(|n| n.status.get("health").and_then(|h| h.as_str()) != Some(crate::loops::failure_detector::UNHEALTHY))
         .filter_map(|n| match &n.spec {
             Spec::Node(spec) => Some((n.name.clone(), spec)),
             _ => None,

@@ -1,0 +1,76 @@
+//! The failure detector: a node whose agent has not reported for `missed × interval` is
+//! marked unhealthy in its status (the provisioner then plans around it); its next report
+//! marks it healthy again. Heartbeats are the agents' reports, kept in the leader's memory,
+//! so a new leader first gives every node a full timeout from the moment it took over.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::LoopSettings;
+use crate::controller::Controller;
+use crate::resources::Kind;
+use crate::state::{Command, Request};
+
+/// The health a node's status carries.
+pub const UNHEALTHY: &str = "unhealthy";
+
+/// Nodes overdue at `now`: last heard of (or `since`, when never) more than `timeout` ago.
+pub fn overdue(nodes: &[String], last_report: &BTreeMap<String, Instant>, since: Instant, now: Instant, timeout: Duration) -> Vec<String> {
+    nodes
+        .iter()
+        .filter(|n| now.saturating_duration_since(last_report.get(*n).copied().unwrap_or(since).max(since)) > timeout)
+        .cloned()
+        .collect()
+}
+
+pub async fn run(controller: Controller, settings: LoopSettings) {
+    let since = Instant::now();
+    let timeout = settings.heartbeat_interval * settings.missed_heartbeats;
+    let mut tick = tokio::time::interval(settings.heartbeat_interval);
+    loop {
+        tick.tick().await;
+        let reports: BTreeMap<String, Instant> = controller.reports.all().into_iter().map(|(n, r)| (n, r.received)).collect();
+        let nodes: Vec<(String, serde_json::Value)> =
+            controller.read(|d| d.cluster.list(Kind::Node).map(|n| (n.name.clone(), n.status.clone())).collect());
+        let names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
+        for name in overdue(&names, &reports, since, Instant::now(), timeout) {
+            let status = nodes.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).unwrap_or_default();
+            if status.get("health").and_then(|h| h.as_str()) == Some(UNHEALTHY) {
+                continue;
+            }
+            let mut marked = if status.is_object() { status } else { serde_json::json!({}) };
+            marked["health"] = serde_json::Value::from(UNHEALTHY);
+            let write = Request {
+                request_id: uuid::Uuid::new_v4().to_string(),
+                command: Command::PutStatus { kind: Kind::Node, name: name.clone(), status: marked, expected_version: 0 },
+            };
+            match controller.write(write).await {
+                Ok(_) => {
+                    tracing::warn!(node = %name, timeout_ms = timeout.as_millis() as u64, "node missed its heartbeats: marked unhealthy")
+                }
+                Err(e) => tracing::warn!(node = %name, error = %e, "could not mark the node unhealthy"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_is_overdue_only_after_the_timeout_from_its_last_report_or_the_takeover() {
+        let t0 = Instant::now();
+        let timeout = Duration::from_secs(5);
+        let nodes = vec!["a".to_string(), "b".to_string(), "c".to_string()];
+        let mut last = BTreeMap::new();
+        last.insert("a".to_string(), t0 + Duration::from_secs(8));
+        last.insert("b".to_string(), t0 + Duration::from_secs(1));
+        // c never reported to this leader: it gets the full timeout from the takeover at t0.
+        let at = |s| t0 + Duration::from_secs(s);
+        assert!(overdue(&nodes, &last, t0, at(4), timeout).is_empty());
+        assert_eq!(overdue(&nodes, &last, t0, at(6), timeout), vec!["c".to_string()]);
+        assert_eq!(overdue(&nodes, &last, t0, at(7), timeout), vec!["b".to_string(), "c".to_string()]);
+        assert_eq!(overdue(&nodes, &last, t0, at(14), timeout), nodes);
+    }
+}
