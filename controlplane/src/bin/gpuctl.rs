@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use controlplane::client::Client;
 use controlplane::manifest::{self, Format};
+use controlplane::provision::offline::{plan_offline, state_from_resources};
+use controlplane::provision::MigStrategy;
 use controlplane::resources::Kind;
 
 #[derive(Parser, Debug)]
@@ -55,6 +57,14 @@ enum Command {
         /// Only if the resource is at this version.
         #[arg(long, default_value_t = 0)]
         version: u64,
+    },
+    /// Run a provisioning strategy offline on manifest files (no cluster): the plan per GPU,
+    /// each service's predicted capacity and latency, and the cost per hour.
+    Plan {
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+        #[arg(long, value_enum, default_value_t = MigStrategy::Parvagpu)]
+        strategy: MigStrategy,
     },
     /// Cluster membership and Raft state.
     Cluster {
@@ -109,6 +119,12 @@ fn parse_kind(kind: &str) -> Result<Kind, String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    // Offline: no controller involved.
+    if let Command::Plan { files, strategy } = &args.command {
+        let state = state_from_resources(&read_manifests(files)?)?;
+        let (plan, input) = plan_offline(&state, *strategy);
+        return print_plan(&plan, &input, args.output);
+    }
     let servers: Vec<String> = args.servers.iter().filter(|s| !s.is_empty()).cloned().collect();
     if servers.is_empty() {
         return Err("--server: at least one controller address is required".into());
@@ -116,18 +132,8 @@ async fn run(args: Args) -> Result<(), String> {
     let client = Client::new(servers.clone());
     match args.command {
         Command::Apply { files } => {
-            let mut all = Vec::new();
-            for file in &files {
-                let (name, text) = if file == "-" {
-                    let mut text = String::new();
-                    std::io::stdin().read_to_string(&mut text).map_err(|e| format!("stdin: {e}"))?;
-                    ("stdin".to_string(), text)
-                } else {
-                    (file.clone(), std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?)
-                };
-                // Every file is parsed and checked before anything is sent.
-                all.extend(manifest::parse(&name, &text, Format::from_path(&name)).map_err(|e| e.to_string())?);
-            }
+            // Every file is parsed and checked before anything is sent.
+            let all = read_manifests(&files)?;
             for r in all {
                 let (kind, name) = (r.kind.clone(), r.name.clone());
                 let out =
@@ -164,8 +170,61 @@ async fn run(args: Args) -> Result<(), String> {
             println!("{kind}/{name} deleted");
             Ok(())
         }
+        Command::Plan { .. } => unreachable!("handled above without a controller"),
         Command::Cluster { command } => cluster(&client, &servers, command, args.output).await,
     }
+}
+
+/// The resources of manifest files (`-` = stdin), all parsed before any is used.
+fn read_manifests(files: &[String]) -> Result<Vec<proto::Resource>, String> {
+    let mut all = Vec::new();
+    for file in files {
+        let (name, text) = if file == "-" {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).map_err(|e| format!("stdin: {e}"))?;
+            ("stdin".to_string(), text)
+        } else {
+            (file.clone(), std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?)
+        };
+        all.extend(manifest::parse(&name, &text, Format::from_path(&name)).map_err(|e| e.to_string())?);
+    }
+    Ok(all)
+}
+
+fn print_plan(plan: &planner::plan::Plan, input: &planner::input::PlanningInput, output: Output) -> Result<(), String> {
+    use planner::plan::Sharing;
+    let cost = plan.cost_per_hour(&input.gpu_types);
+    if output != Output::Table {
+        let value = serde_json::json!({"plan": plan, "cost_per_hour": cost});
+        return print_structured(&value, output);
+    }
+    println!("{:<6} {:<12} {:<28} WORKLOADS", "GPU", "TYPE", "MIG LAYOUT");
+    for g in &plan.gpus {
+        let layout = match &g.sharing {
+            Sharing::Mig { instances } => instances.iter().map(|i| format!("{}@{}", i.profile, i.start)).collect::<Vec<_>>().join(" "),
+            Sharing::MpsOnly => "(whole GPU, MPS)".into(),
+        };
+        let workloads: Vec<String> = g
+            .workloads
+            .iter()
+            .map(|w| {
+                let at = w.mig_instance.map(|i| format!("[{i}]")).unwrap_or_default();
+                format!("{}{at} {}%x{} b{}", w.service, w.mps_percent.round(), w.processes, w.batch_size)
+            })
+            .collect();
+        println!("{:<6} {:<12} {:<28} {}", g.slot, g.gpu_type, layout, workloads.join(", "));
+    }
+    println!();
+    println!("{:<20} {:>10} {:>12} {:>10} {:>12}", "SERVICE", "RATE", "CAPACITY", "SLO MS", "LATENCY MS");
+    for p in &plan.predictions {
+        println!("{:<20} {:>10.1} {:>12.1} {:>10.1} {:>12.2}", p.service, p.request_rate, p.capacity_rps, p.slo_ms, p.latency_ms);
+    }
+    for i in &plan.infeasible {
+        println!("{:<20} infeasible: {}", i.service, i.reason);
+    }
+    println!();
+    println!("strategy {}: {} GPUs, {} GPCs, {cost:.2} per hour", plan.strategy, plan.gpus_used(), plan.gpcs_used());
+    Ok(())
 }
 
 fn to_document(r: &proto::Resource) -> serde_json::Value {

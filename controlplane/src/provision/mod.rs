@@ -4,6 +4,7 @@
 
 mod assign;
 mod input;
+pub mod offline;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::planning_input;
@@ -14,7 +15,7 @@ use planner::strategy::{exact, parvagpu};
 use serde::{Deserialize, Serialize};
 
 /// The strategy for MIG pools.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum MigStrategy {
     #[default]
