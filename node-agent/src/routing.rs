@@ -106,7 +106,9 @@ impl Routers {
             return Ok(p);
         }
         let used: BTreeSet<u16> = saved.values().copied().chain(taken.iter().copied()).collect();
-        let port = (self.ports[0]..=self.ports[1]).find(|p| !used.contains(p)).ok_or(RoutingError::NoPort(self.ports))?;
+        // Skip ports another program holds; once chosen, a service keeps its port.
+        let bindable = |p: u16| std::net::TcpListener::bind((self.host.as_str(), p)).is_ok();
+        let port = (self.ports[0]..=self.ports[1]).find(|&p| !used.contains(&p) && bindable(p)).ok_or(RoutingError::NoPort(self.ports))?;
         saved.insert(service.to_string(), port);
         if let Err(e) = std::fs::write(&self.ports_file, serde_json::to_vec(&saved).expect("ports serialize")) {
             tracing::warn!(error = %e, "router ports not kept on disk");

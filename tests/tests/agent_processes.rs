@@ -79,7 +79,7 @@ args = ["--listen=127.0.0.1:{{port}}", "--model={{model}}", "--mig-gpcs={{gpcs}}
 "#,
         state = dir.join("agent").display(),
         router = router_port,
-        router_last = router_port + 1,
+        router_last = router_port + 20,
         sim_infer = binary("sim-infer").display(),
     );
     let path = dir.join("agent.toml");
@@ -118,6 +118,16 @@ fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
              "workloads": [{"service": "web", "mps_percent": 40, "batch": 8, "shadow_mps_percent": 10}]}
         ]}),
     )
+}
+
+/// The address of `service`'s router on the agent (from the agent's state, next to its log).
+async fn router_endpoint(log: &Path, service: &str) -> String {
+    let ports_file = log.with_file_name("agent").join("router-ports.json");
+    wait_for("the router's endpoint", log, async || {
+        let ports: Value = serde_json::from_slice(&std::fs::read(&ports_file).ok()?).ok()?;
+        Some(format!("http://127.0.0.1:{}", ports[service].as_u64()?))
+    })
+    .await
 }
 
 /// The GPU uuids the agent registered for its node.
@@ -192,6 +202,16 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let version = put.resource.unwrap().mod_revision;
     let status = converged(&client, &log, version).await;
     let a100 = status["gpus"].as_array().unwrap().iter().find(|g| g["gpu_uuid"] == gpus[0].as_str()).unwrap();
+    // The routers are published per service, for clients and load balancers.
+    let endpoints = wait_for("the routers' endpoints", &log, async || {
+        let out = tests::gpuctl(&cluster.servers(), &["get", "endpoints", "-o", "json"]);
+        let rows: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        (rows.len() == 2).then_some(rows)
+    })
+    .await;
+    assert!(endpoints
+        .iter()
+        .any(|r| r["service"] == "web" && r["node"] == "n1" && r["endpoint"].as_str().unwrap().starts_with("127.0.0.1:")));
     assert_eq!(a100["instances"], json!(["4g@0", "3g@4"]), "observed MIG layout equals the desired one");
     // Three workloads, each its processes (batch runs two) and a warm standby.
     let pids = workload_pids(&status);
@@ -209,11 +229,7 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
 
     // Continuous load on web's router endpoint while the controller leader dies and a
     // change committed by the new leader resizes web through a standby (a pointer swap).
-    let endpoint = wait_for("web's router endpoint", &log, async || {
-        let ports: Value = serde_json::from_slice(&std::fs::read(cluster.dir.path().join("agent/router-ports.json")).ok()?).ok()?;
-        Some(format!("http://127.0.0.1:{}", ports["web"].as_u64()?))
-    })
-    .await;
+    let endpoint = router_endpoint(&log, "web").await;
     let load = Load::start(&endpoint, 4);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let leader = cluster.leader();
@@ -294,7 +310,7 @@ fn active_pid(status: &Value, service: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request() {
     let _serial = SERIAL.lock().await;
-    let Setup { cluster: _cluster, client, workloads: _workloads, log, router_port, agent: _agent } = Setup::start().await;
+    let Setup { cluster: _cluster, client, workloads: _workloads, log, agent: _agent, .. } = Setup::start().await;
     // An SLO no process can meet: every window violates it, so the agent keeps failing over.
     client
         .put(
@@ -314,7 +330,7 @@ async fn p99_over_the_slo_switches_to_the_warm_standby_without_failing_a_request
     let put = client.put(plan, proto::WriteMode::Create).await.unwrap();
     let status = converged(&client, &log, put.resource.unwrap().mod_revision).await;
     let first = active_pid(&status, "tight").expect("an active process");
-    let endpoint = format!("http://127.0.0.1:{router_port}");
+    let endpoint = router_endpoint(&log, "tight").await;
     let load = Load::start_for(&endpoint, "tight", 4);
     // Two violating one-second windows, then the switch; wait for the Node to show it.
     wait_for("a failover to the standby", &log, async || {

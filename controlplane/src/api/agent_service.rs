@@ -54,7 +54,12 @@ fn observed_status(r: &proto::ReportRequest) -> serde_json::Value {
             })
         })
         .collect();
-    serde_json::json!({ "applied_version": r.applied_version, "gpus": gpus, "health": "healthy" })
+    // The routers' addresses per service: what `gpuctl get endpoints` and load balancers
+    // (watching Nodes) read. Only these stable fields go to the status, not the per-second
+    // metrics, so reports do not churn the log.
+    let endpoints: serde_json::Map<String, serde_json::Value> =
+        r.metrics.iter().filter(|m| !m.endpoint.is_empty()).map(|m| (m.service.clone(), m.endpoint.clone().into())).collect();
+    serde_json::json!({ "applied_version": r.applied_version, "gpus": gpus, "health": "healthy", "endpoints": endpoints })
 }
 
 #[tonic::async_trait]

@@ -150,6 +150,10 @@ async fn run(args: Args) -> Result<(), String> {
             }
             Ok(())
         }
+        Command::Get { kind, name, stale, .. } if kind == "endpoints" || kind == "endpoint" => {
+            let nodes = client.list("Node", "", stale).await.map_err(describe_status)?.resources;
+            print_endpoints(&nodes, name.as_deref(), args.output)
+        }
         Command::Get { kind, name, tenant, stale } => {
             let kind = parse_kind(&kind)?;
             let resources = match name {
@@ -173,6 +177,34 @@ async fn run(args: Args) -> Result<(), String> {
         Command::Plan { .. } => unreachable!("handled above without a controller"),
         Command::Cluster { command } => cluster(&client, &servers, command, args.output).await,
     }
+}
+
+/// Per service, the router endpoints of the healthy nodes that serve it (from the Nodes'
+/// reported status).
+fn print_endpoints(nodes: &[proto::Resource], service: Option<&str>, output: Output) -> Result<(), String> {
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    for n in nodes {
+        let status: serde_json::Value = serde_json::from_str(&n.status_json).unwrap_or_default();
+        if status["health"] == "unhealthy" {
+            continue;
+        }
+        for (svc, addr) in status["endpoints"].as_object().into_iter().flatten() {
+            if service.is_none_or(|s| s == svc) {
+                rows.push((svc.clone(), n.name.clone(), addr.as_str().unwrap_or_default().to_string()));
+            }
+        }
+    }
+    rows.sort();
+    if output != Output::Table {
+        let value: Vec<serde_json::Value> =
+            rows.iter().map(|(s, n, a)| serde_json::json!({"service": s, "node": n, "endpoint": a})).collect();
+        return print_structured(&serde_json::Value::from(value), output);
+    }
+    println!("{:<24} {:<16} ENDPOINT", "SERVICE", "NODE");
+    for (s, n, a) in rows {
+        println!("{s:<24} {n:<16} {a}");
+    }
+    Ok(())
 }
 
 /// The resources of manifest files (`-` = stdin), all parsed before any is used.
