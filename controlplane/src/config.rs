@@ -29,6 +29,8 @@ pub struct ControllerConfig {
     pub raft: RaftConfig,
     #[serde(default)]
     pub loops: LoopsConfig,
+    #[serde(default)]
+    pub cloud: CloudConfig,
 }
 
 /// `[loops]`: the leader-only loops.
@@ -43,6 +45,31 @@ pub struct LoopsConfig {
     pub heartbeat_interval_ms: Option<u64>,
     /// Heartbeats a node may miss before it is unhealthy (default 5).
     pub missed_heartbeats: Option<u32>,
+    /// Seconds the load must stay up before an autoscaling service is sized up (default 60).
+    pub scale_window_s: Option<f64>,
+    /// Seconds before sizing down or terminating an idle launched node (default 300).
+    pub cooldown_s: Option<f64>,
+    /// HetSev's λ per second of launch latency (default 0.001).
+    pub lambda_per_s: Option<f64>,
+}
+
+/// `[cloud]`: where the autoscaler gets nodes. Only `provider = "sim"` exists so far.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudConfig {
+    pub provider: Option<String>,
+    /// `node-agent` executable for the simulated cloud.
+    pub agent_binary: Option<PathBuf>,
+    /// Workload command of the simulated instances (e.g. `sim-infer`) and its arguments.
+    pub workload_program: Option<PathBuf>,
+    #[serde(default)]
+    pub workload_args: Vec<String>,
+    /// Parent directory of the simulated instances' state.
+    pub base_dir: Option<PathBuf>,
+    /// First port of the blocks handed to simulated instances (default 30000).
+    pub first_port: Option<u16>,
+    /// Launch latencies are multiplied by this (default 1).
+    pub time_scale: Option<f64>,
 }
 
 impl LoopsConfig {
@@ -63,12 +90,21 @@ impl LoopsConfig {
             Some(n) => n,
             None => d.missed_heartbeats,
         };
+        let non_negative = |name: &str, v: Option<f64>, default: f64| match v {
+            Some(x) if !(x >= 0.0 && x.is_finite()) => Err(format!("loops.{name}: must be a non-negative number, got {x}")),
+            Some(x) => Ok(x),
+            None => Ok(default),
+        };
         Ok(LoopSettings {
             provision_interval: interval,
             mig_strategy: self.mig_strategy.unwrap_or(d.mig_strategy),
             heartbeat_interval: heartbeat,
             missed_heartbeats: missed,
             enabled,
+            provider: None,
+            scale_window_s: non_negative("scale_window_s", self.scale_window_s, d.scale_window_s)?,
+            cooldown_s: non_negative("cooldown_s", self.cooldown_s, d.cooldown_s)?,
+            lambda_per_s: non_negative("lambda_per_s", self.lambda_per_s, d.lambda_per_s)?,
         })
     }
 }

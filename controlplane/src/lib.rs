@@ -8,6 +8,7 @@
 pub mod agents;
 pub mod api;
 pub mod client;
+pub mod cloud;
 pub mod config;
 pub mod controller;
 pub mod loops;

@@ -159,3 +159,132 @@ async fn a_node_that_misses_its_heartbeats_is_planned_around_until_it_reports_ag
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A cloud whose instances come up at once: it registers the node the way its agent would.
+struct InstantCloud {
+    servers: Vec<String>,
+    launched: std::sync::Mutex<Vec<(String, String)>>,
+    terminated: std::sync::Mutex<Vec<String>>,
+}
+
+impl controlplane::cloud::NodeProvider for InstantCloud {
+    fn launch(&self, node: &str, type_name: &str, spec: &controlplane::resources::InstanceTypeSpec) -> Result<(), String> {
+        self.launched.lock().unwrap().push((node.to_string(), type_name.to_string()));
+        let gpus: Vec<Value> =
+            (0..spec.gpu_count).map(|i| json!({"uuid": format!("GPU-{node}-{i}"), "model": spec.gpu_model, "mig_enabled": true})).collect();
+        let r = resource(
+            "Node",
+            node,
+            "",
+            json!({"address": format!("{node}:7100"), "instance_type": type_name, "gpus": gpus, "labels": {controlplane::cloud::AUTOSCALED_LABEL: "true"}}),
+        );
+        let client = controlplane::client::Client::new(self.servers.clone());
+        tokio::spawn(async move { client.put(r, proto::WriteMode::Create).await.unwrap() });
+        Ok(())
+    }
+
+    fn terminate(&self, node: &str) -> Result<(), String> {
+        self.terminated.lock().unwrap().push(node.to_string());
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_drop_scales_in_after_the_cooldown() {
+    // Start without loops to learn the addresses, then restart each node with them on.
+    let mut cluster = TestCluster::start(3, fast_settings()).await;
+    let cloud =
+        std::sync::Arc::new(InstantCloud { servers: cluster.endpoints(), launched: Default::default(), terminated: Default::default() });
+    cluster.loops = LoopSettings {
+        provision_interval: Duration::from_millis(300),
+        heartbeat_interval: Duration::from_millis(100),
+        missed_heartbeats: 20,
+        scale_window_s: 0.3,
+        cooldown_s: 1.5,
+        provider: Some(cloud.clone()),
+        ..LoopSettings::default()
+    };
+    for id in 1..=3 {
+        cluster.stop(id).await;
+        cluster.restart(id).await;
+    }
+    cluster.wait_leader().await;
+    let client = cluster.client();
+    for r in fleet_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+    // A cheaper single-GPU type next to the 2-GPU one (8 per hour).
+    client
+        .put(
+            resource(
+                "InstanceType",
+                "a1",
+                "",
+                json!({"gpu_model": "A100-80GB", "gpu_count": 1, "price_per_hour": 5, "launch_latency_s": 60}),
+            ),
+            proto::WriteMode::Create,
+        )
+        .await
+        .unwrap();
+    client
+        .put(
+            resource(
+                "Service",
+                "web",
+                "acme",
+                json!({"model": "resnet50", "slo": {"latency_ms": 100, "autoscaling": {"min_rps": 100, "max_rps": 5000}}}),
+            ),
+            proto::WriteMode::Create,
+        )
+        .await
+        .unwrap();
+
+    // Every registered node reports; n1 measures 1600 req/s arriving for web: at 80%
+    // saturation that is 2000 req/s, three GPUs' worth for a fleet of two.
+    let reporter = {
+        let servers = cluster.endpoints();
+        let arrival = std::sync::Arc::new(std::sync::Mutex::new(1600.0));
+        let a = arrival.clone();
+        let task = tokio::spawn(async move {
+            let client = controlplane::client::Client::new(servers.clone());
+            loop {
+                let nodes = client.list("Node", "", true).await.map(|l| l.resources).unwrap_or_default();
+                for s in &servers {
+                    let Ok(mut agent) = proto::agent_client::AgentClient::connect(format!("http://{s}")).await else { continue };
+                    for n in &nodes {
+                        let metrics = if n.name == "n1" {
+                            vec![proto::ServiceMetrics { service: "web".into(), arrival_rps: *a.lock().unwrap(), ..Default::default() }]
+                        } else {
+                            vec![]
+                        };
+                        let _ = agent.report(proto::ReportRequest { node: n.name.clone(), metrics, ..Default::default() }).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        (task, arrival)
+    };
+    let plan =
+        plan_where(&client, |p| capacity(p, "web") >= 2000.0 && p["gpus"].as_array().unwrap().iter().any(|g| g["node"] != "n1")).await;
+    let launched = cloud.launched.lock().unwrap().clone();
+    assert_eq!(launched.len(), 1, "one instance for one missing GPU: {launched:?}");
+    assert_eq!(launched[0].1, "a1", "the cheapest adequate type (price and launch latency)");
+    let service = client.get("Service", "web", false).await.unwrap();
+    let status: Value = serde_json::from_str(&service.status_json).unwrap();
+    assert_eq!(status["provisioned_rps"], 2000.0);
+    assert!(plan["services"][0]["infeasible_reason"].is_null(), "{plan}");
+
+    // The load drops: after the cool-down the service is sized down, the plan leaves the
+    // launched node empty, and after another cool-down it is terminated and removed.
+    *reporter.1.lock().unwrap() = 80.0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.get("Node", &launched[0].0, false).await.is_ok() {
+        assert!(Instant::now() < deadline, "the idle launched node was not scaled in");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(cloud.terminated.lock().unwrap().clone(), vec![launched[0].0.clone()]);
+    let plan = plan_where(&client, |p| capacity(p, "web") >= 100.0).await;
+    assert!(plan["gpus"].as_array().unwrap().iter().all(|g| g["node"] == "n1"));
+    reporter.0.abort();
+}

@@ -32,6 +32,9 @@ pub struct AgentConfig {
     /// Ports of the per-service router endpoints (on the `advertise` host): [first, last].
     #[serde(default = "router_ports")]
     pub router_ports: [u16; 2],
+    /// Labels of the Node resource (e.g. set by the cloud provider that launched the host).
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
     /// How often the agent reports and reconciles, in milliseconds.
     #[serde(default = "interval")]
     pub interval_ms: u64,

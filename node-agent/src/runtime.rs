@@ -75,7 +75,7 @@ impl Agent {
             .iter()
             .map(|g| serde_json::json!({"uuid": g.uuid, "model": self.model_name(g), "mig_enabled": g.mig_enabled}))
             .collect();
-        let spec = serde_json::json!({"address": self.cfg.advertise, "instance_type": self.cfg.instance_type, "gpus": gpus});
+        let spec = serde_json::json!({"address": self.cfg.advertise, "instance_type": self.cfg.instance_type, "gpus": gpus, "labels": self.cfg.labels});
         proto::Resource { kind: "Node".into(), name: self.cfg.node.clone(), spec_json: spec.to_string(), ..Default::default() }
     }
 

@@ -8,9 +8,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
+use controlplane::cloud::sim::{SimCloud, SimCloudConfig};
+use controlplane::cloud::NodeProvider;
 use controlplane::config::{parse_peer_flag, ControllerConfig};
+use controlplane::loops::LoopSettings;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
 
 #[derive(Parser, Debug)]
@@ -96,11 +100,39 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
         advertise: cfg.advertise.clone(),
         storage: StorageChoice::DataDir(data_dir),
         raft: cfg.raft.settings(),
+        loops: LoopSettings { provider: sim_cloud(&cfg, &peers)?, ..cfg.loops.settings(!args.no_loops).map_err(anyhow::Error::msg)? },
         bootstrap: cfg.bootstrap.then_some(peers),
-        loops: cfg.loops.settings(!args.no_loops).map_err(anyhow::Error::msg)?,
     };
     let node = start_node(opts).await?;
     serve_until_signal(vec![node]).await
+}
+
+/// The node provider of `[cloud]`, if one is configured.
+fn sim_cloud(cfg: &ControllerConfig, peers: &BTreeMap<u64, String>) -> anyhow::Result<Option<Arc<dyn NodeProvider>>> {
+    let c = &cfg.cloud;
+    match c.provider.as_deref() {
+        None => Ok(None),
+        Some("sim") => {
+            let need = |v: &Option<PathBuf>, field: &str| {
+                v.clone().ok_or_else(|| anyhow::anyhow!("cloud.{field}: required with provider = \"sim\""))
+            };
+            let mut controllers: Vec<String> = peers.values().cloned().collect();
+            if controllers.is_empty() {
+                controllers.extend(cfg.advertise.clone().or(cfg.listen.map(|l| l.to_string())));
+            }
+            let config = SimCloudConfig {
+                agent_binary: need(&c.agent_binary, "agent_binary")?,
+                workload_program: need(&c.workload_program, "workload_program")?,
+                workload_args: c.workload_args.clone(),
+                base_dir: need(&c.base_dir, "base_dir")?,
+                controllers,
+                first_port: c.first_port.unwrap_or(30000),
+                time_scale: c.time_scale.unwrap_or(1.0),
+            };
+            Ok(Some(Arc::new(SimCloud::new(config))))
+        }
+        Some(other) => anyhow::bail!("cloud.provider: unknown provider {other:?} (known: sim)"),
+    }
 }
 
 async fn run_dev(args: &Args) -> anyhow::Result<()> {
@@ -115,7 +147,7 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
             storage: StorageChoice::DataDir(base.join(format!("controller-{id}"))),
             raft: Default::default(),
             bootstrap: (*id == 1).then(|| addrs.clone()),
-            loops: controlplane::loops::LoopSettings { enabled: !args.no_loops, ..Default::default() },
+            loops: LoopSettings { enabled: !args.no_loops, ..Default::default() },
         };
         nodes.push(start_node(opts).await?);
     }

@@ -3,18 +3,21 @@
 //! new leader simply runs them again (level-triggered: each pass recomputes from the whole
 //! state).
 
+mod autoscaler;
 pub mod failure_detector;
 mod provisioner;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::cloud::NodeProvider;
 use crate::controller::Controller;
 use crate::provision::MigStrategy;
 
 /// Settings of the leader-only loops.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone)]
 pub struct LoopSettings {
     /// Re-provision at least this often (also on every change of services, nodes, profiles,
     /// GPU models or instance types).
@@ -26,6 +29,31 @@ pub struct LoopSettings {
     pub missed_heartbeats: u32,
     /// `false` turns every loop off (tests of the bare Raft cluster).
     pub enabled: bool,
+    /// The autoscaler's node provider; `None`: no node is launched or terminated (services
+    /// are still re-sized).
+    pub provider: Option<Arc<dyn NodeProvider>>,
+    /// Seconds the load must stay up before a service is sized up (HetSev's window).
+    pub scale_window_s: f64,
+    /// Seconds before a service is sized down or an idle launched node terminated.
+    pub cooldown_s: f64,
+    /// HetSev's λ: weight of the launch latency against the price, per second.
+    pub lambda_per_s: f64,
+}
+
+impl std::fmt::Debug for LoopSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopSettings")
+            .field("provision_interval", &self.provision_interval)
+            .field("mig_strategy", &self.mig_strategy)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("missed_heartbeats", &self.missed_heartbeats)
+            .field("enabled", &self.enabled)
+            .field("provider", &self.provider.is_some())
+            .field("scale_window_s", &self.scale_window_s)
+            .field("cooldown_s", &self.cooldown_s)
+            .field("lambda_per_s", &self.lambda_per_s)
+            .finish()
+    }
 }
 
 impl Default for LoopSettings {
@@ -36,6 +64,10 @@ impl Default for LoopSettings {
             heartbeat_interval: Duration::from_secs(1),
             missed_heartbeats: 5,
             enabled: true,
+            provider: None,
+            scale_window_s: 60.0,
+            cooldown_s: 300.0,
+            lambda_per_s: 0.001,
         }
     }
 }
@@ -55,6 +87,7 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                     tracing::info!("leader: starting the provisioner and the failure detector");
                     running.push(tokio::spawn(provisioner::run(controller.clone(), settings.clone())));
                     running.push(tokio::spawn(failure_detector::run(controller.clone(), settings.clone())));
+                    running.push(tokio::spawn(autoscaler::run(controller.clone(), settings.clone())));
                 }
                 (false, false) => {
                     tracing::info!("no longer leader: stopping the loops");

@@ -14,6 +14,8 @@ pub struct FleetGpu {
     pub uuid: String,
     /// Its GpuModel resource name (the plan's `gpu_type`).
     pub model: String,
+    /// On a node the autoscaler launched: used last, so such nodes can empty and go.
+    pub autoscaled: bool,
 }
 
 fn assignment(g: &GpuPlan, fleet: &FleetGpu) -> GpuAssignment {
@@ -72,11 +74,10 @@ pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpe
     order.sort_by_key(|&(best, i)| (std::cmp::Reverse(best), i));
     for (_, i) in order {
         let g = &plan.gpus[i];
-        let pick = free
-            .iter()
-            .copied()
-            .filter(|&k| fleet[k].model == g.gpu_type)
-            .max_by_key(|&k| (affinity(&assignment(g, &fleet[k]), now.get(fleet[k].uuid.as_str()).copied()), std::cmp::Reverse(k)));
+        let pick = free.iter().copied().filter(|&k| fleet[k].model == g.gpu_type).max_by_key(|&k| {
+            let kept = affinity(&assignment(g, &fleet[k]), now.get(fleet[k].uuid.as_str()).copied());
+            (kept, !fleet[k].autoscaled, std::cmp::Reverse(k))
+        });
         match pick {
             Some(k) => {
                 free.remove(&k);
@@ -121,7 +122,9 @@ mod tests {
     }
 
     fn fleet(n: usize) -> Vec<FleetGpu> {
-        (0..n).map(|i| FleetGpu { node: format!("n{}", i / 2), uuid: format!("GPU-{i}"), model: "A100-80GB".into() }).collect()
+        (0..n)
+            .map(|i| FleetGpu { node: format!("n{}", i / 2), uuid: format!("GPU-{i}"), model: "A100-80GB".into(), autoscaled: false })
+            .collect()
     }
 
     fn plan(gpus: Vec<GpuPlan>) -> Plan {
@@ -150,9 +153,18 @@ mod tests {
     }
 
     #[test]
+    fn launched_nodes_are_used_last_so_they_can_empty() {
+        let mut f = fleet(2);
+        f[0].autoscaled = true;
+        let p = plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a")]);
+        let (placed, _) = assign_to_nodes(&p, &f, None);
+        assert_eq!(placed[0].gpu_uuid, "GPU-1");
+    }
+
+    #[test]
     fn only_gpus_of_the_planned_model_are_used() {
         let p = plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a")]);
-        let h100 = vec![FleetGpu { node: "n".into(), uuid: "GPU-h".into(), model: "H100-80GB".into() }];
+        let h100 = vec![FleetGpu { node: "n".into(), uuid: "GPU-h".into(), model: "H100-80GB".into(), autoscaled: false }];
         let (placed, unplaced) = assign_to_nodes(&p, &h100, None);
         assert!(placed.is_empty());
         assert!(unplaced.contains_key("a"));

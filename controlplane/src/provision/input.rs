@@ -29,7 +29,15 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
     }
     for r in cluster.list(Kind::Service) {
         let Spec::Service(spec) = &r.spec else { continue };
-        let rate = spec.slo.request_rate.or(spec.slo.autoscaling.as_ref().map(|a| a.min_rps)).unwrap_or(0.0);
+        // An autoscaling service is planned for the rate the autoscaler set in its status
+        // (within its range), else for the floor of its range.
+        let rate = match (&spec.slo.request_rate, &spec.slo.autoscaling) {
+            (Some(r), _) => *r,
+            (None, Some(a)) => {
+                r.status.get("provisioned_rps").and_then(|v| v.as_f64()).map_or(a.min_rps, |v| v.clamp(a.min_rps, a.max_rps))
+            }
+            (None, None) => 0.0,
+        };
         input.services.push(ServiceDemand {
             name: r.name.clone(),
             model: spec.model.clone(),

@@ -5,6 +5,7 @@
 mod assign;
 mod input;
 pub mod offline;
+pub mod scaling;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::planning_input;
@@ -34,19 +35,25 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
             _ => None,
         })
         .flat_map(|(node, spec)| {
-            spec.gpus.iter().map(move |g| FleetGpu { node: node.clone(), uuid: g.uuid.clone(), model: g.model.clone() })
+            let autoscaled = spec.labels.get(crate::cloud::AUTOSCALED_LABEL).is_some_and(|v| v == "true");
+            spec.gpus.iter().map(move |g| FleetGpu { node: node.clone(), uuid: g.uuid.clone(), model: g.model.clone(), autoscaled })
         })
         .collect()
+}
+
+/// The planner's plan for every service, before it meets the fleet.
+pub fn plan_services(cluster: &ClusterState, strategy: MigStrategy) -> planner::plan::Plan {
+    let input = planning_input(cluster);
+    match strategy {
+        MigStrategy::Parvagpu => parvagpu::plan(&input, &parvagpu::ParvaConfig::default()),
+        MigStrategy::ExactMig => exact::plan(&input, &exact::ExactConfig::default()).0,
+    }
 }
 
 /// One provisioning pass: plan the services, then place the plan's GPUs on the fleet,
 /// keeping what the current plan already runs where it can.
 pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
-    let input = planning_input(cluster);
-    let plan = match strategy {
-        MigStrategy::Parvagpu => parvagpu::plan(&input, &parvagpu::ParvaConfig::default()),
-        MigStrategy::ExactMig => exact::plan(&input, &exact::ExactConfig::default()).0,
-    };
+    let plan = plan_services(cluster, strategy);
     let current = cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
         Spec::Plan(p) => Some(p.clone()),
         _ => None,

@@ -1,0 +1,175 @@
+//! The autoscaler (HetSev Sec. 4.1, at fleet level): services with an autoscaling range are
+//! provisioned for their reported arrival rate at 80% saturation, raised only after the
+//! load has stayed up for the window and lowered only after the cool-down; nodes are
+//! launched through the [`NodeProvider`] when the plan needs more GPUs than the healthy
+//! fleet has, of the instance type with the least price-and-launch-latency objective, and
+//! launched nodes that hold nothing for the cool-down are terminated.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::LoopSettings;
+use crate::cloud::AUTOSCALED_LABEL;
+use crate::controller::Controller;
+use crate::provision::scaling::{idle_nodes, launches_for, provisioned_rate, shortfall};
+use crate::provision::{fleet, plan_services};
+use crate::resources::{InstanceTypeSpec, Kind, Spec};
+use crate::state::{Command, Request};
+
+/// HetSev's saturation threshold: capacity is provisioned so that load is 80% of it.
+const TARGET_SATURATION: f64 = 0.8;
+/// Provisioned rates move only for a change of more than this fraction (no churn).
+const MIN_CHANGE: f64 = 0.05;
+
+struct Pending {
+    gpu_model: String,
+    gpus: u32,
+    since: Instant,
+    deadline_s: f64,
+}
+
+pub async fn run(controller: Controller, settings: LoopSettings) {
+    let started = Instant::now();
+    let now_s = move || started.elapsed().as_secs_f64();
+    let mut tick = tokio::time::interval(settings.heartbeat_interval);
+    // Per service: since when the measured rate has asked for more (or less).
+    let mut up_since: BTreeMap<String, f64> = BTreeMap::new();
+    let mut down_since: BTreeMap<String, f64> = BTreeMap::new();
+    let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
+    let mut idle_since: BTreeMap<String, f64> = BTreeMap::new();
+    let mut launched = 0u64;
+    loop {
+        tick.tick().await;
+        let t = now_s();
+        // 1. Services: provisioned rate from the reported arrival rates.
+        let mut arrivals: BTreeMap<String, f64> = BTreeMap::new();
+        for r in controller.reports.all().values() {
+            for m in &r.report.metrics {
+                *arrivals.entry(m.service.clone()).or_default() += m.arrival_rps;
+            }
+        }
+        let services: Vec<(String, f64, f64, f64)> = controller.read(|d| {
+            d.cluster
+                .list(Kind::Service)
+                .filter_map(|s| match &s.spec {
+                    Spec::Service(spec) => spec.slo.autoscaling.as_ref().map(|a| {
+                        let current = s.status.get("provisioned_rps").and_then(|v| v.as_f64()).unwrap_or(a.min_rps);
+                        (s.name.clone(), a.min_rps, a.max_rps, current)
+                    }),
+                    _ => None,
+                })
+                .collect()
+        });
+        for (name, min, max, current) in services {
+            let Some(&arrival) = arrivals.get(&name) else { continue };
+            let wanted = provisioned_rate(arrival, TARGET_SATURATION, min, max);
+            let change = (wanted - current) / current.max(1e-9);
+            let (since, other) = if change > MIN_CHANGE { (&mut up_since, &mut down_since) } else { (&mut down_since, &mut up_since) };
+            other.remove(&name);
+            if change.abs() <= MIN_CHANGE {
+                since.remove(&name);
+                continue;
+            }
+            let first = *since.entry(name.clone()).or_insert(t);
+            let wait = if change > 0.0 { settings.scale_window_s } else { settings.cooldown_s };
+            if t - first < wait {
+                continue;
+            }
+            since.remove(&name);
+            let status = serde_json::json!({"provisioned_rps": wanted, "arrival_rps": arrival});
+            let write = Request {
+                request_id: uuid::Uuid::new_v4().to_string(),
+                command: Command::PutStatus { kind: Kind::Service, name: name.clone(), status, expected_version: 0 },
+            };
+            match controller.write(write).await {
+                Ok(_) => tracing::info!(service = %name, arrival, from = current, to = wanted, "autoscaler: service re-sized"),
+                Err(e) => tracing::warn!(service = %name, error = %e, "autoscaler: could not re-size"),
+            }
+        }
+
+        // Without a provider nodes come and go by hand; services are still re-sized.
+        let Some(provider) = settings.provider.clone() else { continue };
+        // 2. Nodes: launch what the plan needs beyond the healthy fleet and launches in flight.
+        let (planned, available, types, plan_nodes, autoscaled) = controller.read(|d| {
+            let plan = plan_services(&d.cluster, settings.mig_strategy);
+            let mut planned: BTreeMap<String, u32> = BTreeMap::new();
+            for g in &plan.gpus {
+                *planned.entry(g.gpu_type.clone()).or_default() += 1;
+            }
+            let mut available: BTreeMap<String, u32> = BTreeMap::new();
+            for g in fleet(&d.cluster) {
+                *available.entry(g.model).or_default() += 1;
+            }
+            let types: BTreeMap<String, InstanceTypeSpec> = d
+                .cluster
+                .list(Kind::InstanceType)
+                .filter_map(|r| match &r.spec {
+                    Spec::InstanceType(s) => Some((r.name.clone(), s.clone())),
+                    _ => None,
+                })
+                .collect();
+            let plan_nodes: Vec<String> = match d.cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
+                Some(Spec::Plan(p)) => p.gpus.iter().map(|g| g.node.clone()).collect(),
+                _ => Vec::new(),
+            };
+            let autoscaled: Vec<String> = d
+                .cluster
+                .list(Kind::Node)
+                .filter(|n| matches!(&n.spec, Spec::Node(s) if s.labels.get(AUTOSCALED_LABEL).is_some_and(|v| v == "true")))
+                .map(|n| n.name.clone())
+                .collect();
+            (planned, available, types, plan_nodes, autoscaled)
+        });
+        // A launch is in flight until its node registers, or three launch latencies pass.
+        pending.retain(|node, p| !autoscaled.contains(node) && p.since.elapsed().as_secs_f64() < p.deadline_s);
+        let mut with_pending = available.clone();
+        for p in pending.values() {
+            *with_pending.entry(p.gpu_model.clone()).or_default() += p.gpus;
+        }
+        for launch in launches_for(&shortfall(&planned, &with_pending), &types, settings.lambda_per_s) {
+            let spec = &types[&launch.instance_type];
+            for _ in 0..launch.count {
+                launched += 1;
+                let node = format!("auto-{}-{}-{launched}", launch.instance_type, controller.id);
+                match provider.launch(&node, &launch.instance_type, spec) {
+                    Ok(()) => {
+                        tracing::info!(node, instance_type = %launch.instance_type, objective = launch.objective, "autoscaler: scale-out");
+                        pending.insert(
+                            node,
+                            Pending {
+                                gpu_model: spec.gpu_model.clone(),
+                                gpus: spec.gpu_count,
+                                since: Instant::now(),
+                                deadline_s: 3.0 * spec.launch_latency_s.max(10.0),
+                            },
+                        );
+                    }
+                    Err(e) => tracing::warn!(instance_type = %launch.instance_type, error = %e, "autoscaler: launch failed"),
+                }
+            }
+        }
+
+        // 3. Scale-in: launched nodes the plan leaves empty for the cool-down.
+        idle_since.retain(|n, _| autoscaled.contains(n) && !plan_nodes.contains(n));
+        for n in &autoscaled {
+            if !plan_nodes.contains(n) {
+                idle_since.entry(n.clone()).or_insert(t);
+            }
+        }
+        for node in idle_nodes(&idle_since, t, settings.cooldown_s) {
+            idle_since.remove(&node);
+            if let Err(e) = provider.terminate(&node) {
+                tracing::warn!(node, error = %e, "autoscaler: terminate failed");
+                continue;
+            }
+            let delete = Request {
+                request_id: uuid::Uuid::new_v4().to_string(),
+                command: Command::Delete { kind: Kind::Node, name: node.clone(), expected_version: 0 },
+            };
+            match controller.write(delete).await {
+                Ok(_) => tracing::info!(node, "autoscaler: scale-in"),
+                Err(e) => tracing::warn!(node, error = %e, "autoscaler: node not removed"),
+            }
+        }
+    }
+}
