@@ -150,7 +150,14 @@ mod tests {
             first_port: 30000,
             time_scale: 0.0,
         });
-        let spec = InstanceTypeSpec { gpu_model: "T4-16GB".into(), gpu_count: 2, price_per_hour: 1.0, launch_latency_s: 60.0, cpu_cores: 0, memory_gib: 0.0 };
+        let spec = InstanceTypeSpec {
+            gpu_model: "T4-16GB".into(),
+            gpu_count: 2,
+            price_per_hour: 1.0,
+            launch_latency_s: 60.0,
+            cpu_cores: 0,
+            memory_gib: 0.0,
+        };
         let text = cloud.agent_config("auto-g4-1", "g4dn", &spec, 2);
         let v: toml::Value = toml::from_str(&text).expect("valid TOML");
         assert_eq!(v["node"].as_str(), Some("auto-g4-1"));

@@ -13,14 +13,27 @@ pub struct SledBackend {
 
 impl SledBackend {
     pub fn open(path: &Path) -> Result<Self, BackendError> {
-        let db = sled::Config::new()
-            .path(path)
-            .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|e| BackendError::new("open", Tree::Meta, format!("{}: {e}", path.display())))?;
+        let db = Self::open_db(path).map_err(|e| BackendError::new("open", Tree::Meta, format!("{}: {e}", path.display())))?;
         let open = |t: Tree| db.open_tree(t.name()).map_err(|e| BackendError::new("open", t, e));
         let trees = [open(Tree::Logs)?, open(Tree::Meta)?, open(Tree::Snapshot)?];
         Ok(Self { db, trees })
+    }
+
+    /// Opens the database, waiting up to [`LOCK_WAIT`] for its file lock: after a `Db` is
+    /// dropped, sled's flusher thread keeps the lock until it notices (up to its flush
+    /// interval), so a node restarted in the same process would otherwise fail at random.
+    /// A lock held longer belongs to another live process and is refused.
+    fn open_db(path: &Path) -> sled::Result<sled::Db> {
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
+                // sled reports the lock failure as ErrorKind::Other with this text.
+                Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
     }
 
     fn tree(&self, tree: Tree) -> &sled::Tree {
@@ -31,6 +44,9 @@ impl SledBackend {
         }
     }
 }
+
+/// How long opening waits for a lock that a just-dropped handle of this process may hold.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl KvBackend for SledBackend {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
