@@ -119,33 +119,33 @@ impl Routers {
     /// Makes the ready processes of `active` the active set of `service`'s router, starting
     /// the router if needed. Processes not ready yet stay out until a later call.
     pub fn sync(&self, service: &str, model: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<(), RoutingError> {
+        // New processes are probed for readiness without holding the lock (a server may take
+        // seconds to load its model), so metrics and other services are not held up.
+        let unknown: Vec<&ActiveProcess> = {
+            let mut routers = self.routers.lock().expect("routers lock");
+            if !routers.contains_key(service) {
+                let taken: BTreeSet<u16> = routers.values().map(|r| r.port).collect();
+                let port = self.port_for(service, &taken)?;
+                let r = self.start_router(service, model, slo_ms, port)?;
+                routers.insert(service.to_string(), r);
+            }
+            let r = &routers[service];
+            active.iter().filter(|p| !r.backends.contains_key(&p.id)).collect()
+        };
+        let mut ready: BTreeMap<String, Arc<Backend>> = BTreeMap::new();
+        for p in unknown {
+            let spec = BackendSpec { id: p.id.clone(), addr: format!("127.0.0.1:{}", p.port), gpcs: p.gpcs, max_batch: p.max_batch };
+            let b = Backend::connect_lazy(spec).map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
+            if self.wait_ready(&b) {
+                ready.insert(p.id.clone(), b);
+            } else {
+                tracing::info!(service, process = %p.id, "process not ready yet; not routed to");
+            }
+        }
         let mut routers = self.routers.lock().expect("routers lock");
-        if !routers.contains_key(service) {
-            let taken: BTreeSet<u16> = routers.values().map(|r| r.port).collect();
-            let port = self.port_for(service, &taken)?;
-            let r = self.start_router(service, model, slo_ms, port)?;
-            routers.insert(service.to_string(), r);
-        }
-        let r = routers.get_mut(service).expect("just inserted");
-        let mut next: Vec<Arc<Backend>> = Vec::new();
-        for p in active {
-            let backend = match r.backends.get(&p.id) {
-                Some(b) => b.clone(),
-                None => {
-                    let spec =
-                        BackendSpec { id: p.id.clone(), addr: format!("127.0.0.1:{}", p.port), gpcs: p.gpcs, max_batch: p.max_batch };
-                    let b = Backend::connect_lazy(spec)
-                        .map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
-                    if !self.wait_ready(&b) {
-                        tracing::info!(service, process = %p.id, "process not ready yet; not routed to");
-                        continue;
-                    }
-                    r.backends.insert(p.id.clone(), b.clone());
-                    b
-                }
-            };
-            next.push(backend);
-        }
+        let Some(r) = routers.get_mut(service) else { return Ok(()) };
+        r.backends.extend(ready);
+        let next: Vec<Arc<Backend>> = active.iter().filter_map(|p| r.backends.get(&p.id).cloned()).collect();
         let now: Vec<String> = r.router.active().ids().into_iter().map(String::from).collect();
         let wanted: Vec<String> = next.iter().map(|b| b.id().to_string()).collect();
         if now != wanted && !next.is_empty() {
@@ -223,13 +223,22 @@ impl Routers {
     /// requests. A process that is its service's last is kept routed: stopping it anyway
     /// (the service leaves the node) fails only what arrives after.
     pub fn retire(&self, id: &str) {
-        let mut routers = self.routers.lock().expect("routers lock");
-        for (service, r) in routers.iter_mut() {
-            let Some(backend) = r.backends.remove(id) else { continue };
-            let rest: Vec<Arc<Backend>> = r.router.active().backends().iter().filter(|b| b.id() != id).cloned().collect();
-            if !rest.is_empty() {
-                r.router.set_active(rest);
-            }
+        // Out of the active set under the lock; the wait for in-flight requests without it.
+        let retired: Vec<(String, Arc<Backend>)> = {
+            let mut routers = self.routers.lock().expect("routers lock");
+            routers
+                .iter_mut()
+                .filter_map(|(service, r)| {
+                    let backend = r.backends.remove(id)?;
+                    let rest: Vec<Arc<Backend>> = r.router.active().backends().iter().filter(|b| b.id() != id).cloned().collect();
+                    if !rest.is_empty() {
+                        r.router.set_active(rest);
+                    }
+                    Some((service.clone(), backend))
+                })
+                .collect()
+        };
+        for (service, backend) in retired {
             let drained = self.runtime.block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, backend.drained()).await.is_ok() });
             if !drained {
                 tracing::warn!(service = %service, process = id, "drain timed out");

@@ -31,6 +31,8 @@ pub struct Agent {
     models: BTreeMap<String, planner::mig::GpuModel>,
     desired_file: PathBuf,
     routers: Arc<Routers>,
+    /// The last report built from the executor's view.
+    last_report: Mutex<Option<proto::ReportRequest>>,
 }
 
 impl Agent {
@@ -62,7 +64,7 @@ impl Agent {
             routers: Some(routers.clone()),
         };
         let desired_file = cfg.state_dir.join("desired.pb");
-        Ok(Agent { cfg, executor: Arc::new(Mutex::new(executor)), models, desired_file, routers })
+        Ok(Agent { cfg, executor: Arc::new(Mutex::new(executor)), models, desired_file, routers, last_report: Mutex::new(None) })
     }
 
     /// The Node resource this agent registers.
@@ -209,8 +211,28 @@ impl Agent {
         }
     }
 
+    /// The report to send: built fresh when the executor is free; while a reconcile round
+    /// holds it (a process may take seconds to become ready), the last observed state with
+    /// fresh metrics, so the heartbeat never stalls behind a slow start.
     fn report(&self, rx: &watch::Receiver<Option<NodeDesired>>) -> proto::ReportRequest {
-        let executor = self.executor.lock().expect("executor lock");
+        let fresh = match self.executor.try_lock() {
+            Ok(executor) => Some(self.build_report(&executor, rx)),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(self.build_report(&p.into_inner(), rx)),
+        };
+        let mut last = self.last_report.lock().expect("report lock");
+        let mut report = match fresh {
+            Some(r) => {
+                *last = Some(r.clone());
+                r
+            }
+            None => last.clone().unwrap_or_else(|| proto::ReportRequest { node: self.cfg.node.clone(), ..Default::default() }),
+        };
+        report.metrics = self.routers.metrics();
+        report
+    }
+
+    fn build_report(&self, executor: &Executor, rx: &watch::Receiver<Option<NodeDesired>>) -> proto::ReportRequest {
         let observed = executor.observe().unwrap_or_default();
         let desired = rx.borrow().clone();
         let converged = desired.as_ref().is_some_and(|d| reconcile::plan(d, &observed).is_ok_and(|s| s.is_empty()));
@@ -251,7 +273,7 @@ impl Agent {
             node: self.cfg.node.clone(),
             applied_version: if converged { desired.map_or(0, |d| d.version) } else { 0 },
             gpus,
-            metrics: self.routers.metrics(),
+            metrics: Vec::new(),
         }
     }
 }
