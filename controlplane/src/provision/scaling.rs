@@ -85,11 +85,12 @@ mod tests {
     #[test]
     fn the_cheapest_adequate_type_wins_with_launch_latency_priced_in() {
         let mut types = BTreeMap::new();
-        types.insert("big".to_string(), it("A100-80GB", 8, 40.0, 180.0));
+        // 3 per GPU-hour in eights, 4 per GPU-hour singly.
+        types.insert("big".to_string(), it("A100-80GB", 8, 24.0, 180.0));
         types.insert("small".to_string(), it("A100-80GB", 1, 4.0, 120.0));
         types.insert("h100".to_string(), it("H100-80GB", 8, 98.0, 240.0));
         let short: BTreeMap<String, u32> = [("A100-80GB".to_string(), 2)].into();
-        // Two GPUs: two small ones (8/h) beat one big one (40/h).
+        // Two GPUs: two small ones (8/h) beat one big one (24/h).
         let l = launches_for(&short, &types, 0.001);
         assert_eq!(l.len(), 1);
         assert_eq!((l[0].instance_type.as_str(), l[0].count), ("small", 2));
