@@ -8,7 +8,7 @@ use tokio::sync::broadcast;
 use super::LoopSettings;
 use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::provision::provision;
+use crate::provision::{gather, provision_from};
 use crate::raft::WatchSignal;
 use crate::resources::{validate_spec, Kind, Spec};
 use crate::state::{Command, Request, WriteMode};
@@ -52,12 +52,10 @@ async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) {
 async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, ApiError> {
     // Plan from everything committed so far.
     controller.read_barrier().await?;
-    let (spec, current) = controller.read(|d| {
-        let spec = provision(&d.cluster, settings.mig_strategy);
-        let current = d.cluster.get(Kind::Plan, "current").map(|r| (r.resource_version, r.spec.clone()));
-        (spec, current)
-    });
-    let spec = Spec::Plan(spec);
+    // Copy the inputs under the state lock; plan without it.
+    let (inputs, current) =
+        controller.read(|d| (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map(|r| (r.resource_version, r.spec.clone()))));
+    let spec = Spec::Plan(provision_from(&inputs, settings.mig_strategy));
     if current.as_ref().is_some_and(|(_, s)| *s == spec) {
         return Ok(false);
     }

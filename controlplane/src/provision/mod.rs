@@ -41,24 +41,46 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
         .collect()
 }
 
+/// What a provisioning pass reads from the state: copied out under the state lock, so that
+/// the planning itself never holds up the state machine.
+#[derive(Clone, Debug)]
+pub struct ProvisionInputs {
+    pub input: planner::input::PlanningInput,
+    pub fleet: Vec<FleetGpu>,
+    pub current: Option<PlanSpec>,
+}
+
+pub fn gather(cluster: &ClusterState) -> ProvisionInputs {
+    let current = cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
+        Spec::Plan(p) => Some(p.clone()),
+        _ => None,
+    });
+    ProvisionInputs { input: planning_input(cluster), fleet: fleet(cluster), current }
+}
+
 /// The planner's plan for every service, before it meets the fleet.
-pub fn plan_services(cluster: &ClusterState, strategy: MigStrategy) -> planner::plan::Plan {
-    let input = planning_input(cluster);
+pub fn plan_with(input: &planner::input::PlanningInput, strategy: MigStrategy) -> planner::plan::Plan {
     match strategy {
-        MigStrategy::Parvagpu => parvagpu::plan(&input, &parvagpu::ParvaConfig::default()),
-        MigStrategy::ExactMig => exact::plan(&input, &exact::ExactConfig::default()).0,
+        MigStrategy::Parvagpu => parvagpu::plan(input, &parvagpu::ParvaConfig::default()),
+        MigStrategy::ExactMig => exact::plan(input, &exact::ExactConfig::default()).0,
     }
+}
+
+/// The planner's plan for every service of `cluster`.
+pub fn plan_services(cluster: &ClusterState, strategy: MigStrategy) -> planner::plan::Plan {
+    plan_with(&planning_input(cluster), strategy)
 }
 
 /// One provisioning pass: plan the services, then place the plan's GPUs on the fleet,
 /// keeping what the current plan already runs where it can.
 pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
-    let plan = plan_services(cluster, strategy);
-    let current = cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
-        Spec::Plan(p) => Some(p.clone()),
-        _ => None,
-    });
-    let (gpus, unplaced) = assign_to_nodes(&plan, &fleet(cluster), current.as_ref());
+    provision_from(&gather(cluster), strategy)
+}
+
+/// [`provision`] from inputs already gathered.
+pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
+    let plan = plan_with(&inputs.input, strategy);
+    let (gpus, unplaced) = assign_to_nodes(&plan, &inputs.fleet, inputs.current.as_ref());
     let mut services: Vec<ServicePrediction> = plan
         .predictions
         .iter()
