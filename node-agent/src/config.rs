@@ -82,12 +82,6 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-/// The planner's geometry for a GPU model name of the config (the GpuModel resource the
-/// node registers), by family: see [`GpuModel::for_name`].
-pub fn gpu_model(name: &str) -> Option<GpuModel> {
-    GpuModel::for_name(name)
-}
-
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
         let err = |reason: String| ConfigError { path: path.display().to_string(), reason };
@@ -118,7 +112,7 @@ impl AgentConfig {
         if self.interval_ms == 0 {
             return bad("interval_ms", "must be positive");
         }
-        if let Some(unknown) = self.sim.gpus.iter().find(|g| gpu_model(g).is_none()) {
+        if let Some(unknown) = self.sim.gpus.iter().find(|g| GpuModel::for_name(g).is_none()) {
             return bad("sim.gpus", &format!("unknown GPU model {unknown:?} (known families: A100-40GB, A100-80GB, H100-80GB, H200, V100, T4, A10, L4, e.g. `T4-16GB`)"));
         }
         Ok(())

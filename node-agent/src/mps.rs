@@ -141,6 +141,12 @@ impl Registry {
         Ok(())
     }
 
+    fn release_client(&self, device_uuid: &str, client: &str) -> Result<(), MpsError> {
+        self.update(device_uuid, |d| {
+            d.clients.remove(client);
+        })
+    }
+
     fn client_env(&self, device_uuid: &str, client: &str, percentage: Option<u8>) -> Result<Vec<(String, String)>, MpsError> {
         if let Some(p) = percentage {
             validate_percentage(p)?;
@@ -305,9 +311,7 @@ impl MpsControl for NvidiaMps {
     }
 
     fn release_client(&self, device_uuid: &str, client: &str) -> Result<(), MpsError> {
-        self.registry.update(device_uuid, |d| {
-            d.clients.remove(client);
-        })
+        self.registry.release_client(device_uuid, client)
     }
 
     fn daemons(&self) -> Vec<MpsDaemon> {
@@ -359,9 +363,7 @@ impl MpsControl for SimMps {
     }
 
     fn release_client(&self, device_uuid: &str, client: &str) -> Result<(), MpsError> {
-        self.registry.update(device_uuid, |d| {
-            d.clients.remove(client);
-        })
+        self.registry.release_client(device_uuid, client)
     }
 
     fn daemons(&self) -> Vec<MpsDaemon> {

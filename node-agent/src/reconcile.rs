@@ -126,8 +126,11 @@ fn plan_gpu(gpu: &str, want: &crate::desired::GpuDesired, have: &GpuObserved, ph
             // Resize: the new configuration starts as the standby and takes over when ready
             // (one pointer swap); the old processes drain and stop below. The next round
             // starts a fresh standby.
-            if standby.is_none() {
-                phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() });
+            match standby {
+                Some(s) => {
+                    keep.insert(&s.id);
+                }
+                None => phases[0].push(Step::StartStandby { gpu: g(), spec: spec.clone() }),
             }
             phases[0].push(Step::Promote { gpu: g(), service: spec.service.clone(), slot: spec.slot });
             missing -= 1;
@@ -143,7 +146,7 @@ fn plan_gpu(gpu: &str, want: &crate::desired::GpuDesired, have: &GpuObserved, ph
         phases[phase].extend(new_standby);
     }
     for r in &have.running {
-        if !keep.contains(r.id.as_str()) && !promoted_standby(r, want, phases, gpu) {
+        if !keep.contains(r.id.as_str()) {
             phases[1].push(Step::Drain { gpu: g(), id: r.id.clone() });
             phases[1].push(Step::Stop { gpu: g(), id: r.id.clone() });
         }
@@ -155,15 +158,6 @@ fn plan_gpu(gpu: &str, want: &crate::desired::GpuDesired, have: &GpuObserved, ph
         }
     }
     Ok(())
-}
-
-/// A standby that a `Promote` of this round turns active must not be stopped.
-fn promoted_standby(r: &Running, want: &crate::desired::GpuDesired, phases: &[Vec<Step>; 5], gpu: &str) -> bool {
-    r.role == Role::Standby
-        && want.workloads.iter().any(|s| s.same_config(&r.spec) && s.service == r.spec.service)
-        && phases[0].iter().any(
-            |st| matches!(st, Step::Promote { gpu: pg, service, slot } if pg == gpu && *service == r.spec.service && *slot == r.spec.slot),
-        )
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! retries any controller with back-off and jitter.
 
 use crate::backend::{select_backend, BackendOptions, GpuBackend};
-use crate::config::{gpu_model, AgentConfig};
+use crate::config::AgentConfig;
 use crate::desired::{decode, NodeDesired};
 use crate::executor::Executor;
 use crate::mps::{MpsControl, NvidiaMps, SimMps};
@@ -40,7 +40,7 @@ impl Agent {
     pub fn open(cfg: AgentConfig) -> anyhow::Result<Agent> {
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| anyhow::anyhow!("state_dir {}: {e}", cfg.state_dir.display()))?;
         let backend: Arc<dyn GpuBackend> = if cfg.gpu_backend == "sim" {
-            let models: Vec<_> = cfg.sim.gpus.iter().filter_map(|g| gpu_model(g)).collect();
+            let models: Vec<_> = cfg.sim.gpus.iter().filter_map(|g| planner::mig::GpuModel::for_name(g)).collect();
             let file = cfg.state_dir.join("sim-gpus.json");
             Arc::new(crate::backend::sim::SimBackend::for_host(&models, cfg.sim.mig_enabled, &cfg.node, Some(file))?)
         } else {

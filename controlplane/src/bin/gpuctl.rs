@@ -119,19 +119,17 @@ fn parse_kind(kind: &str) -> Result<Kind, String> {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    // Offline: no controller involved.
-    if let Command::Plan { files, strategy } = &args.command {
-        let state = state_from_resources(&read_manifests(files)?)?;
-        let (plan, input) = plan_offline(&state, *strategy);
-        return print_plan(&plan, &input, args.output);
-    }
     let servers: Vec<String> = args.servers.iter().filter(|s| !s.is_empty()).cloned().collect();
-    if servers.is_empty() {
-        return Err("--server: at least one controller address is required".into());
-    }
-    let client = Client::new(servers.clone());
+    // Only commands that talk to a controller need one (`plan` runs offline).
+    let connect = || {
+        if servers.is_empty() {
+            return Err("--server: at least one controller address is required".to_string());
+        }
+        Ok(Client::new(servers.clone()))
+    };
     match args.command {
         Command::Apply { files } => {
+            let client = connect()?;
             // Every file is parsed and checked before anything is sent.
             let all = read_manifests(&files)?;
             for r in all {
@@ -151,10 +149,12 @@ async fn run(args: Args) -> Result<(), String> {
             Ok(())
         }
         Command::Get { kind, name, stale, .. } if kind == "endpoints" || kind == "endpoint" => {
+            let client = connect()?;
             let nodes = client.list("Node", "", stale).await.map_err(describe_status)?.resources;
             print_endpoints(&nodes, name.as_deref(), args.output)
         }
         Command::Get { kind, name, tenant, stale } => {
+            let client = connect()?;
             let kind = parse_kind(&kind)?;
             let resources = match name {
                 Some(name) => vec![client.get(kind.as_str(), &name, stale).await.map_err(describe_status)?],
@@ -163,19 +163,25 @@ async fn run(args: Args) -> Result<(), String> {
             print_resources(kind, &resources, args.output)
         }
         Command::Describe { kind, name } => {
+            let client = connect()?;
             let kind = parse_kind(&kind)?;
             let r = client.get(kind.as_str(), &name, false).await.map_err(describe_status)?;
             let output = if args.output == Output::Table { Output::Yaml } else { args.output };
             print_resources(kind, &[r], output)
         }
         Command::Delete { kind, name, version } => {
+            let client = connect()?;
             let kind = parse_kind(&kind)?;
             client.delete(kind.as_str(), &name, version).await.map_err(describe_status)?;
             println!("{kind}/{name} deleted");
             Ok(())
         }
-        Command::Plan { .. } => unreachable!("handled above without a controller"),
-        Command::Cluster { command } => cluster(&client, &servers, command, args.output).await,
+        Command::Plan { files, strategy } => {
+            let state = state_from_resources(&read_manifests(&files)?)?;
+            let (plan, input) = plan_offline(&state, strategy);
+            print_plan(&plan, &input, args.output)
+        }
+        Command::Cluster { command } => cluster(&connect()?, &servers, command, args.output).await,
     }
 }
 
