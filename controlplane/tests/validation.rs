@@ -117,6 +117,47 @@ async fn bad_input_is_refused_with_code_and_field_and_commits_nothing() {
             field: "spec.replicas",
         },
         Case {
+            what: "iGniter coefficients without the figures Eq. 3 and 9 need",
+            resource: resource(
+                "GpuModel",
+                "T4-16GB",
+                "",
+                json!({"sm_count": 40, "memory_gib": 16, "idle_power_w": 10, "max_power_w": 70, "max_frequency_mhz": 1590,
+                       "igniter": {"alpha_f": -1.0, "alpha_sch": 0.005, "beta_sch": -0.01}}),
+            ),
+            mode: WriteMode::Create,
+            code: tonic::Code::InvalidArgument,
+            field: "spec.pcie_gbps",
+        },
+        Case {
+            what: "iGniter frequency rising with power",
+            resource: resource(
+                "GpuModel",
+                "T4-16GB",
+                "",
+                json!({"sm_count": 40, "memory_gib": 16, "idle_power_w": 10, "max_power_w": 70, "max_frequency_mhz": 1590,
+                       "pcie_gbps": 16, "igniter": {"alpha_f": 2.0, "alpha_sch": 0.005, "beta_sch": -0.01}}),
+            ),
+            mode: WriteMode::Create,
+            code: tonic::Code::InvalidArgument,
+            field: "spec.igniter.alpha_f",
+        },
+        Case {
+            what: "iGniter Eq. 11 denominator not positive",
+            resource: resource(
+                "ModelProfile",
+                "resnet50-a100-igniter",
+                "",
+                json!({"model": "resnet50", "gpu_model": "A100-80GB", "igniter": {
+                    "d_load_bytes": 150528, "d_feedback_bytes": 4096, "n_kernels": 0, "k_sch_ms": 0,
+                    "k": [0.4, 105.0, -58.0, -5.0, 63.0], "alpha_power": 0, "beta_power": 0,
+                    "alpha_cacheutil": 0, "beta_cacheutil": 0, "alpha_cache": 0}}),
+            ),
+            mode: WriteMode::Create,
+            code: tonic::Code::InvalidArgument,
+            field: "spec.igniter.k[3]",
+        },
+        Case {
             what: "malformed spec",
             resource: proto::Resource {
                 kind: "Service".into(),

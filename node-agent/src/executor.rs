@@ -261,6 +261,7 @@ impl Executor {
             device_uuid: device,
             mps_env,
             mps_percent: f64::from(percent),
+            gpu_name: self.gpu(gpu)?.name.clone(),
         };
         let cmd = launch_command(&self.template, &params);
         self.supervisor.start(gpu, spec, role, port, &cmd)?;

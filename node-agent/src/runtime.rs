@@ -42,7 +42,9 @@ impl Agent {
         let backend: Arc<dyn GpuBackend> = if cfg.gpu_backend == "sim" {
             let models: Vec<_> = cfg.sim.gpus.iter().filter_map(|g| planner::mig::GpuModel::for_name(g)).collect();
             let file = cfg.state_dir.join("sim-gpus.json");
-            Arc::new(crate::backend::sim::SimBackend::for_host(&models, cfg.sim.mig_enabled, &cfg.node, Some(file))?)
+            let sim = crate::backend::sim::SimBackend::for_host(&models, cfg.sim.mig_enabled, &cfg.node, Some(file))?;
+            sim.name_products(&cfg.sim.gpus);
+            Arc::new(sim)
         } else {
             select_backend(&cfg.gpu_backend, &BackendOptions::default())?
         };

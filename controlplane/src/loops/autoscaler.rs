@@ -12,7 +12,7 @@ use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launches_for, provisioned_rate, shortfall};
-use crate::provision::{fleet, plan_with, planning_input};
+use crate::provision::{fleet, plan_pools, planning_input, strategy_overrides};
 use crate::resources::{InstanceTypeSpec, Kind, Spec};
 use crate::state::{Command, Request};
 
@@ -90,8 +90,9 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         // Without a provider nodes come and go by hand; services are still re-sized.
         let Some(provider) = settings.provider.clone() else { continue };
         // 2. Nodes: launch what the plan needs beyond the healthy fleet and launches in flight.
-        let (input, available, types, plan_nodes, autoscaled) = controller.read(|d| {
+        let (input, overrides, available, types, plan_nodes, autoscaled) = controller.read(|d| {
             let input = planning_input(&d.cluster);
+            let overrides = strategy_overrides(&d.cluster);
             let mut available: BTreeMap<String, u32> = BTreeMap::new();
             for g in fleet(&d.cluster) {
                 *available.entry(g.model).or_default() += 1;
@@ -114,11 +115,11 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 .filter(|n| matches!(&n.spec, Spec::Node(s) if s.labels.get(AUTOSCALED_LABEL).is_some_and(|v| v == "true")))
                 .map(|n| n.name.clone())
                 .collect();
-            (input, available, types, plan_nodes, autoscaled)
+            (input, overrides, available, types, plan_nodes, autoscaled)
         });
         // Plan outside the state lock.
         let mut planned: BTreeMap<String, u32> = BTreeMap::new();
-        for g in &plan_with(&input, settings.mig_strategy).gpus {
+        for g in &plan_pools(&input, &overrides, settings.mig_strategy).gpus {
             *planned.entry(g.gpu_type.clone()).or_default() += 1;
         }
         // A launch is in flight until its node registers, or three launch latencies pass.

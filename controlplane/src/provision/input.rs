@@ -1,9 +1,10 @@
 //! The planner's input from the committed resources. Pure.
 
-use crate::resources::{Kind, Spec};
+use crate::resources::{BatchDistribution as BatchDistributionSpec, GpuModelSpec, Kind, Spec};
 use crate::state::ClusterState;
-use planner::input::{GpuType, PlanningInput, ServiceDemand};
+use planner::input::{BatchDistribution, GpuType, PlanningInput, ServiceDemand, UtilPoint};
 use planner::mig::GpuModel;
+use planner::perf::igniter::HardwareCoeffs;
 use planner::perf::table::ProfilePoint;
 
 /// GPU types from the GpuModel resources (priced per GPU-hour by the cheapest instance
@@ -25,8 +26,10 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
             .fold(f64::INFINITY, f64::min);
         // A GPU no instance type offers can still be planned on (nodes may exist), last.
         let price_per_hour = if price.is_finite() { price } else { 1e9 };
-        input.gpu_types.push(GpuType { name: r.name.clone(), model, price_per_hour, mps: spec.mps, igniter: None });
+        input.gpu_types.push(GpuType { name: r.name.clone(), model, price_per_hour, mps: spec.mps, igniter: igniter_hardware(spec) });
     }
+    // (model key, model, allowed GPU models) of the services restricted to some GPU models.
+    let mut restricted = Vec::new();
     for r in cluster.list(Kind::Service) {
         let Spec::Service(spec) = &r.spec else { continue };
         // An autoscaling service is planned for the rate the autoscaler set in its status
@@ -38,12 +41,17 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
             }
             (None, None) => 0.0,
         };
-        input.services.push(ServiceDemand {
-            name: r.name.clone(),
-            model: spec.model.clone(),
-            slo_ms: spec.slo.latency_ms,
-            request_rate: rate,
-        });
+        let key = model_key(&spec.model, &spec.allowed_gpu_models);
+        if key != spec.model {
+            restricted.push((key.clone(), spec.model.clone(), spec.allowed_gpu_models.clone()));
+        }
+        input.services.push(ServiceDemand { name: r.name.clone(), model: key, slo_ms: spec.slo.latency_ms, request_rate: rate });
+        if let Some(BatchDistributionSpec::LogNormal { mu, sigma, max_batch }) = &spec.batch_distribution {
+            input
+                .profiles
+                .batch_distributions
+                .insert(r.name.clone(), BatchDistribution::LogNormal { mu: *mu, sigma: *sigma, max_batch: *max_batch });
+        }
     }
     for r in cluster.list(Kind::ModelProfile) {
         let Spec::ModelProfile(spec) = &r.spec else { continue };
@@ -59,11 +67,78 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
                 latency_s: p.latency_ms / 1000.0,
             })
             .collect();
-        if points.is_empty() {
-            continue;
+        let utilisation: Vec<UtilPoint> = spec
+            .points
+            .iter()
+            .filter(|p| p.gpcs > 0)
+            .filter_map(|p| p.utilisation.map(|u| UtilPoint { gpcs: p.gpcs, batch: p.batch, utilisation: u }))
+            .collect();
+        if !points.is_empty() {
+            let table = input.profiles.tables.entry(spec.gpu_model.clone()).or_default().entry(spec.model.clone()).or_default();
+            table.points.extend(points);
         }
-        let table = input.profiles.tables.entry(spec.gpu_model.clone()).or_default().entry(spec.model.clone()).or_default();
-        table.points.extend(points);
+        if !utilisation.is_empty() {
+            input
+                .profiles
+                .utilisation
+                .entry(spec.gpu_model.clone())
+                .or_default()
+                .entry(spec.model.clone())
+                .or_default()
+                .extend(utilisation);
+        }
+        if let Some(coeffs) = &spec.igniter {
+            input.profiles.igniter.entry(spec.gpu_model.clone()).or_default().insert(spec.model.clone(), coeffs.clone());
+        }
     }
+    restrict_to_allowed_models(&mut input, &restricted);
     input
+}
+
+/// The planner's model key of a service: the model itself, or, for a service restricted to
+/// some GPU models, a key of its own (also readable in refusals) whose profiles exist only
+/// on the allowed GPU models. The strategies choose GPU types per model, so this is how a
+/// per-service restriction reaches them without changing them.
+fn model_key(model: &str, allowed: &[String]) -> String {
+    if allowed.is_empty() {
+        model.to_string()
+    } else {
+        format!("{model} (allowed: {})", allowed.join(", "))
+    }
+}
+
+/// Copies each restricted service's profiles, on its allowed GPU models only, to its key.
+fn restrict_to_allowed_models(input: &mut PlanningInput, restricted: &[(String, String, Vec<String>)]) {
+    let p = &mut input.profiles;
+    for (key, model, allowed) in restricted {
+        for gpu in allowed {
+            if let Some(t) = p.tables.get(gpu).and_then(|m| m.get(model)).cloned() {
+                p.tables.entry(gpu.clone()).or_default().insert(key.clone(), t);
+            }
+            if let Some(c) = p.igniter.get(gpu).and_then(|m| m.get(model)).cloned() {
+                p.igniter.entry(gpu.clone()).or_default().insert(key.clone(), c);
+            }
+            if let Some(u) = p.utilisation.get(gpu).and_then(|m| m.get(model)).cloned() {
+                p.utilisation.entry(gpu.clone()).or_default().insert(key.clone(), u);
+            }
+        }
+    }
+}
+
+/// iGniter's hardware coefficients of a GPU model, when its resource carries them (the
+/// validation made sure the power, frequency and bandwidth figures are there too).
+fn igniter_hardware(spec: &GpuModelSpec) -> Option<HardwareCoeffs> {
+    let hw = spec.igniter.as_ref()?;
+    Some(HardwareCoeffs {
+        max_power_w: spec.max_power_w?,
+        max_freq_mhz: spec.max_frequency_mhz?,
+        idle_power_w: spec.idle_power_w?,
+        // GB/s to bytes per ms.
+        pcie_bytes_per_ms: spec.pcie_gbps? * 1e6,
+        alpha_f: hw.alpha_f,
+        alpha_sch: hw.alpha_sch,
+        beta_sch: hw.beta_sch,
+        r_unit_pct: hw.r_unit_pct,
+        r_max_pct: hw.r_max_pct,
+    })
 }

@@ -5,17 +5,18 @@
 mod assign;
 mod input;
 pub mod offline;
+pub mod pools;
 pub mod scaling;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::planning_input;
+pub use pools::{plan_pools, Overrides};
 
 use crate::resources::{Kind, PlanSpec, ServicePrediction, Spec};
 use crate::state::ClusterState;
-use planner::strategy::{exact, parvagpu};
 use serde::{Deserialize, Serialize};
 
-/// The strategy for MIG pools.
+/// The default strategy for MIG pools (a Service's `spec.strategy` overrides it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum MigStrategy {
@@ -46,6 +47,7 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
 #[derive(Clone, Debug)]
 pub struct ProvisionInputs {
     pub input: planner::input::PlanningInput,
+    pub overrides: Overrides,
     pub fleet: Vec<FleetGpu>,
     pub current: Option<PlanSpec>,
 }
@@ -55,20 +57,23 @@ pub fn gather(cluster: &ClusterState) -> ProvisionInputs {
         Spec::Plan(p) => Some(p.clone()),
         _ => None,
     });
-    ProvisionInputs { input: planning_input(cluster), fleet: fleet(cluster), current }
+    ProvisionInputs { input: planning_input(cluster), overrides: strategy_overrides(cluster), fleet: fleet(cluster), current }
 }
 
-/// The planner's plan for every service, before it meets the fleet.
-pub fn plan_with(input: &planner::input::PlanningInput, strategy: MigStrategy) -> planner::plan::Plan {
-    match strategy {
-        MigStrategy::Parvagpu => parvagpu::plan(input, &parvagpu::ParvaConfig::default()),
-        MigStrategy::ExactMig => exact::plan(input, &exact::ExactConfig::default()).0,
-    }
+/// The services that name their own strategy.
+pub fn strategy_overrides(cluster: &ClusterState) -> Overrides {
+    cluster
+        .list(Kind::Service)
+        .filter_map(|r| match &r.spec {
+            Spec::Service(s) => s.strategy.map(|st| (r.name.clone(), st)),
+            _ => None,
+        })
+        .collect()
 }
 
-/// The planner's plan for every service of `cluster`.
+/// The planner's plan for every service of `cluster`, before it meets the fleet.
 pub fn plan_services(cluster: &ClusterState, strategy: MigStrategy) -> planner::plan::Plan {
-    plan_with(&planning_input(cluster), strategy)
+    plan_pools(&planning_input(cluster), &strategy_overrides(cluster), strategy)
 }
 
 /// One provisioning pass: plan the services, then place the plan's GPUs on the fleet,
@@ -79,7 +84,7 @@ pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
 
 /// [`provision`] from inputs already gathered.
 pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
-    let plan = plan_with(&inputs.input, strategy);
+    let plan = plan_pools(&inputs.input, &inputs.overrides, strategy);
     let (gpus, unplaced) = assign_to_nodes(&plan, &inputs.fleet, inputs.current.as_ref());
     let mut services: Vec<ServicePrediction> = plan
         .predictions

@@ -2,13 +2,12 @@
 //! in-memory state machine (the same validation and reference checks as the controllers),
 //! then a strategy runs on it.
 
-use super::{planning_input, MigStrategy};
+use super::{plan_pools, planning_input, strategy_overrides, MigStrategy};
 use crate::api::spec_from_proto;
 use crate::resources::validate_spec;
 use crate::state::{ClusterState, Command, Request, WriteMode};
 use planner::input::PlanningInput;
 use planner::plan::Plan;
-use planner::strategy::{exact, parvagpu};
 
 /// The state the manifests describe, or the first refusal as one line.
 pub fn state_from_resources(resources: &[proto::Resource]) -> Result<ClusterState, String> {
@@ -32,10 +31,7 @@ pub fn state_from_resources(resources: &[proto::Resource]) -> Result<ClusterStat
 /// needed: the plan says how many GPUs of each model it takes).
 pub fn plan_offline(state: &ClusterState, strategy: MigStrategy) -> (Plan, PlanningInput) {
     let input = planning_input(state);
-    let plan = match strategy {
-        MigStrategy::Parvagpu => parvagpu::plan(&input, &parvagpu::ParvaConfig::default()),
-        MigStrategy::ExactMig => exact::plan(&input, &exact::ExactConfig::default()).0,
-    };
+    let plan = plan_pools(&input, &strategy_overrides(state), strategy);
     (plan, input)
 }
 
@@ -89,6 +85,68 @@ spec: {model: resnet50, slo: {latency_ms: 100, request_rate: 500}}
         assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
         assert!(plan.prediction("web").unwrap().capacity_rps >= 500.0);
         assert_eq!(plan.cost_per_hour(&input.gpu_types), 4.0 * plan.gpus_used() as f64);
+    }
+
+    fn resource(kind: &str, name: &str, tenant: &str, spec: serde_json::Value) -> proto::Resource {
+        proto::Resource { kind: kind.into(), name: name.into(), tenant: tenant.into(), spec_json: spec.to_string(), ..Default::default() }
+    }
+
+    /// The fleet above plus T4s that carry iGniter coefficients for resnet50.
+    fn with_t4(services: Vec<proto::Resource>) -> Vec<proto::Resource> {
+        let shape = planner::perf::synthetic::example_models().into_iter().find(|m| m.name == "resnet50").unwrap();
+        let mut all = resources(FLEET);
+        all.retain(|r| r.kind != "Service");
+        all.push(resource(
+            "GpuModel",
+            "T4-16GB",
+            "",
+            serde_json::json!({"sm_count": 40, "memory_gib": 16, "idle_power_w": 10, "max_power_w": 70, "max_frequency_mhz": 1590,
+                "pcie_gbps": 16, "igniter": {"alpha_f": 0.0, "alpha_sch": 0.0, "beta_sch": 0.0}}),
+        ));
+        all.push(resource(
+            "InstanceType",
+            "g4dn",
+            "",
+            serde_json::json!({"gpu_model": "T4-16GB", "gpu_count": 1, "price_per_hour": 0.5, "launch_latency_s": 60}),
+        ));
+        all.push(resource(
+            "ModelProfile",
+            "r50-t4",
+            "",
+            serde_json::json!({"model": "resnet50", "gpu_model": "T4-16GB",
+                "igniter": planner::perf::synthetic::igniter_workload(&shape, 0.25)}),
+        ));
+        all.extend(services);
+        all
+    }
+
+    #[test]
+    fn an_mps_only_gpu_with_igniter_coefficients_is_planned_by_igniter() {
+        let svc = |name: &str, rate: f64, allowed: &[&str]| {
+            resource(
+                "Service",
+                name,
+                "acme",
+                serde_json::json!({"model": "resnet50", "slo": {"latency_ms": 400, "request_rate": rate}, "allowed_gpu_models": allowed}),
+            )
+        };
+        let state =
+            state_from_resources(&with_t4(vec![svc("pinned", 300.0, &["T4-16GB"]), svc("on-a100", 300.0, &["A100-80GB"])])).unwrap();
+        let (plan, input) = plan_offline(&state, MigStrategy::Parvagpu);
+        assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
+        let t4 = input.gpu_types.iter().find(|t| t.name == "T4-16GB").unwrap();
+        assert_eq!(t4.igniter.as_ref().map(|h| h.pcie_bytes_per_ms), Some(16e6), "GB/s become bytes per ms");
+        for g in &plan.gpus {
+            let services: Vec<&str> = g.workloads.iter().map(|w| w.service.as_str()).collect();
+            match g.gpu_type.as_str() {
+                "T4-16GB" => assert_eq!(services, ["pinned"]),
+                _ => assert_eq!(services, ["on-a100"]),
+            }
+        }
+        assert_eq!(plan.strategy, "parvagpu+igniter");
+        // A restriction to a GPU model the cluster does not know is refused when applied.
+        let state = state_from_resources(&with_t4(vec![svc("nowhere", 100.0, &["H100-80GB"])]));
+        assert!(state.is_err(), "an unknown GPU model in allowed_gpu_models is refused at apply time");
     }
 
     #[test]

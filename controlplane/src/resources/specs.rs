@@ -114,8 +114,38 @@ pub struct GpuModelSpec {
     pub max_power_w: Option<f64>,
     #[serde(default)]
     pub max_frequency_mhz: Option<f64>,
+    /// Host-to-GPU bandwidth available to inference, GB/s.
     #[serde(default)]
     pub pcie_gbps: Option<f64>,
+    /// iGniter's hardware coefficients: with them (and the four figures above) the GPU can
+    /// be provisioned by iGniter when it has no MIG.
+    #[serde(default)]
+    pub igniter: Option<IgniterHardwareSpec>,
+}
+
+/// iGniter's fitted hardware coefficients (iGniter Sec. 3.1, Eq. 6 and 9).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IgniterHardwareSpec {
+    /// Eq. 9: frequency drop per watt over the power cap, MHz/W (<= 0).
+    pub alpha_f: f64,
+    /// Eq. 6: scheduling delay growth per co-located workload, ms per kernel.
+    pub alpha_sch: f64,
+    pub beta_sch: f64,
+    /// Allocation unit r_unit, percent of the GPU (iGniter: 2.5 on a V100).
+    #[serde(default = "r_unit")]
+    pub r_unit_pct: f64,
+    /// Most of the GPU iGniter may hand out, percent.
+    #[serde(default = "r_max")]
+    pub r_max_pct: f64,
+}
+
+fn r_unit() -> f64 {
+    2.5
+}
+
+fn r_max() -> f64 {
+    100.0
 }
 
 fn yes() -> bool {
@@ -164,9 +194,10 @@ pub struct ModelProfileSpec {
     /// ParvaGPU-style table rows.
     #[serde(default)]
     pub points: Vec<ProfilePoint>,
-    /// iGniter coefficients by name (e.g. `k_act`, `alpha_sch`), as fitted by the planner.
+    /// iGniter's workload coefficients (Sec. 3.1) of this model on this GPU model, as fitted
+    /// from profiling (Eq. 11 and the power and L2 lines).
     #[serde(default)]
-    pub igniter: BTreeMap<String, f64>,
+    pub igniter: Option<planner::perf::igniter::WorkloadCoeffs>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -184,6 +215,9 @@ pub struct ProfilePoint {
     /// Throughput of one process, requests per second.
     pub throughput_rps: f64,
     pub latency_ms: f64,
+    /// GPU compute utilisation in [0, 1] at this point (PARIS's utilisation curves).
+    #[serde(default)]
+    pub utilisation: Option<f64>,
 }
 
 fn one_u32() -> u32 {

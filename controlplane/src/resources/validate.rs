@@ -87,11 +87,12 @@ pub fn validate_spec(spec: &Spec) -> Result<(), FieldError> {
                 }
                 non_negative(&f("throughput_rps"), pt.throughput_rps)?;
                 non_negative(&f("latency_ms"), pt.latency_ms)?;
-            }
-            for (name, value) in &p.igniter {
-                if !value.is_finite() {
-                    return Err(FieldError::invalid(format!("spec.igniter.{name}"), "must be a finite number"));
+                if let Some(u) = pt.utilisation {
+                    positive(&f("utilisation"), u, 1.0)?;
                 }
+            }
+            if let Some(w) = &p.igniter {
+                validate_igniter_workload(w)?;
             }
         }
         Spec::Service(s) => validate_service(s)?,
@@ -124,6 +125,66 @@ fn validate_address(field: &str, address: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// iGniter's model needs the power, frequency and bandwidth figures along with the fitted
+/// coefficients (Eq. 3, 9, 10).
+fn validate_igniter_hardware(g: &GpuModelSpec, hw: &IgniterHardwareSpec) -> Result<(), FieldError> {
+    for (field, value) in [
+        ("spec.idle_power_w", g.idle_power_w),
+        ("spec.max_power_w", g.max_power_w),
+        ("spec.max_frequency_mhz", g.max_frequency_mhz),
+        ("spec.pcie_gbps", g.pcie_gbps),
+    ] {
+        if value.is_none() {
+            return Err(FieldError::invalid(field, "required when spec.igniter is set (iGniter's Eq. 3, 9 and 10 use it)"));
+        }
+    }
+    if g.idle_power_w >= g.max_power_w {
+        return Err(FieldError::invalid("spec.idle_power_w", "must be below spec.max_power_w"));
+    }
+    if !hw.alpha_f.is_finite() || hw.alpha_f > 0.0 {
+        return Err(FieldError::invalid("spec.igniter.alpha_f", format!("must be <= 0: frequency drops with power (got {})", hw.alpha_f)));
+    }
+    for (field, v) in [("spec.igniter.alpha_sch", hw.alpha_sch), ("spec.igniter.beta_sch", hw.beta_sch)] {
+        if !v.is_finite() {
+            return Err(FieldError::invalid(field, format!("must be a finite number (got {v})")));
+        }
+    }
+    positive("spec.igniter.r_max_pct", hw.r_max_pct, 100.0)?;
+    positive("spec.igniter.r_unit_pct", hw.r_unit_pct, hw.r_max_pct)?;
+    Ok(())
+}
+
+fn validate_igniter_workload(w: &planner::perf::igniter::WorkloadCoeffs) -> Result<(), FieldError> {
+    for (field, v) in [
+        ("spec.igniter.d_load_bytes", w.d_load_bytes),
+        ("spec.igniter.d_feedback_bytes", w.d_feedback_bytes),
+        ("spec.igniter.n_kernels", w.n_kernels),
+        ("spec.igniter.k_sch_ms", w.k_sch_ms),
+    ] {
+        non_negative(field, v)?;
+    }
+    // Eq. 11 divides by r + k4; shares start at 1%.
+    if !w.k[3].is_finite() || w.k[3] <= -1.0 {
+        return Err(FieldError::invalid("spec.igniter.k[3]", format!("must be > -1 so that r + k4 > 0 for shares >= 1% (got {})", w.k[3])));
+    }
+    for (field, v) in [
+        ("spec.igniter.k[0]", w.k[0]),
+        ("spec.igniter.k[1]", w.k[1]),
+        ("spec.igniter.k[2]", w.k[2]),
+        ("spec.igniter.k[4]", w.k[4]),
+        ("spec.igniter.alpha_power", w.alpha_power),
+        ("spec.igniter.beta_power", w.beta_power),
+        ("spec.igniter.alpha_cacheutil", w.alpha_cacheutil),
+        ("spec.igniter.beta_cacheutil", w.beta_cacheutil),
+        ("spec.igniter.alpha_cache", w.alpha_cache),
+    ] {
+        if !v.is_finite() {
+            return Err(FieldError::invalid(field, format!("must be a finite number (got {v})")));
+        }
+    }
+    Ok(())
+}
+
 fn validate_gpu_model(g: &GpuModelSpec) -> Result<(), FieldError> {
     if g.sm_count == 0 {
         return Err(FieldError::invalid("spec.sm_count", "must be >= 1"));
@@ -138,6 +199,9 @@ fn validate_gpu_model(g: &GpuModelSpec) -> Result<(), FieldError> {
         if let Some(v) = value {
             positive(field, v, 1e6)?;
         }
+    }
+    if let Some(hw) = &g.igniter {
+        validate_igniter_hardware(g, hw)?;
     }
     if let Some(mig) = &g.mig {
         if mig.compute_slices == 0 || mig.memory_slices == 0 {

@@ -15,6 +15,7 @@ fn gpu_model() -> Spec {
         max_power_w: None,
         max_frequency_mhz: None,
         pcie_gbps: None,
+        igniter: None,
     })
 }
 

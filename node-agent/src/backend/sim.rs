@@ -70,6 +70,20 @@ impl SimBackend {
     /// Simulated GPUs of one host: uuids unique to `host`, and the MIG state kept in
     /// `device_file` so that it survives an agent restart as hardware state does. An
     /// existing file must describe the same GPU models, else it is refused.
+    /// Names the GPUs without MIG after their configured model (`V100-16GB`, `T4`, ...),
+    /// which the product table cannot tell apart, so that what runs on them (the simulated
+    /// inference servers' speed) can.
+    pub fn name_products(&self, configured: &[String]) {
+        let mut state = lock(&self.state);
+        for (g, name) in state.gpus.iter_mut().zip(configured) {
+            if g.info.model == GpuModel::NoMig {
+                let (product, memory_mib) = no_mig_product(name);
+                g.info.name = product.to_string();
+                g.info.memory_mib = memory_mib;
+            }
+        }
+    }
+
     pub fn for_host(models: &[GpuModel], mig_enabled: bool, host: &str, device_file: Option<PathBuf>) -> Result<Self, BackendError> {
         let host_seed = fnv1a(host.as_bytes());
         let backend = SimBackend::new(models, mig_enabled);
@@ -307,6 +321,19 @@ fn product(model: GpuModel) -> (&'static str, u64) {
         GpuModel::H100_80GB => ("NVIDIA H100 80GB HBM3", 81_559),
         GpuModel::H200 => ("NVIDIA H200", 143_771),
         GpuModel::NoMig => ("Tesla T4", 15_360),
+    }
+}
+
+/// Product name and memory of a simulated GPU without MIG, by its configured model name.
+fn no_mig_product(name: &str) -> (&'static str, u64) {
+    if name.contains("V100") {
+        ("Tesla V100-SXM2-16GB", 16_384)
+    } else if name.contains("L4") {
+        ("NVIDIA L4", 23_034)
+    } else if name.contains("A10") {
+        ("NVIDIA A10", 23_028)
+    } else {
+        ("Tesla T4", 15_360)
     }
 }
 

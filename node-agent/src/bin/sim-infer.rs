@@ -38,6 +38,10 @@ struct Args {
     /// Multiplies every service time.
     #[arg(long, env = "SIM_INFER_TIME_SCALE", default_value_t = 1.0)]
     time_scale: f64,
+    /// The simulated GPU's product or model name: its speed relative to an A100 divides
+    /// every service time (planner::perf::synthetic::gpu_speed).
+    #[arg(long, env = "SIM_INFER_GPU", default_value = "A100")]
+    gpu: String,
     /// Reported as `served_by`; default `<model>@<gpcs>g:<port>`.
     #[arg(long, env = "SIM_INFER_ID", default_value = "")]
     id: String,
@@ -71,6 +75,8 @@ async fn terminated() {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
     let args = Args::parse();
+    let speed = planner::perf::synthetic::gpu_speed(&args.gpu)
+        .ok_or_else(|| anyhow::anyhow!("--gpu {:?}: not a GPU the simulation knows (A100, H100, H200, V100, A10, L4, T4)", args.gpu))?;
     let config = SimInferConfig {
         id: args.id,
         model: args.model,
@@ -79,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
             mps_percent: args.mps_percent,
             colocated_load: args.colocated_load,
             noise_sigma: args.noise_sigma,
-            time_scale: args.time_scale,
+            time_scale: args.time_scale / speed,
         },
         max_batch: args.max_batch,
         batch_window: Duration::from_micros(args.batch_window_us),

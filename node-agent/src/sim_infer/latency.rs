@@ -108,14 +108,8 @@ impl LatencyModel {
 
     /// Mean time of one batch of `batch` samples, ms (see the module docs).
     pub fn mean_ms(&self, batch: u32) -> f64 {
-        let s = &self.shape;
-        let g = f64::from(self.gpcs);
-        let compute_gpcs = g * self.share;
-        let memory_slices = instance_memory_gib(self.gpcs) / 10.0;
-        let samples = f64::from(batch.max(1)).max(s.saturation_batch_per_gpc * compute_gpcs);
-        let slowdown = (1.0 - s.memory_bound) * 7.0 / compute_gpcs + s.memory_bound * 8.0 / memory_slices;
-        let solo = s.overhead_ms + s.work_ms * samples * slowdown;
-        solo * (1.0 + s.interference * self.colocated_load) * self.time_scale
+        let solo = self.shape.shared_batch_ms(self.gpcs, self.share, batch);
+        solo * (1.0 + self.shape.interference * self.colocated_load) * self.time_scale
     }
 
     /// One noisy draw of the batch time, ms.

@@ -14,8 +14,8 @@ pub enum Template {
         program: String,
         model_repository: String,
     },
-    /// Any command. `{service}`, `{model}`, `{batch}`, `{port}`, `{gpcs}` and `{mps_percent}`
-    /// in the arguments are replaced per workload.
+    /// Any command. `{service}`, `{model}`, `{batch}`, `{port}`, `{gpcs}`, `{mps_percent}`
+    /// and `{gpu_name}` (the GPU's product name) in the arguments are replaced per workload.
     Command {
         program: String,
         #[serde(default)]
@@ -42,6 +42,8 @@ pub struct LaunchParams {
     /// The MPS client environment (pipe directory, active thread %).
     pub mps_env: Vec<(String, String)>,
     pub mps_percent: f64,
+    /// The GPU's product name, e.g. `NVIDIA A100-SXM4-80GB`.
+    pub gpu_name: String,
 }
 
 /// Placeholders, so a template can pass anything it needs on the command line.
@@ -52,6 +54,7 @@ fn expand(arg: &str, p: &LaunchParams) -> String {
         .replace("{port}", &p.port.to_string())
         .replace("{gpcs}", &p.gpcs.to_string())
         .replace("{mps_percent}", &format!("{}", p.mps_percent))
+        .replace("{gpu_name}", &p.gpu_name)
 }
 
 /// The command that starts one process of a workload.
@@ -93,6 +96,7 @@ mod tests {
                 ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "40".into()),
             ],
             mps_percent: 40.0,
+            gpu_name: "NVIDIA A100-SXM4-80GB".into(),
         }
     }
 
@@ -104,10 +108,17 @@ mod tests {
     fn generic_command_expands_placeholders_and_sets_the_cuda_environment() {
         let t = Template::Command {
             program: "sim-infer".into(),
-            args: vec!["--model={model}".into(), "--listen=127.0.0.1:{port}".into(), "--batch={batch}".into(), "--gpcs={gpcs}".into()],
+            args: vec![
+                "--model={model}".into(),
+                "--listen=127.0.0.1:{port}".into(),
+                "--batch={batch}".into(),
+                "--gpcs={gpcs}".into(),
+                "--gpu={gpu_name}".into(),
+            ],
         };
         let c = launch_command(&t, &params());
-        assert_eq!(c.command_line(), "sim-infer --model=resnet50 --listen=127.0.0.1:7101 --batch=8 --gpcs=3");
+        assert_eq!(c.command_line(), "sim-infer --model=resnet50 --listen=127.0.0.1:7101 --batch=8 --gpcs=3 '--gpu=NVIDIA A100-SXM4-80GB'");
+        assert_eq!(c.args.last().map(String::as_str), Some("--gpu=NVIDIA A100-SXM4-80GB"), "one argument despite the space");
         assert_eq!(env_of(&c, "CUDA_VISIBLE_DEVICES"), Some("MIG-1234"));
         assert_eq!(env_of(&c, "CUDA_MPS_PIPE_DIRECTORY"), Some("/var/lib/gpuplane/mps/MIG-1234/pipe"));
         assert_eq!(env_of(&c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("40"));

@@ -30,8 +30,10 @@ pub struct HardwareCoeffs {
     pub r_max_pct: f64,
 }
 
-/// The workload-specific coefficients of one model on one GPU type (Sec. 3.1).
+/// The workload-specific coefficients of one model on one GPU type (Sec. 3.1). Also the
+/// controller's ModelProfile schema, hence unknown fields are refused.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WorkloadCoeffs {
     /// Input bytes per request d_load.
     pub d_load_bytes: f64,

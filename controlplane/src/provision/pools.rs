@@ -1,0 +1,256 @@
+//! Which strategy plans which service. The fleet has two kinds of GPU pool: MIG GPUs
+//! (A100, H100), planned by ParvaGPU or the exact MIG planner, or by PARIS for services
+//! that declare a batch-size distribution; and MPS-only GPUs with iGniter coefficients
+//! (V100, T4), planned by iGniter. Each service goes to one pool; each pool is planned by
+//! its strategy on its own GPU types, and the pool plans are merged. Pure.
+
+use std::collections::BTreeMap;
+
+use planner::input::{GpuType, PlanningInput};
+use planner::plan::{GpuPlan, Plan, Sharing};
+use planner::strategy::{exact, igniter, paris, parvagpu};
+
+use super::MigStrategy;
+use crate::resources::Strategy;
+
+/// Per-service strategy overrides (`spec.strategy` of the Service resources).
+pub type Overrides = BTreeMap<String, Strategy>;
+
+/// A group of services planned together by one strategy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Pool {
+    Parvagpu,
+    ExactMig,
+    Paris,
+    Igniter,
+}
+
+impl Pool {
+    fn of(strategy: Strategy) -> Pool {
+        match strategy {
+            Strategy::Parvagpu => Pool::Parvagpu,
+            Strategy::ExactMig => Pool::ExactMig,
+            Strategy::Paris => Pool::Paris,
+            Strategy::Igniter => Pool::Igniter,
+        }
+    }
+
+    fn default_mig(strategy: MigStrategy) -> Pool {
+        match strategy {
+            MigStrategy::Parvagpu => Pool::Parvagpu,
+            MigStrategy::ExactMig => Pool::ExactMig,
+        }
+    }
+
+    /// The GPU types this pool's strategy plans on.
+    fn serves(self, t: &GpuType) -> bool {
+        match self {
+            Pool::Parvagpu | Pool::ExactMig | Pool::Paris => t.mig(),
+            Pool::Igniter => !t.mig() && t.mps && t.igniter.is_some(),
+        }
+    }
+
+    fn plan(self, input: &PlanningInput) -> Plan {
+        match self {
+            Pool::Parvagpu => parvagpu::plan(input, &parvagpu::ParvaConfig::default()),
+            Pool::ExactMig => exact::plan(input, &exact::ExactConfig::default()).0,
+            // Services in this pool declared their distribution; the default only matters for
+            // an explicit `strategy: paris` without one (PARIS Sec. V's log-normal over 1-32;
+            // the paper gives no µ, σ: ours put the median at batch 2).
+            Pool::Paris => paris::plan(input, &paris::ParisConfig::lognormal(2f64.ln(), 0.8, 32)),
+            Pool::Igniter => igniter::plan(input, &igniter::IgniterConfig::default()),
+        }
+    }
+}
+
+/// The input restricted to one pool: its GPU types and the given services.
+fn pool_input(input: &PlanningInput, pool: Pool, services: &[usize]) -> PlanningInput {
+    PlanningInput {
+        gpu_types: input.gpu_types.iter().filter(|t| pool.serves(t)).cloned().collect(),
+        services: services.iter().map(|&i| input.services[i].clone()).collect(),
+        profiles: input.profiles.clone(),
+    }
+}
+
+/// What a plan occupies, priced: the MIG instances' share of each GPU (GPCs / 7), or the MPS
+/// shares with the shadows' reserve. Used to compare pools for one service, where whole-GPU
+/// counts would favour neither fairly.
+fn occupied_cost(plan: &Plan, types: &[GpuType]) -> f64 {
+    let price = |g: &GpuPlan| types.iter().find(|t| t.name == g.gpu_type).map_or(0.0, |t| t.price_per_hour);
+    plan.gpus
+        .iter()
+        .map(|g| match g.sharing {
+            Sharing::Mig { .. } => price(g) * f64::from(g.gpcs_used()) / f64::from(planner::mig::COMPUTE_SLICES),
+            Sharing::MpsOnly => price(g) * g.mps_used() / 100.0,
+        })
+        .sum()
+}
+
+/// The pool of service `i`: its override; else PARIS when it declared a batch-size
+/// distribution and PARIS's utilisation curves exist for it; else the MIG pool or iGniter,
+/// whichever occupies less cost for it alone (MIG on a tie; a service neither can plan goes
+/// to the MIG pool, whose strategy then reports why).
+fn choose(input: &PlanningInput, i: usize, overrides: &Overrides, mig: Pool) -> Pool {
+    let s = &input.services[i];
+    if let Some(&o) = overrides.get(&s.name) {
+        return Pool::of(o);
+    }
+    let mig_types = input.gpu_types.iter().filter(|t| mig.serves(t));
+    if input.profiles.batch_distributions.contains_key(&s.name)
+        && mig_types.clone().any(|t| input.profiles.utilisation_curve(&t.name, &s.model).is_some())
+    {
+        return Pool::Paris;
+    }
+    let on_mig = mig_types.clone().any(|t| input.profiles.table(&t.name, &s.model).is_some());
+    let on_mps = input.gpu_types.iter().any(|t| Pool::Igniter.serves(t) && input.profiles.coeffs(&t.name, &s.model).is_some());
+    match (on_mig, on_mps) {
+        (_, false) => mig,
+        (false, true) => Pool::Igniter,
+        (true, true) => {
+            let cost = |pool: Pool| {
+                let alone = pool_input(input, pool, &[i]);
+                let plan = pool.plan(&alone);
+                if plan.infeasible.is_empty() {
+                    occupied_cost(&plan, &alone.gpu_types)
+                } else {
+                    f64::INFINITY
+                }
+            };
+            if cost(Pool::Igniter) < cost(mig) {
+                Pool::Igniter
+            } else {
+                mig
+            }
+        }
+    }
+}
+
+/// Plans every service in its pool and merges the pool plans (GPU slots renumbered, the
+/// strategy named after the pools that plan something, e.g. `parvagpu+igniter`).
+pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: MigStrategy) -> Plan {
+    let mig = Pool::default_mig(mig_strategy);
+    let mut members: BTreeMap<Pool, Vec<usize>> = BTreeMap::new();
+    for i in 0..input.services.len() {
+        members.entry(choose(input, i, overrides, mig)).or_default().push(i);
+    }
+    let mut merged = Plan { strategy: String::new(), gpus: Vec::new(), predictions: Vec::new(), infeasible: Vec::new() };
+    let mut names = Vec::new();
+    for (pool, services) in &members {
+        let plan = pool.plan(&pool_input(input, *pool, services));
+        names.push(plan.strategy.clone());
+        for mut g in plan.gpus {
+            g.slot = merged.gpus.len() as u32;
+            merged.gpus.push(g);
+        }
+        merged.predictions.extend(plan.predictions);
+        merged.infeasible.extend(plan.infeasible);
+    }
+    merged.strategy = if names.is_empty() { mig_strategy_name(mig_strategy) } else { names.join("+") };
+    merged
+}
+
+fn mig_strategy_name(s: MigStrategy) -> String {
+    match s {
+        MigStrategy::Parvagpu => "parvagpu".into(),
+        MigStrategy::ExactMig => "exact".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use planner::input::{Profiles, ServiceDemand};
+    use planner::mig::GpuModel;
+    use planner::perf::synthetic::example_models;
+
+    fn mps_type(name: &str, price: f64) -> GpuType {
+        GpuType {
+            name: name.into(),
+            model: GpuModel::NoMig,
+            price_per_hour: price,
+            mps: true,
+            igniter: Some(planner::perf::synthetic::igniter_hardware()),
+        }
+    }
+
+    /// A100s with ParvaGPU tables for every example model; T4s with iGniter coefficients
+    /// for resnet50 only.
+    fn input(services: Vec<ServiceDemand>) -> PlanningInput {
+        let mut profiles = Profiles::default();
+        for m in example_models() {
+            profiles.tables.entry("A100-80GB".into()).or_default().insert(m.name.clone(), m.table(3));
+        }
+        let resnet = example_models().into_iter().find(|m| m.name == "resnet50").unwrap();
+        profiles
+            .igniter
+            .entry("T4".into())
+            .or_default()
+            .insert("resnet50".into(), planner::perf::synthetic::igniter_workload(&resnet, 0.25));
+        PlanningInput {
+            gpu_types: vec![
+                GpuType { name: "A100-80GB".into(), model: GpuModel::A100_80GB, price_per_hour: 4.0, mps: true, igniter: None },
+                mps_type("T4", 0.5),
+            ],
+            services,
+            profiles,
+        }
+    }
+
+    fn service(name: &str, model: &str, slo_ms: f64, rate: f64) -> ServiceDemand {
+        ServiceDemand { name: name.into(), model: model.into(), slo_ms, request_rate: rate }
+    }
+
+    #[test]
+    fn a_small_service_goes_to_the_cheap_mps_pool_and_a_model_without_coefficients_to_mig() {
+        let inp = input(vec![service("small", "resnet50", 200.0, 20.0), service("bert", "bert-base", 200.0, 100.0)]);
+        let plan = plan_pools(&inp, &Overrides::new(), MigStrategy::Parvagpu);
+        assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
+        let types_of = |svc: &str| -> Vec<&str> {
+            plan.gpus.iter().filter(|g| g.workloads.iter().any(|w| w.service == svc)).map(|g| g.gpu_type.as_str()).collect()
+        };
+        assert_eq!(types_of("small"), ["T4"]);
+        assert_eq!(types_of("bert"), ["A100-80GB"]);
+        assert_eq!(plan.strategy, "parvagpu+igniter");
+        // Slots are unique after the merge.
+        let slots: std::collections::BTreeSet<u32> = plan.gpus.iter().map(|g| g.slot).collect();
+        assert_eq!(slots.len(), plan.gpus.len());
+        assert_eq!(plan.predictions.len(), 2);
+    }
+
+    #[test]
+    fn an_override_wins_over_the_cost_choice() {
+        let inp = input(vec![service("small", "resnet50", 200.0, 20.0)]);
+        let overrides = Overrides::from([("small".to_string(), Strategy::ExactMig)]);
+        let plan = plan_pools(&inp, &overrides, MigStrategy::Parvagpu);
+        assert!(plan.gpus.iter().all(|g| g.gpu_type == "A100-80GB"));
+        assert_eq!(plan.strategy, "exact");
+    }
+
+    #[test]
+    fn a_forced_pool_without_data_reports_the_service_instead_of_dropping_it() {
+        let inp = input(vec![service("bert", "bert-base", 200.0, 100.0)]);
+        let overrides = Overrides::from([("bert".to_string(), Strategy::Igniter)]);
+        let plan = plan_pools(&inp, &overrides, MigStrategy::Parvagpu);
+        assert!(plan.gpus.is_empty());
+        assert_eq!(plan.infeasible.len(), 1);
+        assert_eq!(plan.infeasible[0].service, "bert");
+    }
+
+    #[test]
+    fn every_service_is_planned_or_refused_exactly_once() {
+        let services: Vec<ServiceDemand> = (0..12)
+            .map(|i| {
+                let model = ["resnet50", "bert-base", "vgg19", "no-such-model"][i % 4];
+                service(&format!("s{i}"), model, 100.0 + 20.0 * i as f64, 30.0 * (i as f64 + 1.0))
+            })
+            .collect();
+        let inp = input(services.clone());
+        let plan = plan_pools(&inp, &Overrides::new(), MigStrategy::Parvagpu);
+        for s in &services {
+            let planned = plan.predictions.iter().filter(|p| p.service == s.name).count();
+            let refused = plan.infeasible.iter().filter(|f| f.service == s.name).count();
+            assert_eq!(planned + refused, 1, "{}", s.name);
+        }
+        assert!(plan.infeasible.iter().any(|f| f.service == "s3"));
+    }
+}
