@@ -11,6 +11,7 @@ pub mod client;
 pub mod cloud;
 pub mod config;
 pub mod controller;
+pub mod demo;
 pub mod loops;
 pub mod manifest;
 pub mod provision;

@@ -2,6 +2,7 @@
 //! committed Plans (desired state) and the latest agent reports (soft state, leader memory).
 
 mod desired;
+pub mod endpoints;
 mod reports;
 
 pub use desired::desired_state;

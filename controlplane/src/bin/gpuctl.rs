@@ -66,6 +66,31 @@ enum Command {
         #[arg(long, value_enum, default_value_t = MigStrategy::Parvagpu)]
         strategy: MigStrategy,
     },
+    /// A local cluster on simulated GPUs, end to end: 3 controllers, a heterogeneous fleet
+    /// (A100 and H100 with MIG, V100 and T4 with MPS), a multi-tenant workload under load,
+    /// the deployment map and SLO report, a leader kill, a service change, a host failure,
+    /// and autoscaling. Needs the controlplane, node-agent and sim-infer binaries next to
+    /// gpuctl (`cargo build --release`).
+    Demo {
+        /// Strategy for the MIG GPUs.
+        #[arg(long, value_enum, default_value_t = MigStrategy::Parvagpu)]
+        strategy: MigStrategy,
+        /// Leave the cluster running at the end (for gpuctl; the directory is kept).
+        #[arg(long)]
+        keep_running: bool,
+        /// Directory for the cluster's data and logs (default: a new temporary directory).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Seconds of steady load before the leader is killed.
+        #[arg(long, default_value_t = 20)]
+        steady_seconds: u64,
+        /// Also write the measured figures as JSON to this file.
+        #[arg(long)]
+        report_json: Option<std::path::PathBuf>,
+        /// Print the demo's workload as a manifest (for `gpuctl plan -f`) and exit.
+        #[arg(long)]
+        print_manifest: bool,
+    },
     /// Cluster membership and Raft state.
     Cluster {
         #[command(subcommand)]
@@ -176,6 +201,14 @@ async fn run(args: Args) -> Result<(), String> {
             println!("{kind}/{name} deleted");
             Ok(())
         }
+        Command::Demo { strategy, keep_running, dir, steady_seconds, report_json, print_manifest } => {
+            if print_manifest {
+                print!("{}", controlplane::demo::scenario::manifest_yaml());
+                return Ok(());
+            }
+            let opts = controlplane::demo::run::DemoOptions { strategy, keep_running, dir, steady_s: steady_seconds, report_json };
+            controlplane::demo::run::run(opts).await.map(|_| ())
+        }
         Command::Plan { files, strategy } => {
             let state = state_from_resources(&read_manifests(&files)?)?;
             let (plan, input) = plan_offline(&state, strategy);
@@ -188,19 +221,8 @@ async fn run(args: Args) -> Result<(), String> {
 /// Per service, the router endpoints of the healthy nodes that serve it (from the Nodes'
 /// reported status).
 fn print_endpoints(nodes: &[proto::Resource], service: Option<&str>, output: Output) -> Result<(), String> {
-    let mut rows: Vec<(String, String, String)> = Vec::new();
-    for n in nodes {
-        let status: serde_json::Value = serde_json::from_str(&n.status_json).unwrap_or_default();
-        if status["health"] == "unhealthy" {
-            continue;
-        }
-        for (svc, addr) in status["endpoints"].as_object().into_iter().flatten() {
-            if service.is_none_or(|s| s == svc) {
-                rows.push((svc.clone(), n.name.clone(), addr.as_str().unwrap_or_default().to_string()));
-            }
-        }
-    }
-    rows.sort();
+    let rows: Vec<(String, String, String)> =
+        controlplane::agents::endpoints::service_endpoints(nodes).into_iter().filter(|(s, _, _)| service.is_none_or(|x| x == s)).collect();
     if output != Output::Table {
         let value: Vec<serde_json::Value> =
             rows.iter().map(|(s, n, a)| serde_json::json!({"service": s, "node": n, "endpoint": a})).collect();

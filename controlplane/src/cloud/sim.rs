@@ -92,6 +92,8 @@ impl NodeProvider for SimCloud {
                 .spawn();
             match child {
                 Ok(c) => {
+                    // For whoever cleans up after this controller is gone (the demo).
+                    let _ = std::fs::write(dir.join("agent.pid"), c.id().to_string());
                     // Terminated while launching: do not start it.
                     let mut map = instances.lock().expect("instances lock");
                     match map.get_mut(&node) {

@@ -360,3 +360,33 @@ pub struct ServicePrediction {
     #[serde(default)]
     pub infeasible_reason: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The provisioner compares the plan it computes with the one read back from the log;
+    /// a float that does not survive JSON exactly would make every pass commit a "new" plan.
+    #[test]
+    fn floats_survive_json_exactly() {
+        let plan = Spec::Plan(PlanSpec {
+            strategy: "t".into(),
+            gpus: vec![],
+            services: vec![ServicePrediction {
+                service: "s".into(),
+                capacity_rps: 45.220681740555044,
+                latency_ms: 66.36955023678524,
+                infeasible_reason: None,
+            }],
+        });
+        let json = serde_json::to_string(&plan).unwrap();
+        assert_eq!(
+            Spec::from_json(
+                Kind::Plan,
+                &serde_json::to_string(&serde_json::from_str::<serde_json::Value>(&json).unwrap()["spec"]).unwrap()
+            )
+            .unwrap(),
+            plan
+        );
+    }
+}

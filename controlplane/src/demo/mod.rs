@@ -1,0 +1,7 @@
+//! `gpuctl demo`: a local cluster on simulated GPUs, end to end.
+
+pub mod load;
+pub mod procs;
+pub mod run;
+pub mod scenario;
+pub mod show;

@@ -1,0 +1,176 @@
+//! What the demo prints: the deployment map per GPU and the per-service SLO report. Pure
+//! (resources and windows in, text out).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::load::{compliance, Window};
+use crate::resources::{PlanSpec, Spec};
+
+fn spec_of(r: &proto::Resource) -> Option<Spec> {
+    let kind: crate::resources::Kind = r.kind.parse().ok()?;
+    Spec::from_json(kind, &r.spec_json).ok()
+}
+
+/// The committed plan, if any.
+pub fn plan_of(resources: &[proto::Resource]) -> Option<(PlanSpec, u64)> {
+    resources.iter().find(|r| r.kind == "Plan" && r.name == "current").and_then(|r| match spec_of(r) {
+        Some(Spec::Plan(p)) => Some((p, r.mod_revision)),
+        _ => None,
+    })
+}
+
+/// Per GPU uuid: (node, GPU model); per node: price per GPU-hour of its instance type.
+fn gpu_index(nodes: &[proto::Resource], types: &[proto::Resource]) -> (BTreeMap<String, (String, String)>, BTreeMap<String, f64>) {
+    let prices: BTreeMap<String, f64> = types
+        .iter()
+        .filter_map(|t| match spec_of(t) {
+            Some(Spec::InstanceType(s)) => Some((t.name.clone(), s.price_per_hour / f64::from(s.gpu_count.max(1)))),
+            _ => None,
+        })
+        .collect();
+    let mut gpus = BTreeMap::new();
+    let mut node_price = BTreeMap::new();
+    for n in nodes {
+        if let Some(Spec::Node(s)) = spec_of(n) {
+            node_price.insert(n.name.clone(), prices.get(&s.instance_type).copied().unwrap_or(0.0));
+            for g in s.gpus {
+                gpus.insert(g.uuid, (n.name.clone(), g.model));
+            }
+        }
+    }
+    (gpus, node_price)
+}
+
+/// Cost per hour of the GPUs the plan uses (each at its node's instance price per GPU).
+pub fn plan_cost(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto::Resource]) -> f64 {
+    let (_, node_price) = gpu_index(nodes, types);
+    plan.gpus.iter().map(|g| node_price.get(&g.node).copied().unwrap_or(0.0)).sum()
+}
+
+/// The deployment map: per GPU its node, model, MIG layout with slots, and the workloads
+/// with their MPS shares, batch sizes and process counts.
+pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto::Resource]) -> String {
+    let (gpus, _) = gpu_index(nodes, types);
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<14} {:<12} {:<10} PLACEMENT", "NODE", "GPU", "MODEL");
+    for g in &plan.gpus {
+        let model = gpus.get(&g.gpu_uuid).map_or("?", |(_, m)| m.as_str());
+        let short = g.gpu_uuid.get(..12).unwrap_or(&g.gpu_uuid);
+        let workload = |w: &crate::resources::WorkloadAssignment| {
+            let procs = if w.processes > 1 { format!(" x{}", w.processes) } else { String::new() };
+            let shadow = if w.shadow_mps_percent > 0.0 { format!(" +{:.0}% shadow", w.shadow_mps_percent) } else { String::new() };
+            format!("{} b{} MPS {:.1}%{procs}{shadow}", w.service, w.batch, w.mps_percent)
+        };
+        let placement = if g.mig_layout.is_empty() {
+            format!("MPS  {}", g.workloads.iter().map(workload).collect::<Vec<_>>().join(" | "))
+        } else {
+            g.mig_layout
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    // Compute slices, from the profile's name (`3g`, `1g.2m`).
+                    let size: u8 = m.profile.split('g').next().and_then(|d| d.parse().ok()).unwrap_or(1);
+                    let on: Vec<String> = g.workloads.iter().filter(|w| w.mig_instance == Some(i)).map(workload).collect();
+                    let on = if on.is_empty() { "(idle)".to_string() } else { on.join(", ") };
+                    format!("[{}-{}] {}: {on}", m.start, m.start + size - 1, m.profile)
+                })
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        let _ = writeln!(out, "{:<14} {:<12} {:<10} {placement}", g.node, short, model);
+    }
+    out
+}
+
+/// One service's line of the SLO report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceSlo {
+    pub service: String,
+    pub slo_ms: f64,
+    pub rate_rps: f64,
+    pub windows: usize,
+    pub windows_met: usize,
+    pub worst_p99_ms: f64,
+    pub median_p99_ms: f64,
+}
+
+impl ServiceSlo {
+    pub fn compliance_pct(&self) -> f64 {
+        if self.windows == 0 {
+            0.0
+        } else {
+            100.0 * self.windows_met as f64 / self.windows as f64
+        }
+    }
+}
+
+/// Per-service SLO figures over the windows in `[from_s, to_s)`.
+pub fn slo_report(windows: &BTreeMap<String, Vec<Window>>, slos: &BTreeMap<String, (f64, f64)>, from_s: f64, to_s: f64) -> Vec<ServiceSlo> {
+    slos.iter()
+        .map(|(service, &(slo_ms, rate_rps))| {
+            let list: Vec<Window> = windows
+                .get(service)
+                .map(|w| w.iter().filter(|w| (w.second as f64) >= from_s && (w.second as f64) < to_s).cloned().collect())
+                .unwrap_or_default();
+            let (met, n) = compliance(&list, from_s, to_s);
+            let mut p99s: Vec<f64> = list.iter().map(|w| w.p99_ms).collect();
+            p99s.sort_by(f64::total_cmp);
+            ServiceSlo {
+                service: service.clone(),
+                slo_ms,
+                rate_rps,
+                windows: n,
+                windows_met: met,
+                worst_p99_ms: p99s.last().copied().unwrap_or(0.0),
+                median_p99_ms: p99s.get(p99s.len() / 2).copied().unwrap_or(0.0),
+            }
+        })
+        .collect()
+}
+
+pub fn format_slo_report(rows: &[ServiceSlo]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:>7} {:>7} {:>12} {:>9} {:>11} {:>10}",
+        "SERVICE", "SLO ms", "req/s", "windows met", "%", "median p99", "worst p99"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>7.0} {:>7.0} {:>6}/{:<5} {:>9.1} {:>11.1} {:>10.1}",
+            r.service,
+            r.slo_ms,
+            r.rate_rps,
+            r.windows_met,
+            r.windows,
+            r.compliance_pct(),
+            r.median_p99_ms,
+            r.worst_p99_ms
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(second: u64, p99_ms: f64, met: bool) -> Window {
+        Window { second, sent: 10, failed: 0, p99_ms, met }
+    }
+
+    #[test]
+    fn the_report_counts_only_windows_in_the_phase() {
+        let windows = BTreeMap::from([("web".to_string(), vec![w(0, 10.0, true), w(1, 90.0, false), w(2, 20.0, true), w(9, 5.0, true)])]);
+        let slos = BTreeMap::from([("web".to_string(), (50.0, 100.0))]);
+        let rows = slo_report(&windows, &slos, 0.0, 3.0);
+        assert_eq!((rows[0].windows_met, rows[0].windows), (2, 3));
+        assert_eq!(rows[0].worst_p99_ms, 90.0);
+        assert_eq!(rows[0].median_p99_ms, 20.0);
+        assert!((rows[0].compliance_pct() - 66.666).abs() < 0.01);
+    }
+}
