@@ -280,6 +280,12 @@ pub struct PlanSpec {
     pub gpus: Vec<GpuAssignment>,
     #[serde(default)]
     pub services: Vec<ServicePrediction>,
+    /// Digest of the planning inputs and fleet the provisioner computed this plan from
+    /// (`crate::provision::inputs_digest`); empty for plans written otherwise. While it
+    /// matches the current inputs the provisioner leaves the plan alone, so the shares the
+    /// tuner adjusts in it are not reverted.
+    #[serde(default)]
+    pub inputs_digest: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
