@@ -2,7 +2,8 @@
 //! feeds the routers' latest windows to [`crate::tuning::tune_shares`] and commits the
 //! committed Plan with the new MPS shares, compare-and-set on its version. A failed write
 //! (a newer plan, a lost leadership) leaves the tuners as they were, and the next tick
-//! retries from the plan then committed.
+//! retries from the plan then committed. The tuners' averages and hold-downs are the
+//! leader's soft state: a new leader starts them afresh, one hold-down after it took over.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -18,6 +19,9 @@ use crate::state::{Command, Request, WriteMode};
 use crate::tuning::{tune_shares, Measurement, Measurements, ShareOutcome, TunerState};
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
+    // A new leader does not know when the previous one last changed a share, so it lets one
+    // hold-down pass before its first change could land (GSLICE Sec. 3.2.1).
+    tokio::time::sleep(Duration::from_secs_f64(settings.tuning.gslice().hold_down_s)).await;
     let started = Instant::now();
     let mut state = TunerState::default();
     // Per node: when the report last fed to the tuners arrived.
