@@ -1,6 +1,6 @@
 //! The tuner loop (GSLICE Sec. 3.2.2, Alg. 1, at the leader): every `tune_interval` it
-//! feeds the routers' latest windows to [`crate::tuning::tune_shares`] and commits the
-//! committed Plan with the new MPS shares, compare-and-set on its version. A failed write
+//! feeds the routers' latest windows to [`crate::tuning::tune_shares`] and writes the
+//! committed Plan back with the new MPS shares, compare-and-set on its version. A failed write
 //! (a newer plan, a lost leadership) leaves the tuners as they were, and the next tick
 //! retries from the plan then committed. The tuners' averages and hold-downs are the
 //! leader's soft state: a new leader starts them afresh, one hold-down after it took over.
