@@ -9,6 +9,8 @@ use serde::Deserialize;
 use crate::loops::LoopSettings;
 use crate::provision::MigStrategy;
 use crate::raft::RaftSettings;
+use crate::tuning::TuningSettings;
+use planner::policy::gslice::TunerConfig;
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,6 +53,14 @@ pub struct LoopsConfig {
     pub cooldown_s: Option<f64>,
     /// HetSev's λ per second of launch latency (default 0.001).
     pub lambda_per_s: Option<f64>,
+    /// Run the GSLICE tuner (default true).
+    pub tuner: Option<bool>,
+    /// Seconds between tuning passes (default 5).
+    pub tune_interval_s: Option<f64>,
+    /// The tuner's latency target as a fraction of the SLO, in (0, 1] (default 0.8).
+    pub tune_slo_fraction: Option<f64>,
+    /// Seconds between two share changes of one workload (default 10, GSLICE's hold-down).
+    pub tune_hold_down_s: Option<f64>,
 }
 
 /// `[cloud]`: where the autoscaler gets nodes. Only `provider = "sim"` exists so far.
@@ -75,11 +85,12 @@ pub struct CloudConfig {
 impl LoopsConfig {
     pub fn settings(&self, enabled: bool) -> Result<LoopSettings, String> {
         let d = LoopSettings::default();
-        let interval = match self.provision_interval_s {
-            Some(s) if !(s > 0.0 && s <= 86_400.0) => return Err(format!("loops.provision_interval_s: must be in (0, 86400], got {s}")),
-            Some(s) => std::time::Duration::from_secs_f64(s),
-            None => d.provision_interval,
+        let seconds = |name: &str, v: Option<f64>, default: std::time::Duration| match v {
+            Some(s) if !(s > 0.0 && s <= 86_400.0) => Err(format!("loops.{name}: must be in (0, 86400], got {s}")),
+            Some(s) => Ok(std::time::Duration::from_secs_f64(s)),
+            None => Ok(default),
         };
+        let interval = seconds("provision_interval_s", self.provision_interval_s, d.provision_interval)?;
         let heartbeat = match self.heartbeat_interval_ms {
             Some(0) => return Err("loops.heartbeat_interval_ms: must be positive".into()),
             Some(ms) => std::time::Duration::from_millis(ms),
@@ -105,6 +116,16 @@ impl LoopsConfig {
             scale_window_s: non_negative("scale_window_s", self.scale_window_s, d.scale_window_s)?,
             cooldown_s: non_negative("cooldown_s", self.cooldown_s, d.cooldown_s)?,
             lambda_per_s: non_negative("lambda_per_s", self.lambda_per_s, d.lambda_per_s)?,
+            tuner: self.tuner.unwrap_or(d.tuner),
+            tune_interval: seconds("tune_interval_s", self.tune_interval_s, d.tune_interval)?,
+            tuning: TuningSettings::new(
+                self.tune_slo_fraction.unwrap_or(d.tuning.slo_fraction()),
+                TunerConfig {
+                    hold_down_s: non_negative("tune_hold_down_s", self.tune_hold_down_s, d.tuning.gslice().hold_down_s)?,
+                    ..*d.tuning.gslice()
+                },
+            )
+            .map_err(|e| format!("loops.tune_{}: {}", e.field, e.reason))?,
         })
     }
 }
@@ -189,5 +210,30 @@ heartbeat_interval_ms = 50
         assert!(err.message().contains("unknown field `listen_addr`"), "{}", err.message());
         let bad: ControllerConfig = toml::from_str("[peers]\nx = \"a:1\"").unwrap();
         assert!(bad.peer_map().unwrap_err().contains("peers.x"));
+    }
+
+    fn loops(toml_text: &str) -> Result<LoopSettings, String> {
+        toml::from_str::<ControllerConfig>(toml_text).map_err(|e| e.message().to_string())?.loops.settings(true)
+    }
+
+    #[test]
+    fn the_tuner_is_on_by_default_and_configured_under_loops() {
+        let d = loops("").unwrap();
+        assert!(d.tuner);
+        assert_eq!(d.tune_interval, std::time::Duration::from_secs(5));
+        assert_eq!(d.tuning.slo_fraction(), 0.8);
+        assert_eq!(d.tuning.gslice().hold_down_s, 10.0);
+
+        let s = loops("[loops]\ntuner = false\ntune_interval_s = 2\ntune_slo_fraction = 0.9\ntune_hold_down_s = 3").unwrap();
+        assert!(!s.tuner);
+        assert_eq!(s.tune_interval, std::time::Duration::from_secs(2));
+        assert_eq!(s.tuning.slo_fraction(), 0.9);
+        assert_eq!(s.tuning.gslice().hold_down_s, 3.0);
+
+        let err = |text: &str| loops(text).unwrap_err();
+        assert!(err("[loops]\ntune_interval_s = 0").starts_with("loops.tune_interval_s: "), "{}", err("[loops]\ntune_interval_s = 0"));
+        assert!(err("[loops]\ntune_slo_fraction = 1.2").starts_with("loops.tune_slo_fraction: must be in (0, 1]"));
+        assert!(err("[loops]\ntune_hold_down_s = -1").starts_with("loops.tune_hold_down_s: "));
+        assert!(err("[loops]\ntune_intervals = 3").contains("unknown field `tune_intervals`"));
     }
 }

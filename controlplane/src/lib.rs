@@ -20,3 +20,4 @@ pub mod resources;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod tuning;

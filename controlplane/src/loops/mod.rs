@@ -6,6 +6,7 @@
 mod autoscaler;
 pub mod failure_detector;
 mod provisioner;
+mod tuner;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use tokio::task::JoinHandle;
 use crate::cloud::NodeProvider;
 use crate::controller::Controller;
 use crate::provision::MigStrategy;
+use crate::tuning::TuningSettings;
 
 /// Settings of the leader-only loops.
 #[derive(Clone)]
@@ -38,6 +40,13 @@ pub struct LoopSettings {
     pub cooldown_s: f64,
     /// HetSev's λ: weight of the launch latency against the price, per second.
     pub lambda_per_s: f64,
+    /// Run the GSLICE tuner on the MPS-only GPUs of the committed plan.
+    pub tuner: bool,
+    /// How often the tuner feeds the reported windows to GSLICE's Algorithm 1.
+    pub tune_interval: Duration,
+    /// The tuner's latency target (a fraction of the SLO) and Algorithm 1's parameters
+    /// (hold-down included).
+    pub tuning: TuningSettings,
 }
 
 impl std::fmt::Debug for LoopSettings {
@@ -52,6 +61,9 @@ impl std::fmt::Debug for LoopSettings {
             .field("scale_window_s", &self.scale_window_s)
             .field("cooldown_s", &self.cooldown_s)
             .field("lambda_per_s", &self.lambda_per_s)
+            .field("tuner", &self.tuner)
+            .field("tune_interval", &self.tune_interval)
+            .field("tuning", &self.tuning)
             .finish()
     }
 }
@@ -68,6 +80,9 @@ impl Default for LoopSettings {
             scale_window_s: 60.0,
             cooldown_s: 300.0,
             lambda_per_s: 0.001,
+            tuner: true,
+            tune_interval: Duration::from_secs(5),
+            tuning: TuningSettings::default(),
         }
     }
 }
@@ -84,10 +99,16 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
             let leading = metrics.borrow().current_leader == Some(controller.id);
             match (leading, running.is_empty()) {
                 (true, true) => {
-                    tracing::info!("leader: starting the provisioner and the failure detector");
+                    tracing::info!(
+                        tuner = settings.tuner,
+                        "leader: starting the provisioner, the failure detector, the autoscaler and the tuner"
+                    );
                     running.push(tokio::spawn(provisioner::run(controller.clone(), settings.clone())));
                     running.push(tokio::spawn(failure_detector::run(controller.clone(), settings.clone())));
                     running.push(tokio::spawn(autoscaler::run(controller.clone(), settings.clone())));
+                    if settings.tuner {
+                        running.push(tokio::spawn(tuner::run(controller.clone(), settings.clone())));
+                    }
                 }
                 (false, false) => {
                     tracing::info!("no longer leader: stopping the loops");

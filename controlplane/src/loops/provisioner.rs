@@ -1,5 +1,11 @@
 //! The provisioner loop: plans every service on the fleet and commits the Plan named
-//! `current` when it differs from the committed one.
+//! `current` when its inputs changed since the committed one was computed.
+//!
+//! "Changed" is judged by the plan's `inputs_digest` (services, profiles, GPU models,
+//! instance types, the healthy fleet, the strategy), not by comparing plans: the tuner
+//! adjusts shares in the committed plan, and re-planning from unchanged inputs would revert
+//! them on every pass. When the inputs change the plan is recomputed as before and tuning
+//! starts again from the new plan.
 
 use std::time::Duration;
 
@@ -8,7 +14,7 @@ use tokio::sync::broadcast;
 use super::LoopSettings;
 use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::provision::{gather, provision_from};
+use crate::provision::{gather, inputs_digest, provision_from};
 use crate::raft::WatchSignal;
 use crate::resources::{validate_spec, Kind, Spec};
 use crate::state::{Command, Request, WriteMode};
@@ -55,6 +61,11 @@ async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, 
     // Copy the inputs under the state lock; plan without it.
     let (inputs, current) =
         controller.read(|d| (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map(|r| (r.resource_version, r.spec.clone()))));
+    let digest = inputs_digest(&inputs, settings.mig_strategy);
+    if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if p.inputs_digest == digest)) {
+        // Planned from these very inputs (and perhaps tuned since): nothing to do.
+        return Ok(false);
+    }
     let spec = Spec::Plan(provision_from(&inputs, settings.mig_strategy));
     if current.as_ref().is_some_and(|(_, s)| *s == spec) {
         return Ok(false);

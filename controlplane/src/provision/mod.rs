@@ -44,12 +44,37 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
 
 /// What a provisioning pass reads from the state: copied out under the state lock, so that
 /// the planning itself never holds up the state machine.
-#[derive(Clone, Debug)]
+///
+/// Serialised (without `current`) for [`inputs_digest`]: every field added here is part of
+/// the digest unless it is skipped too.
+#[derive(Clone, Debug, Serialize)]
 pub struct ProvisionInputs {
     pub input: planner::input::PlanningInput,
     pub overrides: Overrides,
     pub fleet: Vec<FleetGpu>,
+    /// The committed plan: only where the new plan's GPUs land (fewest moves), not what is
+    /// planned, so it is no input of the digest (the tuner's changes to it must not count).
+    #[serde(skip)]
     pub current: Option<PlanSpec>,
+}
+
+/// A stable digest of what a plan is computed from: the planning input, the fleet and the
+/// strategy. The provisioner stores it in the plan and re-plans only when it changes, so the
+/// shares the tuner adjusts survive its periodic passes.
+///
+/// FNV-1a, 64 bits (the `fnv` crate, already in the lock file through `h2`), over the
+/// inputs' JSON: a published, fixed algorithm, so every controller and every build agrees
+/// on the digest of the same inputs (std's `DefaultHasher` promises neither, and the output
+/// of `fxhash` and `foldhash` is not specified across versions). Nothing here is
+/// adversarial, and at 64 bits an accidental collision, which would skip one re-plan, is
+/// negligible. The JSON is deterministic: the inputs hold vectors in state order and
+/// `BTreeMap`s only.
+pub fn inputs_digest(inputs: &ProvisionInputs, strategy: MigStrategy) -> String {
+    use std::hash::Hasher;
+    let json = serde_json::to_vec(&(inputs, strategy)).expect("planning inputs hold only JSON-representable data");
+    let mut hasher = fnv::FnvHasher::default();
+    hasher.write(&json);
+    format!("fnv1a64:{:016x}", hasher.finish())
 }
 
 pub fn gather(cluster: &ClusterState) -> ProvisionInputs {
@@ -105,5 +130,71 @@ pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSp
         });
     }
     services.sort_by(|a, b| a.service.cmp(&b.service));
-    PlanSpec { strategy: plan.strategy, gpus, services }
+    PlanSpec { strategy: plan.strategy, gpus, services, inputs_digest: inputs_digest(inputs, strategy) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{GpuAssignment, WorkloadAssignment};
+    use planner::input::{PlanningInput, ServiceDemand};
+
+    fn inputs(rate: f64) -> ProvisionInputs {
+        let input = PlanningInput {
+            services: vec![ServiceDemand { name: "web".into(), model: "resnet50".into(), slo_ms: 50.0, request_rate: rate }],
+            ..PlanningInput::default()
+        };
+        let fleet = vec![FleetGpu { node: "n1".into(), uuid: "GPU-0".into(), model: "T4-16GB".into(), autoscaled: false }];
+        ProvisionInputs { input, overrides: Overrides::new(), fleet, current: None }
+    }
+
+    #[test]
+    fn the_digest_is_fnv1a_over_the_inputs_json_and_follows_every_planning_input() {
+        let base = inputs(100.0);
+        let digest = inputs_digest(&base, MigStrategy::Parvagpu);
+        // FNV-1a 64 by its definition, so a change of algorithm or encoding shows here.
+        let json = serde_json::to_vec(&(&base, MigStrategy::Parvagpu)).unwrap();
+        let fnv = json.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        assert_eq!(digest, format!("fnv1a64:{fnv:016x}"));
+        assert_eq!(inputs_digest(&base.clone(), MigStrategy::Parvagpu), digest, "same inputs, same digest");
+
+        assert_ne!(inputs_digest(&inputs(120.0), MigStrategy::Parvagpu), digest, "a service's rate");
+        assert_ne!(inputs_digest(&base, MigStrategy::ExactMig), digest, "the strategy");
+        let mut pinned = base.clone();
+        pinned.overrides.insert("web".into(), crate::resources::Strategy::Igniter);
+        assert_ne!(inputs_digest(&pinned, MigStrategy::Parvagpu), digest, "a service's strategy override");
+        let mut fewer = base.clone();
+        fewer.fleet.clear();
+        assert_ne!(inputs_digest(&fewer, MigStrategy::Parvagpu), digest, "the fleet");
+    }
+
+    #[test]
+    fn the_committed_plan_is_no_input_of_the_digest() {
+        // The tuner changes shares in the committed plan; that must not look like new inputs.
+        let mut tuned = inputs(100.0);
+        tuned.current = Some(PlanSpec {
+            strategy: "igniter".into(),
+            gpus: vec![GpuAssignment {
+                node: "n1".into(),
+                gpu_uuid: "GPU-0".into(),
+                mig_layout: vec![],
+                workloads: vec![WorkloadAssignment {
+                    service: "web".into(),
+                    mig_instance: None,
+                    mps_percent: 45.0,
+                    batch: 8,
+                    processes: 1,
+                    shadow_mps_percent: 10.0,
+                }],
+            }],
+            ..PlanSpec::default()
+        });
+        assert_eq!(inputs_digest(&tuned, MigStrategy::Parvagpu), inputs_digest(&inputs(100.0), MigStrategy::Parvagpu));
+    }
+
+    #[test]
+    fn a_provisioned_plan_carries_the_digest_of_its_inputs() {
+        let base = inputs(100.0);
+        assert_eq!(provision_from(&base, MigStrategy::Parvagpu).inputs_digest, inputs_digest(&base, MigStrategy::Parvagpu));
+    }
 }

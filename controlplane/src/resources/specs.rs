@@ -314,6 +314,12 @@ pub struct PlanSpec {
     pub gpus: Vec<GpuAssignment>,
     #[serde(default)]
     pub services: Vec<ServicePrediction>,
+    /// Digest of the planning inputs and fleet the provisioner computed this plan from
+    /// (`crate::provision::inputs_digest`); empty for plans written otherwise. While it
+    /// matches the current inputs the provisioner leaves the plan alone, so the shares the
+    /// tuner adjusts in it are not reverted.
+    #[serde(default)]
+    pub inputs_digest: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -378,6 +384,7 @@ mod tests {
                 latency_ms: 66.36955023678524,
                 infeasible_reason: None,
             }],
+            inputs_digest: String::new(),
         });
         let json = serde_json::to_string(&plan).unwrap();
         assert_eq!(
