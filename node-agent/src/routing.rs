@@ -220,8 +220,10 @@ impl Routers {
     }
 
     /// Takes process `id` out of its router's active set and waits for its in-flight
-    /// requests. A process that is its service's last is kept routed: stopping it anyway
-    /// (the service leaves the node) fails only what arrives after.
+    /// requests. A process that is its service's last is kept routed and not waited for:
+    /// under steady load its in-flight count never reaches zero, so the wait would only
+    /// stall the reconcile; the process itself finishes what it holds on SIGTERM, and what
+    /// arrives after fails until the service's next process is up.
     pub fn retire(&self, id: &str) {
         // Out of the active set under the lock; the wait for in-flight requests without it.
         let retired: Vec<(String, Arc<Backend>)> = {
@@ -231,9 +233,11 @@ impl Routers {
                 .filter_map(|(service, r)| {
                     let backend = r.backends.remove(id)?;
                     let rest: Vec<Arc<Backend>> = r.router.active().backends().iter().filter(|b| b.id() != id).cloned().collect();
-                    if !rest.is_empty() {
-                        r.router.set_active(rest);
+                    if rest.is_empty() {
+                        tracing::info!(service = %service, process = id, "stopping the service's last process on this node");
+                        return None;
                     }
+                    r.router.set_active(rest);
                     Some((service.clone(), backend))
                 })
                 .collect()

@@ -61,7 +61,7 @@ pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto
         let short = g.gpu_uuid.get(..12).unwrap_or(&g.gpu_uuid);
         let workload = |w: &crate::resources::WorkloadAssignment| {
             let procs = if w.processes > 1 { format!(" x{}", w.processes) } else { String::new() };
-            let shadow = if w.shadow_mps_percent > 0.0 { format!(" +{:.0}% shadow", w.shadow_mps_percent) } else { String::new() };
+            let shadow = if w.shadow_mps_percent > 0.0 { format!(" +{:.1}% shadow", w.shadow_mps_percent) } else { String::new() };
             format!("{} b{} MPS {:.1}%{procs}{shadow}", w.service, w.batch, w.mps_percent)
         };
         let placement = if g.mig_layout.is_empty() {
