@@ -237,6 +237,34 @@ mod tests {
     }
 
     #[test]
+    fn a_service_with_a_batch_distribution_and_utilisation_curves_is_planned_by_paris() {
+        let mut inp = input(vec![service("queries", "resnet50", 200.0, 50.0), service("plain", "resnet50", 200.0, 50.0)]);
+        let resnet = example_models().into_iter().find(|m| m.name == "resnet50").unwrap();
+        // Utilisation rises with the batch until the instance is saturated (the knee).
+        let curve: Vec<planner::input::UtilPoint> = [1u8, 2, 3, 4, 7]
+            .iter()
+            .flat_map(|&g| {
+                let sat = resnet.saturation_batch_per_gpc;
+                (0..6).map(move |k| {
+                    let b = 1u32 << k;
+                    planner::input::UtilPoint { gpcs: g, batch: b, utilisation: (f64::from(b) / (sat * f64::from(g))).min(1.0) }
+                })
+            })
+            .collect();
+        inp.profiles.utilisation.entry("A100-80GB".into()).or_default().insert("resnet50".into(), curve);
+        inp.profiles
+            .batch_distributions
+            .insert("queries".into(), planner::input::BatchDistribution::LogNormal { mu: 1.0, sigma: 0.8, max_batch: 32 });
+        let plan = plan_pools(&inp, &Overrides::new(), MigStrategy::Parvagpu);
+        assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
+        assert!(plan.strategy.split('+').any(|s| s == "paris"), "{}", plan.strategy);
+        // The service without a distribution stays out of PARIS's pool.
+        let paris_gpus: Vec<&planner::plan::GpuPlan> =
+            plan.gpus.iter().filter(|g| g.workloads.iter().any(|w| w.service == "queries")).collect();
+        assert!(paris_gpus.iter().all(|g| g.workloads.iter().all(|w| w.service == "queries")));
+    }
+
+    #[test]
     fn every_service_is_planned_or_refused_exactly_once() {
         let services: Vec<ServiceDemand> = (0..12)
             .map(|i| {
