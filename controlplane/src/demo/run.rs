@@ -36,8 +36,10 @@ pub struct DemoReport {
     /// Seconds from applying the workload to every planned node running the plan with a
     /// router endpoint per service.
     pub initial_convergence_s: f64,
-    /// $/h of the GPUs the plan uses, and of the whole fleet.
+    /// $/h of the GPUs the plan uses, of the part of them it occupies (MIG GPCs, MPS
+    /// shares), and of the whole fleet.
     pub plan_cost_per_hour: f64,
+    pub occupied_cost_per_hour: f64,
     pub fleet_cost_per_hour: f64,
     pub steady: Vec<ServiceSlo>,
     pub leader_killed: u64,
@@ -226,11 +228,15 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
     report.initial_convergence_s = applied_at.elapsed().as_secs_f64();
     let (plan, _) = first.plan.clone().expect("converged on a plan");
     report.plan_cost_per_hour = show::plan_cost(&plan, &first.nodes, &first.types);
+    report.occupied_cost_per_hour = show::occupied_cost(&plan, &first.nodes, &first.types);
     report.fleet_cost_per_hour = first.fleet_cost();
     println!("converged {:.1} s after the apply; strategy {}", report.initial_convergence_s, plan.strategy);
     say("deployment map");
     print!("{}", show::deployment_map(&plan, &first.nodes, &first.types));
-    println!("plan cost {:.2} $/h of a {:.2} $/h fleet", report.plan_cost_per_hour, report.fleet_cost_per_hour);
+    println!(
+        "plan cost {:.2} $/h in whole GPUs ({:.2} $/h occupied: MIG GPCs and MPS shares) of a {:.2} $/h fleet",
+        report.plan_cost_per_hour, report.occupied_cost_per_hour, report.fleet_cost_per_hour
+    );
 
     let slos: BTreeMap<String, (f64, f64)> = services.iter().map(|s| (s.name.to_string(), (s.slo_ms, s.rate_rps))).collect();
     let targets: Vec<(String, f64, f64)> = services.iter().map(|s| (s.name.to_string(), s.slo_ms, s.rate_rps)).collect();
@@ -361,7 +367,10 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
     say("summary");
     println!("strategy                     {}", report.strategy);
     println!("initial convergence          {:.1} s", report.initial_convergence_s);
-    println!("plan cost                    {:.2} $/h (fleet {:.2} $/h)", report.plan_cost_per_hour, report.fleet_cost_per_hour);
+    println!(
+        "plan cost                    {:.2} $/h in whole GPUs, {:.2} $/h occupied (fleet {:.2} $/h)",
+        report.plan_cost_per_hour, report.occupied_cost_per_hour, report.fleet_cost_per_hour
+    );
     let steady_met: usize = report.steady.iter().map(|s| s.windows_met).sum();
     let steady_all: usize = report.steady.iter().map(|s| s.windows).sum();
     println!("steady SLO windows met       {steady_met}/{steady_all}");

@@ -50,6 +50,27 @@ pub fn plan_cost(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto::Res
     plan.gpus.iter().map(|g| node_price.get(&g.node).copied().unwrap_or(0.0)).sum()
 }
 
+/// Cost per hour of what the plan occupies: a MIG instance's GPCs / 7 of its GPU's price,
+/// an MPS workload's share (processes times share, plus the shadow reserve) of it. Whole
+/// GPUs ([`plan_cost`]) hide the difference between strategies on a small workload.
+pub fn occupied_cost(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto::Resource]) -> f64 {
+    let (_, node_price) = gpu_index(nodes, types);
+    plan.gpus
+        .iter()
+        .map(|g| {
+            let price = node_price.get(&g.node).copied().unwrap_or(0.0);
+            let used = if g.mig_layout.is_empty() {
+                g.workloads.iter().map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum::<f64>() / 100.0
+            } else {
+                let gpcs: u32 =
+                    g.mig_layout.iter().map(|m| m.profile.split('g').next().and_then(|d| d.parse::<u32>().ok()).unwrap_or(1)).sum();
+                f64::from(gpcs) / 7.0
+            };
+            price * used.min(1.0)
+        })
+        .sum()
+}
+
 /// The deployment map: per GPU its node, model, MIG layout with slots, and the workloads
 /// with their MPS shares, batch sizes and process counts.
 pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto::Resource]) -> String {
@@ -161,6 +182,34 @@ mod tests {
 
     fn w(second: u64, p99_ms: f64, met: bool) -> Window {
         Window { second, sent: 10, failed: 0, p99_ms, met }
+    }
+
+    #[test]
+    fn occupied_cost_prices_gpcs_and_shares() {
+        let types = [proto::Resource {
+            kind: "InstanceType".into(),
+            name: "one".into(),
+            spec_json: serde_json::json!({"gpu_model": "A100-80GB", "gpu_count": 1, "price_per_hour": 7.0, "launch_latency_s": 1})
+                .to_string(),
+            ..Default::default()
+        }];
+        let node = |name: &str| {
+            proto::Resource {
+            kind: "Node".into(),
+            name: name.into(),
+            spec_json: serde_json::json!({"address": "h:1", "instance_type": "one", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB"}]}).to_string(),
+            ..Default::default()
+        }
+        };
+        let plan: PlanSpec = serde_json::from_value(serde_json::json!({"strategy": "t", "gpus": [
+            {"node": "m", "gpu_uuid": "GPU-m", "mig_layout": [{"profile": "3g", "start": 4}, {"profile": "1g.2m", "start": 0}], "workloads": []},
+            {"node": "s", "gpu_uuid": "GPU-s", "workloads": [{"service": "a", "mps_percent": 20, "batch": 1, "processes": 2, "shadow_mps_percent": 10}]}
+        ], "services": []}))
+        .unwrap();
+        let nodes = [node("m"), node("s")];
+        // 4 of 7 GPCs of a $7 GPU, and 50% of another.
+        assert!((occupied_cost(&plan, &nodes, &types) - (4.0 + 3.5)).abs() < 1e-9);
+        assert!((plan_cost(&plan, &nodes, &types) - 14.0).abs() < 1e-9);
     }
 
     #[test]
