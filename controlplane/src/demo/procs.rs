@@ -111,7 +111,7 @@ pub struct DemoCluster {
     pub agents: BTreeMap<String, Proc>,
     /// First port of each agent's block (100 workload ports, then 20 router ports).
     agent_ports: BTreeMap<String, u16>,
-    mig_strategy: super::super::provision::MigStrategy,
+    mig_strategy: crate::provision::MigStrategy,
     timings: DemoTimings,
     next_block: u16,
 }

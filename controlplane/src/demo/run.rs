@@ -159,7 +159,7 @@ fn say(line: &str) {
 /// Runs the demo; the cluster is stopped on return unless `keep_running`.
 pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
     let bins = Binaries::beside_current_exe()?;
-    let (dir, _temp) = match &opts.dir {
+    let (dir, temp) = match &opts.dir {
         Some(d) => {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
             (d.clone(), None)
@@ -174,7 +174,7 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
     let result = script(&opts, &mut cluster, &t).await;
     if opts.keep_running && result.is_ok() {
         cluster.release_all();
-        if let Some(t) = _temp {
+        if let Some(t) = temp {
             // Keep the directory: the cluster's data and logs live there.
             let _ = t.keep();
         }
@@ -185,7 +185,10 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
     } else {
         cluster.shutdown();
         if result.is_err() {
-            eprintln!("demo logs were in {} (removed on exit; pass --dir to keep them)", dir.display());
+            match temp {
+                Some(_) => eprintln!("the demo's logs were in {} (removed on exit; pass --dir to keep them)", dir.display()),
+                None => eprintln!("the demo's logs are in {}", dir.display()),
+            }
         }
     }
     result
@@ -193,7 +196,10 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
 
 async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) -> Result<DemoReport, String> {
     let mut report = DemoReport {
-        strategy: format!("{:?}", opts.strategy),
+        strategy: match opts.strategy {
+            MigStrategy::Parvagpu => "parvagpu".into(),
+            MigStrategy::ExactMig => "exact-mig".into(),
+        },
         provision_interval_s: t.provision_interval_s,
         cooldown_s: t.cooldown_s,
         ..Default::default()
