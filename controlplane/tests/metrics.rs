@@ -96,8 +96,14 @@ async fn metrics_exist_and_move_with_writes_and_reports() {
 
     // A report through a follower reaches the leader, which exports its per-service figures.
     let mut agent = AgentClient::connect(format!("http://{}", cluster.node(follower).addr)).await.unwrap();
-    let window =
-        proto::ServiceMetrics { service: "web".into(), p99_ms: 12.5, throughput_rps: 90.0, arrival_rps: 95.0, failed: 2, ..Default::default() };
+    let window = proto::ServiceMetrics {
+        service: "web".into(),
+        p99_ms: 12.5,
+        throughput_rps: 90.0,
+        arrival_rps: 95.0,
+        failed: 2,
+        ..Default::default()
+    };
     agent.report(proto::ReportRequest { node: "n1".into(), metrics: vec![window], ..Default::default() }).await.unwrap();
     let reported = scrape(&cluster, leader).await;
     let labels = "{service=\"web\",node=\"n1\"}";

@@ -135,11 +135,7 @@ impl Default for ControllerMetrics {
             "Arrived requests per second of a service's latest window on a node (leader only)",
             inner.service_arrival.clone(),
         );
-        r.register(
-            "service_failed",
-            "Failed requests in a service's latest window on a node (leader only)",
-            inner.service_failed.clone(),
-        );
+        r.register("service_failed", "Failed requests in a service's latest window on a node (leader only)", inner.service_failed.clone());
         ControllerMetrics { inner: Arc::new(Inner { registry: r, ..inner }) }
     }
 }

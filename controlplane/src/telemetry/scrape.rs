@@ -86,9 +86,6 @@ mod tests {
         let caught_up = RaftFigures { leader: Some(2), commit_index: 7, applied_index: 7, ..Default::default() };
         assert_eq!(readiness(&caught_up), Ok(()));
         assert_eq!(readiness(&RaftFigures { leader: None, ..caught_up.clone() }), Err("no leader known".into()));
-        assert_eq!(
-            readiness(&RaftFigures { applied_index: 5, ..caught_up }),
-            Err("applied index 5 behind commit index 7".into())
-        );
+        assert_eq!(readiness(&RaftFigures { applied_index: 5, ..caught_up }), Err("applied index 5 behind commit index 7".into()));
     }
 }
