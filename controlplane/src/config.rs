@@ -21,6 +21,9 @@ pub struct ControllerConfig {
     /// Address peers and clients reach this node at (default: the listen address).
     pub advertise: Option<String>,
     pub data_dir: Option<PathBuf>,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP, e.g.
+    /// `127.0.0.1:9400`; not served when unset.
+    pub metrics_listen: Option<SocketAddr>,
     /// Initial cluster members, node id -> address (this node included). Used with
     /// `bootstrap = true` on exactly one node.
     #[serde(default)]
@@ -195,6 +198,7 @@ node_id = 2
 listen = "0.0.0.0:7400"
 advertise = "ctrl-2:7400"
 data_dir = "/var/lib/gpuplane"
+metrics_listen = "127.0.0.1:9400"
 [peers]
 1 = "ctrl-1:7400"
 2 = "ctrl-2:7400"
@@ -204,6 +208,9 @@ heartbeat_interval_ms = 50
         )
         .unwrap();
         assert_eq!(cfg.peer_map().unwrap()[&1], "ctrl-1:7400");
+        assert_eq!(cfg.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
+        let err = toml::from_str::<ControllerConfig>("metrics_listen = \"nowhere\"").unwrap_err();
+        assert!(err.message().contains("invalid socket address"), "{}", err.message());
         assert_eq!(cfg.raft.settings().heartbeat_interval_ms, 50);
         assert_eq!(cfg.raft.settings().election_timeout_min_ms, RaftSettings::default().election_timeout_min_ms);
         let err = toml::from_str::<ControllerConfig>("node_id = 1\nlisten_addr = \"x\"").unwrap_err();

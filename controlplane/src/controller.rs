@@ -11,6 +11,7 @@ use crate::agents::AgentReports;
 use crate::api::ApiError;
 use crate::raft::{ChangeMembers, Node, NodeId, PeerChannels, Raft, SmData, SmShared};
 use crate::state::{CommandOutcome, Request};
+use crate::telemetry::ControllerMetrics;
 
 #[derive(Clone)]
 pub struct Controller {
@@ -24,6 +25,8 @@ pub struct Controller {
     pub channels: PeerChannels,
     /// Latest agent reports; meaningful on the leader only.
     pub reports: AgentReports,
+    /// This node's Prometheus series (`/metrics`).
+    pub telemetry: ControllerMetrics,
 }
 
 impl Controller {
@@ -57,7 +60,15 @@ impl Controller {
             });
         }
         self.read(|d| d.cluster.check(&request))?;
-        match self.raft.client_write(request).await {
+        let started = std::time::Instant::now();
+        let written = self.raft.client_write(request).await;
+        let result = match &written {
+            Ok(resp) if matches!(resp.data, Some(Ok(_))) => "ok",
+            Ok(_) => "refused",
+            Err(_) => "failed",
+        };
+        self.telemetry.observe_proposal(started.elapsed(), result);
+        match written {
             Ok(resp) => match resp.data {
                 Some(result) => result.map_err(ApiError::Field),
                 None => Err(ApiError::Internal("a command entry produced no result".into())),

@@ -20,4 +20,5 @@ pub mod resources;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod telemetry;
 pub mod tuning;

@@ -20,6 +20,7 @@ use crate::controller::Controller;
 use crate::loops::{self, LoopSettings};
 use crate::raft::{self, Node, NodeId, PeerChannels, RaftPeerService, RaftSettings, MAX_PEER_MESSAGE};
 use crate::storage::{open_data_dir, MemBackend, Watermark};
+use crate::telemetry::{serve_controller, ControllerMetrics};
 
 /// Where a node keeps its state.
 #[derive(Clone, Debug)]
@@ -43,11 +44,16 @@ pub struct NodeOptions {
     pub bootstrap: Option<BTreeMap<NodeId, String>>,
     /// The leader-only loops (provisioner).
     pub loops: LoopSettings,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` over HTTP; none when unset.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 pub struct RunningNode {
     pub controller: Controller,
     pub addr: SocketAddr,
+    /// The bound address of `/metrics`, `/healthz` and `/readyz`, when served.
+    pub metrics_addr: Option<SocketAddr>,
+    metrics: Option<JoinHandle<()>>,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     loops: Option<JoinHandle<()>>,
@@ -77,6 +83,9 @@ impl RunningNode {
         if let Some(l) = self.loops.take() {
             l.abort();
         }
+        if let Some(m) = self.metrics.take() {
+            m.abort();
+        }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -93,6 +102,9 @@ impl Drop for RunningNode {
         if let Some(l) = self.loops.take() {
             l.abort();
         }
+        if let Some(m) = self.metrics.take() {
+            m.abort();
+        }
         if let Some(server) = self.server.take() {
             server.abort();
         }
@@ -101,6 +113,10 @@ impl Drop for RunningNode {
 
 pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     let listener = TcpListener::bind(opts.listen).await.map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+    let metrics_listener = match opts.metrics_listen {
+        Some(at) => Some(TcpListener::bind(at).await.map_err(|e| anyhow::anyhow!("metrics_listen: cannot listen on {at}: {e}"))?),
+        None => None,
+    };
     let addr = listener.local_addr()?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
     let channels = PeerChannels::default();
@@ -121,6 +137,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         committed: handle.committed.clone(),
         channels,
         reports: AgentReports::default(),
+        telemetry: ControllerMetrics::default(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
@@ -143,7 +160,9 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
             handle.raft.initialize(nodes).await?;
         }
     }
+    let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?;
+    let metrics = metrics_listener.map(|l| tokio::spawn(serve_controller(l, controller.clone())));
     let loops = loops::spawn(controller.clone(), opts.loops.clone());
-    tracing::info!(id = opts.id, %addr, "controller serving");
-    Ok(RunningNode { controller, addr, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
+    tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
+    Ok(RunningNode { controller, addr, metrics_addr, metrics, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
 }

@@ -38,6 +38,10 @@ pub struct AgentConfig {
     /// How often the agent reports and reconciles, in milliseconds.
     #[serde(default = "interval")]
     pub interval_ms: u64,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP; not served
+    /// when unset.
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// The simulated GPUs of this host (`gpu_backend = "sim"`).
@@ -142,6 +146,9 @@ args = ["--port={port}"]
         assert_eq!(c.gpu_backend, "sim");
         assert_eq!(c.interval_ms, 1000);
         assert_eq!(c.sim.gpus.len(), 2);
+        assert_eq!(c.metrics_listen, None);
+        let served = AgentConfig::parse(&GOOD.replace("[sim]", "metrics_listen = \"127.0.0.1:9500\"\n[sim]")).unwrap();
+        assert_eq!(served.metrics_listen, Some("127.0.0.1:9500".parse().unwrap()));
     }
 
     #[test]
@@ -151,6 +158,8 @@ args = ["--port={port}"]
             (GOOD.replace("[\"127.0.0.1:7001\"]", "[]"), "`controllers`"),
             (GOOD.replace("\"T4\"", "\"GTX480\""), "`sim.gpus`"),
             (GOOD.replace("state_dir", "state_dri"), "state_dri"),
+            (GOOD.replace("[sim]", "metrics_listen = \"nowhere\"\n[sim]"), "metrics_listen"),
+            (GOOD.replace("[sim]", "metrics_port = 9500\n[sim]"), "metrics_port"),
         ] {
             let err = AgentConfig::parse(&text).unwrap_err();
             assert!(err.reason.contains(field), "{field}: {}", err.reason);

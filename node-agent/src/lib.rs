@@ -14,3 +14,4 @@ pub mod runtime;
 pub mod shadow;
 pub mod sim_infer;
 pub mod supervisor;
+pub mod telemetry;

@@ -11,12 +11,14 @@ use crate::mps::{MpsControl, NvidiaMps, SimMps};
 use crate::reconcile;
 use crate::routing::Routers;
 use crate::supervisor::Supervisor;
+use crate::telemetry::{serve, AgentMetrics, AgentSnapshot, Response};
 use prost::Message;
 use proto::agent_client::AgentClient;
 use proto::control_plane_client::ControlPlaneClient;
 use rand::Rng;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -33,6 +35,11 @@ pub struct Agent {
     routers: Arc<Routers>,
     /// The last report built from the executor's view.
     last_report: Mutex<Option<proto::ReportRequest>>,
+    telemetry: AgentMetrics,
+    /// Registered its Node with a controller at least once since it started.
+    registered: AtomicBool,
+    /// Holds a desired state (from a controller or from disk).
+    has_desired: AtomicBool,
 }
 
 impl Agent {
@@ -66,7 +73,55 @@ impl Agent {
             routers: Some(routers.clone()),
         };
         let desired_file = cfg.state_dir.join("desired.pb");
-        Ok(Agent { cfg, executor: Arc::new(Mutex::new(executor)), models, desired_file, routers, last_report: Mutex::new(None) })
+        Ok(Agent {
+            cfg,
+            executor: Arc::new(Mutex::new(executor)),
+            models,
+            desired_file,
+            routers,
+            last_report: Mutex::new(None),
+            telemetry: AgentMetrics::default(),
+            registered: AtomicBool::new(false),
+            has_desired: AtomicBool::new(false),
+        })
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `metrics_listen`, if configured, for
+    /// as long as the process runs; returns the bound address.
+    pub async fn start_telemetry(self: &Arc<Self>) -> anyhow::Result<Option<std::net::SocketAddr>> {
+        let Some(at) = self.cfg.metrics_listen else { return Ok(None) };
+        let listener =
+            tokio::net::TcpListener::bind(at).await.map_err(|e| anyhow::anyhow!("metrics_listen: cannot listen on {at}: {e}"))?;
+        let addr = listener.local_addr()?;
+        let me = self.clone();
+        tokio::spawn(serve(listener, Arc::new(move |path: &str| me.probe(path))));
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        Ok(Some(addr))
+    }
+
+    fn probe(&self, path: &str) -> Response {
+        match path {
+            "/metrics" => {
+                let observed = self.last_report.lock().expect("report lock").clone();
+                Response::metrics(self.telemetry.render(&AgentSnapshot { services: self.routers.metrics(), observed }))
+            }
+            "/healthz" => Response::text(200, "ok\n"),
+            "/readyz" => match self.readiness() {
+                Ok(()) => Response::text(200, "ready\n"),
+                Err(reason) => Response::text(503, format!("not ready: {reason}\n")),
+            },
+            _ => Response::text(404, "not found (try /metrics, /healthz, /readyz)\n"),
+        }
+    }
+
+    /// Ready once registered with a controller, or while holding a desired state to run
+    /// (static stability: an agent cut off from every controller still serves its plan).
+    fn readiness(&self) -> Result<(), &'static str> {
+        if self.registered.load(Ordering::Relaxed) || self.has_desired.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("not registered with a controller and no desired state yet")
+        }
     }
 
     /// The Node resource this agent registers.
@@ -109,7 +164,9 @@ impl Agent {
 
     /// Runs until `shutdown` resolves.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        let (tx, rx) = watch::channel(self.saved_desired());
+        let saved = self.saved_desired();
+        self.has_desired.store(saved.is_some(), Ordering::Relaxed);
+        let (tx, rx) = watch::channel(saved);
         let link = tokio::spawn(self.clone().link_loop(tx));
         let reconcile = tokio::spawn(self.clone().reconcile_loop(rx.clone()));
         let report = tokio::spawn(self.clone().report_loop(rx));
@@ -147,6 +204,7 @@ impl Agent {
         let mut put = tonic::Request::new(proto::PutRequest { resource: Some(self.node_resource()), ..Default::default() });
         put.set_timeout(RPC_TIMEOUT);
         ControlPlaneClient::new(channel.clone()).put(put).await?;
+        self.registered.store(true, Ordering::Relaxed);
         let from_version = tx.borrow().as_ref().map_or(0, |d| d.version);
         let mut stream = AgentClient::new(channel)
             .watch_desired(proto::WatchDesiredRequest { node: self.cfg.node.clone(), from_version })
@@ -159,6 +217,7 @@ impl Agent {
                     self.save_desired(&state);
                     tracing::info!(version = desired.version, "new desired state");
                     tx.send_replace(Some(desired));
+                    self.has_desired.store(true, Ordering::Relaxed);
                 }
                 // Refused whole: nothing of it is applied, the previous state keeps running.
                 Err(e) => tracing::error!(version = state.version, error = %e, "desired state refused"),
@@ -172,9 +231,10 @@ impl Agent {
         loop {
             let desired = rx.borrow_and_update().clone();
             if let Some(desired) = desired {
-                let executor = self.executor.clone();
+                let (executor, telemetry) = (self.executor.clone(), self.telemetry.clone());
                 let result =
-                    tokio::task::spawn_blocking(move || reconcile_once(&mut executor.lock().expect("executor lock"), &desired)).await;
+                    tokio::task::spawn_blocking(move || reconcile_once(&mut executor.lock().expect("executor lock"), &desired, &telemetry))
+                        .await;
                 match result {
                     Ok(Ok(0)) => {}
                     Ok(Ok(n)) => tracing::info!(steps = n, "reconciled"),
@@ -281,11 +341,14 @@ impl Agent {
 }
 
 /// One reconcile round: observe, plan, execute in order. Returns the number of steps.
-fn reconcile_once(executor: &mut Executor, desired: &NodeDesired) -> anyhow::Result<usize> {
+fn reconcile_once(executor: &mut Executor, desired: &NodeDesired, telemetry: &AgentMetrics) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
     if let Some(routers) = executor.routers.clone() {
         for service in routers.take_violations() {
             let replaced = executor.failover(&service)?;
+            if !replaced.is_empty() {
+                telemetry.shadow_switch(&service);
+            }
             tracing::info!(service, ?replaced, "switched to the standbys");
         }
     }

@@ -33,6 +33,9 @@ struct Args {
     advertise: Option<String>,
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz over HTTP here, e.g. 127.0.0.1:9400.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Initial member, ID=HOST:PORT (repeat for each member, this node included).
     #[arg(long = "peer", value_parser = parse_peer_flag)]
     peers: Vec<(String, String)>,
@@ -79,6 +82,7 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
     cfg.listen = args.listen.or(cfg.listen);
     cfg.advertise = args.advertise.clone().or(cfg.advertise);
     cfg.data_dir = args.data_dir.clone().or(cfg.data_dir);
+    cfg.metrics_listen = args.metrics_listen.or(cfg.metrics_listen);
     cfg.bootstrap |= args.bootstrap;
     for (id, addr) in &args.peers {
         cfg.peers.insert(id.clone(), addr.clone());
@@ -102,6 +106,7 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
         raft: cfg.raft.settings(),
         loops: LoopSettings { provider: sim_cloud(&cfg, &peers)?, ..cfg.loops.settings(!args.no_loops).map_err(anyhow::Error::msg)? },
         bootstrap: cfg.bootstrap.then_some(peers),
+        metrics_listen: cfg.metrics_listen,
     };
     let node = start_node(opts).await?;
     serve_until_signal(vec![node]).await
@@ -148,6 +153,8 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
             raft: Default::default(),
             bootstrap: (*id == 1).then(|| addrs.clone()),
             loops: LoopSettings { enabled: !args.no_loops, ..Default::default() },
+            // --metrics-listen serves node 1's figures in --dev.
+            metrics_listen: args.metrics_listen.filter(|_| *id == 1),
         };
         nodes.push(start_node(opts).await?);
     }

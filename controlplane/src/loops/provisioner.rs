@@ -25,7 +25,10 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut signals = controller.sm.subscribe();
     loop {
-        match pass(&controller, &settings).await {
+        let started = std::time::Instant::now();
+        let result = pass(&controller, &settings).await;
+        controller.telemetry.observe_loop_pass("provisioner", started.elapsed());
+        match result {
             Ok(true) => tracing::info!("committed a new plan"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "provisioning pass failed; retrying at the next one"),

@@ -31,7 +31,10 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
     loop {
         tick.tick().await;
         let now_s = started.elapsed().as_secs_f64();
-        match pass(&controller, &settings, now_s, &mut state, &mut fed).await {
+        let pass_started = std::time::Instant::now();
+        let result = pass(&controller, &settings, now_s, &mut state, &mut fed).await;
+        controller.telemetry.observe_loop_pass("tuner", pass_started.elapsed());
+        match result {
             Ok(Some(version)) => tracing::info!(version, "tuner: committed new MPS shares"),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "tuning pass failed; retrying at the next tick"),

@@ -57,6 +57,7 @@ impl TestCluster {
             raft: self.settings.clone(),
             bootstrap,
             loops: self.loops.clone(),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         };
         let node = start_node(opts).await.unwrap();
         self.addrs.insert(id, node.addr);
@@ -75,6 +76,7 @@ impl TestCluster {
                 raft: self.settings.clone(),
                 bootstrap: None,
                 loops: self.loops.clone(),
+                metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             };
             match start_node(opts).await {
                 Ok(node) => {

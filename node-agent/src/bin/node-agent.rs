@@ -38,6 +38,10 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Err(e) = agent.start_telemetry().await {
+        eprintln!("node-agent: {e}");
+        return ExitCode::from(1);
+    }
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {

@@ -1,0 +1,229 @@
+//! The controller's series. Event figures (proposal latency, loop passes) are recorded as
+//! they happen; state figures (Raft indexes, plan cost, agents' reports) are set from a
+//! [`Snapshot`] taken at scrape time, so rendering is pure and testable without IO.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type Labels = Vec<(String, String)>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// One node's Raft figures.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RaftFigures {
+    pub term: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub is_leader: bool,
+    pub leader: Option<u64>,
+}
+
+/// One service's latest per-second window on one node, from that node's agent report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceSample {
+    pub service: String,
+    pub node: String,
+    pub p99_ms: f64,
+    pub throughput_rps: f64,
+    pub arrival_rps: f64,
+    pub failed: u64,
+}
+
+/// The state figures of one scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub raft: RaftFigures,
+    /// Whole-GPU cost per hour of the committed Plan `current`; `None` before there is one.
+    pub plan_cost_per_hour: Option<f64>,
+    /// From the agents' reports: only the leader receives them.
+    pub services: Vec<ServiceSample>,
+}
+
+/// The registry and its series; cheap to clone (shared).
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    term: Gauge,
+    commit_index: Gauge,
+    applied_index: Gauge,
+    last_log_index: Gauge,
+    is_leader: Gauge,
+    proposal_seconds: Histogram,
+    proposals: Family<Labels, Counter>,
+    loop_pass_seconds: HistogramFamily,
+    plan_cost: FloatGauge,
+    service_p99_ms: Family<Labels, FloatGauge>,
+    service_throughput: Family<Labels, FloatGauge>,
+    service_arrival: Family<Labels, FloatGauge>,
+    service_failed: Family<Labels, Gauge>,
+    /// Setting the state figures and encoding them is one step: two scrapes never mix.
+    render: Mutex<()>,
+}
+
+fn seconds_buckets() -> Histogram {
+    // 0.5 ms .. ~16 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        let mut r = Registry::with_prefix("gpuplane");
+        let inner = Inner {
+            term: Gauge::default(),
+            commit_index: Gauge::default(),
+            applied_index: Gauge::default(),
+            last_log_index: Gauge::default(),
+            is_leader: Gauge::default(),
+            proposal_seconds: seconds_buckets(),
+            proposals: Family::default(),
+            loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
+            plan_cost: FloatGauge::default(),
+            service_p99_ms: Family::default(),
+            service_throughput: Family::default(),
+            service_arrival: Family::default(),
+            service_failed: Family::default(),
+            render: Mutex::new(()),
+            registry: Registry::default(),
+        };
+        r.register("raft_term", "Current Raft term of this node", inner.term.clone());
+        r.register("raft_commit_index", "Highest log index this node knows to be committed", inner.commit_index.clone());
+        r.register("raft_applied_index", "Highest log index applied to this node's state machine", inner.applied_index.clone());
+        r.register("raft_last_log_index", "Last index in this node's Raft log", inner.last_log_index.clone());
+        r.register("raft_is_leader", "1 while this node leads the cluster", inner.is_leader.clone());
+        r.register(
+            "raft_proposal_duration_seconds",
+            "Client writes proposed by this node (leader): time from proposal to applied result",
+            inner.proposal_seconds.clone(),
+        );
+        r.register(
+            "raft_proposals",
+            "Client writes proposed by this node, by result (ok, refused by the state machine, failed)",
+            inner.proposals.clone(),
+        );
+        r.register(
+            "loop_pass_duration_seconds",
+            "Duration of one pass of a leader-only loop (provisioner, tuner, autoscaler)",
+            inner.loop_pass_seconds.clone(),
+        );
+        r.register("plan_cost_per_hour", "Whole-GPU cost per hour of the committed plan", inner.plan_cost.clone());
+        r.register("service_p99_ms", "p99 latency of a service's latest window on a node (leader only)", inner.service_p99_ms.clone());
+        r.register(
+            "service_throughput_rps",
+            "Completed requests per second of a service's latest window on a node (leader only)",
+            inner.service_throughput.clone(),
+        );
+        r.register(
+            "service_arrival_rps",
+            "Arrived requests per second of a service's latest window on a node (leader only)",
+            inner.service_arrival.clone(),
+        );
+        r.register("service_failed", "Failed requests in a service's latest window on a node (leader only)", inner.service_failed.clone());
+        ControllerMetrics { inner: Arc::new(Inner { registry: r, ..inner }) }
+    }
+}
+
+impl ControllerMetrics {
+    /// Records one proposal; `result` is `ok`, `refused` or `failed`.
+    pub fn observe_proposal(&self, elapsed: Duration, result: &str) {
+        self.inner.proposal_seconds.observe(elapsed.as_secs_f64());
+        self.inner.proposals.get_or_create(&labels(&[("result", result)])).inc();
+    }
+
+    /// Records one pass of the leader-only loop `name`.
+    pub fn observe_loop_pass(&self, name: &str, elapsed: Duration) {
+        self.inner.loop_pass_seconds.get_or_create(&labels(&[("loop", name)])).observe(elapsed.as_secs_f64());
+    }
+
+    /// The exposition text with the state figures of `snap`.
+    pub fn render(&self, snap: &Snapshot) -> String {
+        let i = &self.inner;
+        let _guard = i.render.lock().unwrap_or_else(|p| p.into_inner());
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        i.term.set(as_i64(snap.raft.term));
+        i.commit_index.set(as_i64(snap.raft.commit_index));
+        i.applied_index.set(as_i64(snap.raft.applied_index));
+        i.last_log_index.set(as_i64(snap.raft.last_log_index));
+        i.is_leader.set(i64::from(snap.raft.is_leader));
+        i.plan_cost.set(snap.plan_cost_per_hour.unwrap_or(0.0));
+        // Only the services of this scrape: a node or service that stopped reporting goes.
+        for f in [&i.service_p99_ms, &i.service_throughput, &i.service_arrival] {
+            f.clear();
+        }
+        i.service_failed.clear();
+        for s in &snap.services {
+            let l = labels(&[("service", &s.service), ("node", &s.node)]);
+            i.service_p99_ms.get_or_create(&l).set(s.p99_ms);
+            i.service_throughput.get_or_create(&l).set(s.throughput_rps);
+            i.service_arrival.get_or_create(&l).set(s.arrival_rps);
+            i.service_failed.get_or_create(&l).set(as_i64(s.failed));
+        }
+        let mut out = String::new();
+        encode(&mut out, &i.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    }
+
+    #[test]
+    fn renders_raft_figures_plan_cost_and_per_service_series() {
+        let m = ControllerMetrics::default();
+        m.observe_proposal(Duration::from_millis(3), "ok");
+        m.observe_proposal(Duration::from_millis(4), "refused");
+        m.observe_loop_pass("provisioner", Duration::from_millis(20));
+        let snap = Snapshot {
+            raft: RaftFigures { term: 3, commit_index: 41, applied_index: 40, last_log_index: 42, is_leader: true, leader: Some(1) },
+            plan_cost_per_hour: Some(10.24),
+            services: vec![ServiceSample {
+                service: "chat".into(),
+                node: "gpu-1".into(),
+                p99_ms: 12.5,
+                throughput_rps: 99.0,
+                arrival_rps: 100.0,
+                failed: 1,
+            }],
+        };
+        let text = m.render(&snap);
+        assert_eq!(value(&text, "gpuplane_raft_term"), Some(3.0), "{text}");
+        assert_eq!(value(&text, "gpuplane_raft_commit_index"), Some(41.0));
+        assert_eq!(value(&text, "gpuplane_raft_applied_index"), Some(40.0));
+        assert_eq!(value(&text, "gpuplane_raft_last_log_index"), Some(42.0));
+        assert_eq!(value(&text, "gpuplane_raft_is_leader"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_plan_cost_per_hour"), Some(10.24));
+        assert_eq!(value(&text, "gpuplane_raft_proposal_duration_seconds_count"), Some(2.0));
+        assert_eq!(value(&text, "gpuplane_raft_proposals_total{result=\"refused\"}"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_loop_pass_duration_seconds_count{loop=\"provisioner\"}"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_service_p99_ms{service=\"chat\",node=\"gpu-1\"}"), Some(12.5));
+        assert_eq!(value(&text, "gpuplane_service_arrival_rps{service=\"chat\",node=\"gpu-1\"}"), Some(100.0));
+        assert_eq!(value(&text, "gpuplane_service_failed{service=\"chat\",node=\"gpu-1\"}"), Some(1.0));
+
+        // A node that stopped reporting leaves the per-service series.
+        let text = m.render(&Snapshot { services: vec![], ..snap });
+        assert!(!text.contains("gpuplane_service_p99_ms{"), "{text}");
+        assert_eq!(value(&text, "gpuplane_raft_proposals_total{result=\"ok\"}"), Some(1.0));
+    }
+}

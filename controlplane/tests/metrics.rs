@@ -1,0 +1,157 @@
+//! `/metrics`, `/healthz` and `/readyz` of an in-process 3-node cluster, scraped over HTTP:
+//! the key series exist and move with writes and agent reports; readiness follows the leader.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use proto::agent_client::AgentClient;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// GET `path` over HTTP/1.0; returns the status code and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+    (status, body.to_string())
+}
+
+/// The value of the sample line that starts with `series` (name and labels, exactly).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn metrics_addr(cluster: &TestCluster, id: u64) -> SocketAddr {
+    cluster.node(id).metrics_addr.expect("the test cluster serves metrics")
+}
+
+async fn scrape(cluster: &TestCluster, id: u64) -> String {
+    let (status, body) = get(metrics_addr(cluster, id), "/metrics").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn node(name: &str) -> proto::Resource {
+    resource(
+        "Node",
+        name,
+        "",
+        json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB", "mig_enabled": true}]}),
+    )
+}
+
+fn plan() -> proto::Resource {
+    resource(
+        "Plan",
+        "current",
+        "",
+        json!({"strategy": "parvagpu", "gpus": [
+            {"node": "n1", "gpu_uuid": "GPU-n1", "mig_layout": [{"profile": "7g", "start": 0}],
+             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 8}]}
+        ]}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_exist_and_move_with_writes_and_reports() {
+    let cluster = TestCluster::start(3, fast_settings()).await;
+    let leader = cluster.wait_leader().await;
+
+    let before = scrape(&cluster, leader).await;
+    for series in [
+        "gpuplane_raft_term",
+        "gpuplane_raft_commit_index",
+        "gpuplane_raft_applied_index",
+        "gpuplane_raft_last_log_index",
+        "gpuplane_raft_proposal_duration_seconds_count",
+        "gpuplane_plan_cost_per_hour",
+    ] {
+        assert!(value(&before, series).is_some(), "{series} missing:\n{before}");
+    }
+    assert!(value(&before, "gpuplane_raft_term").unwrap() >= 1.0);
+    assert_eq!(value(&before, "gpuplane_raft_is_leader"), Some(1.0));
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    assert_eq!(value(&scrape(&cluster, follower).await, "gpuplane_raft_is_leader"), Some(0.0));
+
+    // Writes: the commit index and the leader's proposals move.
+    let client = cluster.client();
+    seed(&client).await;
+    client.put(service("web", 100.0, 40.0), proto::WriteMode::Create).await.unwrap();
+    client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
+    client.put(plan(), proto::WriteMode::Create).await.unwrap();
+    let after = scrape(&cluster, leader).await;
+    let moved = |series: &str| value(&after, series).unwrap() - value(&before, series).unwrap();
+    assert!(moved("gpuplane_raft_commit_index") >= 7.0, "{after}");
+    assert!(moved("gpuplane_raft_applied_index") >= 7.0, "{after}");
+    assert!(moved("gpuplane_raft_proposal_duration_seconds_count") >= 7.0, "{after}");
+    assert!(value(&after, "gpuplane_raft_proposals_total{result=\"ok\"}").unwrap() >= 7.0, "{after}");
+    // One A100 of a p4de.24xlarge (40.96 per hour for 8 GPUs).
+    assert!((value(&after, "gpuplane_plan_cost_per_hour").unwrap() - 5.12).abs() < 1e-9, "{after}");
+
+    // A report through a follower reaches the leader, which exports its per-service figures.
+    let mut agent = AgentClient::connect(format!("http://{}", cluster.node(follower).addr)).await.unwrap();
+    let window = proto::ServiceMetrics {
+        service: "web".into(),
+        p99_ms: 12.5,
+        throughput_rps: 90.0,
+        arrival_rps: 95.0,
+        failed: 2,
+        ..Default::default()
+    };
+    agent.report(proto::ReportRequest { node: "n1".into(), metrics: vec![window], ..Default::default() }).await.unwrap();
+    let reported = scrape(&cluster, leader).await;
+    let labels = "{service=\"web\",node=\"n1\"}";
+    assert_eq!(value(&reported, &format!("gpuplane_service_p99_ms{labels}")), Some(12.5), "{reported}");
+    assert_eq!(value(&reported, &format!("gpuplane_service_throughput_rps{labels}")), Some(90.0));
+    assert_eq!(value(&reported, &format!("gpuplane_service_arrival_rps{labels}")), Some(95.0));
+    assert_eq!(value(&reported, &format!("gpuplane_service_failed{labels}")), Some(2.0));
+
+    let (status, _) = get(metrics_addr(&cluster, leader), "/nowhere").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn healthz_always_and_readyz_only_while_a_leader_is_known() {
+    let mut cluster = TestCluster::start(3, fast_settings()).await;
+    let leader = cluster.wait_leader().await;
+    seed(&cluster.client()).await;
+    for id in 1..=3 {
+        assert_eq!(get(metrics_addr(&cluster, id), "/healthz").await.0, 200);
+    }
+    // A node may apply a moment after it learns the commit index: wait for it.
+    let mut ready = Vec::new();
+    for _ in 0..100 {
+        ready.clear();
+        for id in 1..=3 {
+            ready.push(get(metrics_addr(&cluster, id), "/readyz").await);
+        }
+        if ready.iter().all(|(s, _)| *s == 200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready.iter().all(|(s, _)| *s == 200), "{ready:?}");
+
+    // Alone, the last follower loses its leader at its election timeout: not ready, but alive.
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    for id in (1..=3).filter(|&id| id != follower) {
+        cluster.stop(id).await;
+    }
+    let addr = metrics_addr(&cluster, follower);
+    let mut last = (0, String::new());
+    for _ in 0..100 {
+        last = get(addr, "/readyz").await;
+        if last.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(last, (503, "not ready: no leader known\n".to_string()));
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+}

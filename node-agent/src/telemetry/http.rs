@@ -1,0 +1,64 @@
+//! A bare HTTP/1 server for the probes and the scrape: GET (or HEAD) a path, get a text body.
+//! (The controller has the same one; the two crates share no library.)
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::CONTENT_TYPE;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// The answer to one path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Response {
+    pub fn text(status: u16, body: impl Into<String>) -> Self {
+        Response { status, content_type: "text/plain; charset=utf-8", body: body.into() }
+    }
+
+    /// The OpenMetrics text format that `prometheus-client` writes (Prometheus reads it).
+    pub fn metrics(body: String) -> Self {
+        Response { status: 200, content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8", body }
+    }
+}
+
+/// Serves `handler(path)` for every GET or HEAD until the task is aborted.
+pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response + Send + Sync>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: back off rather than spin.
+                tracing::warn!(error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let r = if matches!(*req.method(), Method::GET | Method::HEAD) {
+                    handler(req.uri().path())
+                } else {
+                    Response::text(405, "only GET and HEAD\n")
+                };
+                let answer = hyper::Response::builder()
+                    .status(r.status)
+                    .header(CONTENT_TYPE, r.content_type)
+                    .body(Full::new(Bytes::from(r.body)))
+                    .expect("a valid status and header");
+                async move { Ok::<_, Infallible>(answer) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}

@@ -1,0 +1,207 @@
+//! The agent's series: per service its router's latest window, shadow switches, processes
+//! by role, and per GPU its MIG instances and the MPS share of each workload on them.
+//! State figures are set from an [`AgentSnapshot`] at scrape time: rendering is pure.
+//!
+//! No backend reports GPU utilisation yet, so `gpuplane_agent_workload_mps_percent` (the
+//! share a workload holds on its MIG instance or GPU) stands in for it.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type Labels = Vec<(String, String)>;
+
+/// The state figures of one scrape.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AgentSnapshot {
+    /// The routers' latest windows.
+    pub services: Vec<proto::ServiceMetrics>,
+    /// The last observed state the agent built (GPUs, MIG instances, processes).
+    pub observed: Option<proto::ReportRequest>,
+}
+
+/// The registry and its series; cheap to clone (shared).
+#[derive(Clone)]
+pub struct AgentMetrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    shadow_switches: Family<Labels, Counter>,
+    service_p99_ms: Family<Labels, FloatGauge>,
+    service_throughput: Family<Labels, FloatGauge>,
+    service_arrival: Family<Labels, FloatGauge>,
+    service_failed: Family<Labels, Gauge>,
+    processes: Family<Labels, Gauge>,
+    mig_instances: Family<Labels, Gauge>,
+    workload_share: Family<Labels, FloatGauge>,
+    applied_version: Gauge,
+    render: Mutex<()>,
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        let mut r = Registry::with_prefix("gpuplane_agent");
+        let shadow_switches = Family::<Labels, Counter>::default();
+        let service_p99_ms = Family::<Labels, FloatGauge>::default();
+        let service_throughput = Family::<Labels, FloatGauge>::default();
+        let service_arrival = Family::<Labels, FloatGauge>::default();
+        let service_failed = Family::<Labels, Gauge>::default();
+        let processes = Family::<Labels, Gauge>::default();
+        let mig_instances = Family::<Labels, Gauge>::default();
+        let workload_share = Family::<Labels, FloatGauge>::default();
+        let applied_version = Gauge::default();
+        r.register("shadow_switches", "Switches of a service to its warm standbys (failovers)", shadow_switches.clone());
+        r.register("service_p99_ms", "p99 latency of the service router's latest one-second window", service_p99_ms.clone());
+        r.register("service_throughput_rps", "Completed requests per second in the router's latest window", service_throughput.clone());
+        r.register("service_arrival_rps", "Arrived requests per second in the router's latest window", service_arrival.clone());
+        r.register("service_failed", "Failed requests in the router's latest window", service_failed.clone());
+        r.register("processes", "Workload processes running, by role (active, standby)", processes.clone());
+        r.register("mig_instances", "MIG instances on a GPU (0: whole GPU)", mig_instances.clone());
+        r.register(
+            "workload_mps_percent",
+            "MPS share of a workload's process on its MIG instance (-1: whole GPU), by role",
+            workload_share.clone(),
+        );
+        r.register("applied_version", "Desired-state version this node has converged to (0: none)", applied_version.clone());
+        let inner = Inner {
+            registry: r,
+            shadow_switches,
+            service_p99_ms,
+            service_throughput,
+            service_arrival,
+            service_failed,
+            processes,
+            mig_instances,
+            workload_share,
+            applied_version,
+            render: Mutex::new(()),
+        };
+        AgentMetrics { inner: Arc::new(inner) }
+    }
+}
+
+impl AgentMetrics {
+    /// Counts one switch of `service` to its standbys.
+    pub fn shadow_switch(&self, service: &str) {
+        self.inner.shadow_switches.get_or_create(&labels(&[("service", service)])).inc();
+    }
+
+    /// The exposition text with the state figures of `snap`.
+    pub fn render(&self, snap: &AgentSnapshot) -> String {
+        let i = &self.inner;
+        let _guard = i.render.lock().unwrap_or_else(|p| p.into_inner());
+        let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        // Only what this scrape sees: a retired router or destroyed instance goes.
+        for f in [&i.service_p99_ms, &i.service_throughput, &i.service_arrival, &i.workload_share] {
+            f.clear();
+        }
+        for f in [&i.service_failed, &i.processes, &i.mig_instances] {
+            f.clear();
+        }
+        for s in &snap.services {
+            let l = labels(&[("service", &s.service)]);
+            i.service_p99_ms.get_or_create(&l).set(s.p99_ms);
+            i.service_throughput.get_or_create(&l).set(s.throughput_rps);
+            i.service_arrival.get_or_create(&l).set(s.arrival_rps);
+            i.service_failed.get_or_create(&l).set(as_i64(s.failed));
+        }
+        let observed = snap.observed.as_ref();
+        i.applied_version.set(as_i64(observed.map_or(0, |r| r.applied_version)));
+        for role in ["active", "standby"] {
+            i.processes.get_or_create(&labels(&[("role", role)])).set(0);
+        }
+        for gpu in observed.map_or(&[][..], |r| &r.gpus[..]) {
+            i.mig_instances.get_or_create(&labels(&[("gpu", &gpu.gpu_uuid)])).set(gpu.instances.len() as i64);
+            for w in &gpu.workloads {
+                let role = if w.shadow { "standby" } else { "active" };
+                i.processes.get_or_create(&labels(&[("role", role)])).inc();
+                let instance = w.mig_instance.to_string();
+                let l = labels(&[("gpu", &gpu.gpu_uuid), ("instance", &instance), ("service", &w.service), ("role", role)]);
+                // Several processes of one workload hold the same share each; keep one.
+                i.workload_share.get_or_create(&l).set(w.mps_percent);
+            }
+        }
+        let mut out = String::new();
+        encode(&mut out, &i.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    fn workload(service: &str, instance: i32, share: f64, shadow: bool) -> proto::ObservedWorkload {
+        proto::ObservedWorkload { service: service.into(), mig_instance: instance, mps_percent: share, shadow, ..Default::default() }
+    }
+
+    #[test]
+    fn renders_router_windows_switches_processes_and_mig_shares() {
+        let m = AgentMetrics::default();
+        let empty = m.render(&AgentSnapshot::default());
+        assert_eq!(value(&empty, "gpuplane_agent_processes{role=\"active\"}"), Some(0.0), "{empty}");
+        assert!(!empty.contains("gpuplane_agent_shadow_switches_total{"), "{empty}");
+
+        m.shadow_switch("web");
+        m.shadow_switch("web");
+        let snap = AgentSnapshot {
+            services: vec![proto::ServiceMetrics {
+                service: "web".into(),
+                p99_ms: 31.5,
+                throughput_rps: 80.0,
+                arrival_rps: 82.0,
+                failed: 3,
+                endpoint: "127.0.0.1:7200".into(),
+            }],
+            observed: Some(proto::ReportRequest {
+                node: "n1".into(),
+                applied_version: 9,
+                gpus: vec![proto::ObservedGpu {
+                    gpu_uuid: "GPU-0".into(),
+                    instances: vec![
+                        proto::AgentMigInstance { profile: "4g".into(), start: 0 },
+                        proto::AgentMigInstance { profile: "3g".into(), start: 4 },
+                    ],
+                    workloads: vec![workload("web", 0, 100.0, false), workload("web", 0, 100.0, true), workload("chat", 1, 50.0, false)],
+                    ..Default::default()
+                }],
+                metrics: vec![],
+            }),
+        };
+        let text = m.render(&snap);
+        assert_eq!(value(&text, "gpuplane_agent_shadow_switches_total{service=\"web\"}"), Some(2.0), "{text}");
+        assert_eq!(value(&text, "gpuplane_agent_service_p99_ms{service=\"web\"}"), Some(31.5));
+        assert_eq!(value(&text, "gpuplane_agent_service_throughput_rps{service=\"web\"}"), Some(80.0));
+        assert_eq!(value(&text, "gpuplane_agent_service_arrival_rps{service=\"web\"}"), Some(82.0));
+        assert_eq!(value(&text, "gpuplane_agent_service_failed{service=\"web\"}"), Some(3.0));
+        assert_eq!(value(&text, "gpuplane_agent_processes{role=\"active\"}"), Some(2.0));
+        assert_eq!(value(&text, "gpuplane_agent_processes{role=\"standby\"}"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_agent_mig_instances{gpu=\"GPU-0\"}"), Some(2.0));
+        assert_eq!(
+            value(&text, "gpuplane_agent_workload_mps_percent{gpu=\"GPU-0\",instance=\"1\",service=\"chat\",role=\"active\"}"),
+            Some(50.0)
+        );
+        assert_eq!(value(&text, "gpuplane_agent_applied_version"), Some(9.0));
+
+        // The next scrape without the router: its series go, the switch count stays.
+        let text = m.render(&AgentSnapshot { services: vec![], ..snap });
+        assert!(!text.contains("gpuplane_agent_service_p99_ms{"), "{text}");
+        assert_eq!(value(&text, "gpuplane_agent_shadow_switches_total{service=\"web\"}"), Some(2.0));
+    }
+}
