@@ -4,7 +4,8 @@
 //!
 //! Prints committed writes per second and write latency (p50, p99) with 1 and 64
 //! concurrent clients, then the leader failover time (SIGKILL of the leader process to the
-//! first successful write), as the median and maximum over `--kills` kills.
+//! first successful write), as the median and maximum over `--kills` kills, and how many of
+//! the writes a background client had acknowledged across the kills were lost (must be 0).
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -187,8 +188,28 @@ async fn main() {
         println!("{n:<10} {rate:>14.0} {:>10.2}ms {:>10.2}ms {errors:>8}", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3);
     }
 
-    // Failover: kill -9 the leader, then time the first write that succeeds.
+    // Failover: kill -9 the leader, then time the first write that succeeds. Meanwhile a
+    // background writer keeps writing distinct resources and records which were
+    // acknowledged; after the last kill every acknowledged one must be there.
     let fast = RetryPolicy { attempts: 10_000, backoff: Duration::from_millis(5), timeout: Duration::from_millis(300) };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let (stop, writer) = (stop.clone(), Client::new(endpoints.clone()).with_retry(fast.clone()));
+        tokio::spawn(async move {
+            let (mut attempted, mut acked) = (0u64, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                attempted += 1;
+                let name = format!("ack-{attempted}");
+                let tenant = proto::Resource { kind: "Tenant".into(), name: name.clone(), spec_json: "{}".into(), ..Default::default() };
+                if writer.put(tenant, proto::WriteMode::Create).await.is_ok() {
+                    acked.push(name);
+                }
+                // ~50 writes/s: continuous, and the read-back stays one message.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (attempted, acked)
+        })
+    };
     let mut times = Vec::new();
     for k in 0..args.kills {
         let leader = leader_of(&client).await;
@@ -209,6 +230,18 @@ async fn main() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (attempted, acked) = background.await.expect("background writer");
+    let present: std::collections::BTreeSet<String> =
+        client.list("Tenant", "", false).await.expect("reading back").resources.into_iter().map(|r| r.name).collect();
+    let lost = acked.iter().filter(|n| !present.contains(*n)).count();
+    if args.kills > 0 {
+        println!(
+            "continuous writes across the {} kills: {attempted} attempted, {} acknowledged, {lost} acknowledged writes lost",
+            args.kills,
+            acked.len()
+        );
     }
     times.sort();
     if !times.is_empty() {
