@@ -154,10 +154,7 @@ impl DemoCluster {
     fn controller_config(&self, id: u64) -> String {
         let t = &self.timings;
         let peers: String = self.addrs.iter().map(|(i, a)| format!("\"{i}\" = {a:?}\n")).collect();
-        let strategy = match self.mig_strategy {
-            crate::provision::MigStrategy::Parvagpu => "parvagpu",
-            crate::provision::MigStrategy::ExactMig => "exact-mig",
-        };
+        let strategy = self.mig_strategy.flag_name();
         format!(
             "node_id = {id}\nlisten = {listen:?}\ndata_dir = {data:?}\nbootstrap = {bootstrap}\n\n[peers]\n{peers}\n[loops]\n\
              provision_interval_s = {pi}\nmig_strategy = \"{strategy}\"\nheartbeat_interval_ms = {hb}\nmissed_heartbeats = {missed}\n\

@@ -196,10 +196,7 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
 
 async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) -> Result<DemoReport, String> {
     let mut report = DemoReport {
-        strategy: match opts.strategy {
-            MigStrategy::Parvagpu => "parvagpu".into(),
-            MigStrategy::ExactMig => "exact-mig".into(),
-        },
+        strategy: opts.strategy.flag_name().into(),
         provision_interval_s: t.provision_interval_s,
         cooldown_s: t.cooldown_s,
         ..Default::default()

@@ -87,6 +87,23 @@ impl Default for LoopSettings {
     }
 }
 
+/// Validates `plan` and writes it as the Plan named `current`, compare-and-set on
+/// `expected_version`: a plan computed from an older state never overwrites a newer one.
+async fn commit_plan(
+    controller: &Controller,
+    plan: crate::resources::PlanSpec,
+    mode: crate::state::WriteMode,
+    expected_version: u64,
+) -> Result<crate::state::CommandOutcome, crate::api::ApiError> {
+    let spec = crate::resources::Spec::Plan(plan);
+    crate::resources::validate_spec(&spec)?;
+    let write = crate::state::Request {
+        request_id: uuid::Uuid::new_v4().to_string(),
+        command: crate::state::Command::Put { name: "current".into(), tenant: String::new(), spec, mode, expected_version },
+    };
+    controller.write(write).await
+}
+
 /// Watches leadership and runs the loops while this node leads.
 pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
     tokio::spawn(async move {

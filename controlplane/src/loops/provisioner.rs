@@ -16,8 +16,8 @@ use crate::api::ApiError;
 use crate::controller::Controller;
 use crate::provision::{gather, inputs_digest, provision_from};
 use crate::raft::WatchSignal;
-use crate::resources::{validate_spec, Kind, Spec};
-use crate::state::{Command, Request, WriteMode};
+use crate::resources::{Kind, Spec};
+use crate::state::WriteMode;
 
 /// Changes settle this long before a pass, so one `apply` of many resources costs one plan.
 const DEBOUNCE: Duration = Duration::from_millis(200);
@@ -69,22 +69,10 @@ async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, 
         // Planned from these very inputs (and perhaps tuned since): nothing to do.
         return Ok(false);
     }
-    let spec = Spec::Plan(provision_from(&inputs, settings.mig_strategy));
-    if current.as_ref().is_some_and(|(_, s)| *s == spec) {
+    let plan = provision_from(&inputs, settings.mig_strategy);
+    if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if *p == plan)) {
         return Ok(false);
     }
-    validate_spec(&spec)?;
-    let write = Request {
-        request_id: uuid::Uuid::new_v4().to_string(),
-        command: Command::Put {
-            name: "current".into(),
-            tenant: String::new(),
-            spec,
-            mode: WriteMode::Upsert,
-            // Compare-and-set: a plan computed from an older state never overwrites a newer one.
-            expected_version: current.map_or(0, |(v, _)| v),
-        },
-    };
-    controller.write(write).await?;
+    super::commit_plan(controller, plan, WriteMode::Upsert, current.map_or(0, |(v, _)| v)).await?;
     Ok(true)
 }

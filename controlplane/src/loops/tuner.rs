@@ -14,8 +14,8 @@ use super::LoopSettings;
 use crate::agents::NodeReport;
 use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::resources::{validate_spec, Kind, Spec};
-use crate::state::{Command, Request, WriteMode};
+use crate::resources::{Kind, Spec};
+use crate::state::WriteMode;
 use crate::tuning::{tune_shares, Measurement, Measurements, ShareOutcome, TunerState};
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
@@ -93,20 +93,8 @@ async fn pass(
         *state = next;
         return Ok(None);
     };
-    let spec = Spec::Plan(tuned);
-    validate_spec(&spec)?;
-    let write = Request {
-        request_id: uuid::Uuid::new_v4().to_string(),
-        command: Command::Put {
-            name: "current".into(),
-            tenant: String::new(),
-            spec,
-            mode: WriteMode::Update,
-            // Compare-and-set: shares tuned on an older plan never overwrite a newer one.
-            expected_version: version,
-        },
-    };
-    let outcome = controller.write(write).await?;
+    // Compare-and-set: shares tuned on an older plan never overwrite a newer one.
+    let outcome = super::commit_plan(controller, tuned, WriteMode::Update, version).await?;
     *state = next;
     Ok(Some(outcome.resource.resource_version))
 }

@@ -25,6 +25,16 @@ pub enum MigStrategy {
     ExactMig,
 }
 
+impl MigStrategy {
+    /// The name in flags and config files (`parvagpu`, `exact-mig`).
+    pub fn flag_name(self) -> &'static str {
+        match self {
+            MigStrategy::Parvagpu => "parvagpu",
+            MigStrategy::ExactMig => "exact-mig",
+        }
+    }
+}
+
 /// The fleet's GPUs: every GPU of every registered node the failure detector has not
 /// marked unhealthy, with its GpuModel name.
 pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {

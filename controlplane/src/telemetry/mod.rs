@@ -2,13 +2,12 @@
 //! served over plain HTTP on a separate listener (`metrics_listen`), never on the Raft peer
 //! port.
 
-mod http;
 mod metrics;
 mod scrape;
 
-pub use http::{serve, Response};
 pub use metrics::{ControllerMetrics, RaftFigures, ServiceSample, Snapshot};
 pub use scrape::{readiness, snapshot};
+pub use telemetry_http::{serve, Response};
 
 use std::sync::Arc;
 

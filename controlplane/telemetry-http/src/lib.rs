@@ -1,5 +1,6 @@
 //! A bare HTTP/1 server for the probes and the scrape: GET (or HEAD) a path, get a text body.
-//! (The controller has the same one; the two crates share no library.)
+//! Shared by the controller and the node agent (hyper directly: a web framework would be
+//! most of the code for three text endpoints).
 
 use std::convert::Infallible;
 use std::sync::Arc;
