@@ -2,11 +2,11 @@
 //! own config and log under the demo's directory, killed when dropped (unless kept).
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use super::scenario::DemoNode;
+use crate::procs::{free_port_block, kill9, kill_recorded_workloads, Proc};
 
 /// The binaries the demo runs, next to the running `gpuctl`.
 #[derive(Clone, Debug)]
@@ -17,16 +17,17 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    pub fn beside_current_exe() -> Result<Binaries, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot locate gpuctl: {e}"))?;
-        let dir = exe.parent().ok_or("gpuctl has no parent directory")?;
+    /// The binaries next to the running program (`gpuctl`, `chaos`), named `who` in errors.
+    pub fn beside_current_exe(who: &str) -> Result<Binaries, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot locate {who}: {e}"))?;
+        let dir = exe.parent().ok_or(format!("{who} has no parent directory"))?;
         let find = |name: &str| {
             let path = dir.join(name);
             if path.exists() {
                 Ok(path)
             } else {
                 Err(format!(
-                    "{} not found: the demo runs the controller, node-agent and sim-infer binaries next to gpuctl \
+                    "{} not found: {who} runs the controller, node-agent and sim-infer binaries next to itself \
                      (build them all with `cargo build --release`)",
                     path.display()
                 ))
@@ -34,60 +35,6 @@ impl Binaries {
         };
         Ok(Binaries { controlplane: find("controlplane")?, node_agent: find("node-agent")?, sim_infer: find("sim-infer")? })
     }
-}
-
-/// A child process, killed (SIGKILL) on drop unless released.
-pub struct Proc {
-    child: Option<Child>,
-    pub log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command, log: &Path) -> Result<Proc, String> {
-        let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
-        Ok(Proc { child: Some(child), log: log.to_path_buf() })
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Leaves the process running after the demo exits (`--keep-running`).
-    pub fn release(&mut self) {
-        self.child.take();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// `count` consecutive loopback ports that are free now, from a base above `from`.
-pub fn free_port_block(from: u16, count: u16) -> Result<u16, String> {
-    let mut base = from;
-    while base.checked_add(count).is_some() {
-        if (0..count).step_by(10).chain([count - 1]).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return Ok(base);
-        }
-        base += count;
-    }
-    Err(format!("no block of {count} free loopback ports above {from}"))
 }
 
 /// Timings of the demo's control loops: fast enough to show in a minute or two.
@@ -265,18 +212,5 @@ impl DemoCluster {
         for p in self.controllers.values_mut() {
             p.kill9();
         }
-    }
-}
-
-fn kill9(pid: &str) {
-    let _ = Command::new("kill").arg("-9").arg(pid).stderr(Stdio::null()).status();
-}
-
-/// Kills the workload processes an agent's supervisor recorded in `state_dir`.
-fn kill_recorded_workloads(state_dir: &Path) {
-    let Ok(bytes) = std::fs::read(state_dir.join("processes.json")) else { return };
-    let list: Vec<serde_json::Value> = serde_json::from_slice(&bytes).unwrap_or_default();
-    for pid in list.iter().filter_map(|r| r["pid"].as_u64()) {
-        kill9(&pid.to_string());
     }
 }

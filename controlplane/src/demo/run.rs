@@ -158,7 +158,7 @@ fn say(line: &str) {
 
 /// Runs the demo; the cluster is stopped on return unless `keep_running`.
 pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
-    let bins = Binaries::beside_current_exe()?;
+    let bins = Binaries::beside_current_exe("gpuctl demo")?;
     let (dir, temp) = match &opts.dir {
         Some(d) => {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;

@@ -1,0 +1,81 @@
+//! Child processes of a local cluster (the demo's and the chaos runner's): controllers and
+//! node agents with their output in a log file, killed when dropped, and the workload
+//! processes an agent started in their own process groups.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+/// A child process, killed (SIGKILL) on drop unless released.
+pub struct Proc {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr going to `log` (created or truncated).
+    pub fn spawn(cmd: &mut Command, log: &Path) -> Result<Proc, String> {
+        let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+        Ok(Proc { child: Some(child), log: log.to_path_buf() })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The exit status once the process has exited on its own (`None` while it runs).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Leaves the process running after its owner is dropped (`gpuctl demo --keep-running`).
+    pub fn release(&mut self) {
+        self.child.take();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// `count` consecutive loopback ports that are free now, from a base above `from`.
+pub fn free_port_block(from: u16, count: u16) -> Result<u16, String> {
+    let mut base = from;
+    while base.checked_add(count).is_some() {
+        if (0..count).step_by(10).chain([count - 1]).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return Ok(base);
+        }
+        base += count;
+    }
+    Err(format!("no block of {count} free loopback ports above {from}"))
+}
+
+pub fn kill9(pid: &str) {
+    let _ = Command::new("kill").arg("-9").arg(pid).stderr(Stdio::null()).status();
+}
+
+/// Kills the workload processes an agent's supervisor recorded in `state_dir` (they run in
+/// their own process groups, so killing the agent leaves them running).
+pub fn kill_recorded_workloads(state_dir: &Path) {
+    let Ok(bytes) = std::fs::read(state_dir.join("processes.json")) else { return };
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&bytes).unwrap_or_default();
+    for pid in list.iter().filter_map(|r| r["pid"].as_u64()) {
+        kill9(&pid.to_string());
+    }
+}
