@@ -26,7 +26,7 @@ impl SledBackend {
     fn open_db(path: &Path) -> sled::Result<sled::Db> {
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         loop {
-            match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
+            match Self::open_once(path) {
                 // sled reports the lock failure as ErrorKind::Other with this text.
                 Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -34,6 +34,21 @@ impl SledBackend {
                 other => return other,
             }
         }
+    }
+
+    /// sled panics on some damaged files while it recovers (e.g. "tried to serialize
+    /// Uninitialized" after a truncated or overwritten segment); that becomes an error here,
+    /// so the node refuses to start with a message naming the data dir instead of crashing.
+    fn open_once(path: &Path) -> sled::Result<sled::Db> {
+        let open = || sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open();
+        std::panic::catch_unwind(open).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(sled::Error::Io(std::io::Error::other(format!("the database is damaged (sled failed while recovering it: {what})"))))
+        })
     }
 
     fn tree(&self, tree: Tree) -> &sled::Tree {
