@@ -1,0 +1,219 @@
+//! The processes under test: three controllers and a few node agents (simulated GPUs),
+//! each in its own network namespace, with data dirs, configs and one log per start under
+//! the run's directory.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use controlplane::client::Client;
+use controlplane::demo::procs::Binaries;
+use controlplane::procs::{kill_recorded_workloads, Proc};
+
+use super::net::{Host, Network};
+
+pub const CONTROLLER_PORT: u16 = 7400;
+
+pub struct Controller {
+    pub id: u64,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    pub proc: Option<Proc>,
+    starts: u32,
+}
+
+pub struct Agent {
+    pub index: u8,
+    pub name: String,
+    state_dir: PathBuf,
+    proc: Option<Proc>,
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub net: Network,
+    bins: Binaries,
+    pub controllers: BTreeMap<u64, Controller>,
+    pub agents: Vec<Agent>,
+    /// Data dirs with a tmpfs mounted on them (the full-disk fault), unmounted on drop.
+    mounts: Vec<PathBuf>,
+}
+
+/// Makes the child join network namespace `ns` before it runs the program.
+fn enter_namespace(cmd: &mut Command, ns: &str) -> Result<(), String> {
+    let path = format!("/run/netns/{ns}");
+    let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
+    // SAFETY: setns is async-signal-safe; `file` is moved into the closure and stays open
+    // until the command is dropped.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// Creates the network and starts controllers 1..=3 (node 1 bootstraps) and `agents`
+    /// agents. With `small_disk`, that controller's data dir is a 32 MiB tmpfs.
+    pub fn start(dir: &Path, bins: Binaries, agents: u8, small_disk: Option<u64>) -> Result<Cluster, String> {
+        let ids = [1u64, 2, 3];
+        let net = Network::create(&ids, agents)?;
+        let mut cluster =
+            Cluster { dir: dir.to_path_buf(), net, bins, controllers: BTreeMap::new(), agents: Vec::new(), mounts: Vec::new() };
+        for id in ids {
+            let addr = format!("{}:{CONTROLLER_PORT}", cluster.net.ip(Host::Controller(id)));
+            let data_dir = dir.join(format!("controller-{id}"));
+            cluster.controllers.insert(id, Controller { id, addr, data_dir, proc: None, starts: 0 });
+        }
+        if let Some(id) = small_disk {
+            cluster.mount_small_disk(id)?;
+        }
+        for id in ids {
+            cluster.start_controller(id, id == 1)?;
+        }
+        for index in 1..=agents {
+            cluster.add_agent(index)?;
+        }
+        Ok(cluster)
+    }
+
+    fn mount_small_disk(&mut self, id: u64) -> Result<(), String> {
+        let data = self.controllers[&id].data_dir.clone();
+        std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=32m", "tmpfs"])
+            .arg(&data)
+            .status()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !status.success() {
+            return Err(format!("mounting a tmpfs on {} failed", data.display()));
+        }
+        self.mounts.push(data);
+        Ok(())
+    }
+
+    pub fn servers(&self) -> Vec<String> {
+        self.controllers.values().map(|c| c.addr.clone()).collect()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.servers())
+    }
+
+    /// Starts controller `id` from its data dir; the log of each start is kept apart.
+    pub fn start_controller(&mut self, id: u64, bootstrap: bool) -> Result<PathBuf, String> {
+        let ns = self.net.namespace(Host::Controller(id)).expect("a controller's namespace");
+        let peers: Vec<String> = self.controllers.values().map(|c| format!("{}={}", c.id, c.addr)).collect();
+        let c = self.controllers.get_mut(&id).ok_or(format!("no controller {id}"))?;
+        c.starts += 1;
+        let mut cmd = Command::new(&self.bins.controlplane);
+        cmd.arg("--node-id").arg(id.to_string()).arg("--listen").arg(&c.addr).arg("--data-dir").arg(&c.data_dir);
+        for p in &peers {
+            cmd.arg("--peer").arg(p);
+        }
+        if bootstrap {
+            cmd.arg("--bootstrap");
+        }
+        cmd.env("RUST_LOG", "info,openraft=warn");
+        enter_namespace(&mut cmd, &ns)?;
+        let log = self.dir.join(format!("controller-{id}.start-{}.log", c.starts));
+        c.proc = Some(Proc::spawn(&mut cmd, &log)?);
+        Ok(log)
+    }
+
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.controllers.get(&id)?.proc.as_ref()?.pid()
+    }
+
+    pub fn running(&self, id: u64) -> bool {
+        self.controllers.get(&id).is_some_and(|c| c.proc.is_some())
+    }
+
+    pub fn kill9(&mut self, id: u64) {
+        if let Some(mut p) = self.controllers.get_mut(&id).and_then(|c| c.proc.take()) {
+            p.kill9();
+        }
+    }
+
+    /// Waits up to `within` for controller `id` to exit on its own; its status and log.
+    pub async fn wait_exit(&mut self, id: u64, within: Duration) -> Option<(ExitStatus, String)> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let c = self.controllers.get_mut(&id)?;
+            if let Some(status) = c.proc.as_mut().and_then(Proc::exited) {
+                let proc = c.proc.take().expect("an exited process");
+                let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
+                return Some((status, log));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
+    fn agent_config(&self, index: u8, name: &str, state_dir: &Path) -> String {
+        let ip = self.net.ip(Host::Agent(index));
+        format!(
+            "node = {name:?}\ncontrollers = {controllers:?}\ninstance_type = \"chaos-a100\"\nstate_dir = {state:?}\n\
+             advertise = \"{ip}:7100\"\nport_range = [20000, 20099]\nrouter_ports = [7200, 7219]\ninterval_ms = 300\n\
+             [sim]\ngpus = [\"A100-80GB\"]\n[template]\nkind = \"command\"\nprogram = {program:?}\nargs = {args:?}\n",
+            controllers = self.servers(),
+            state = state_dir.display().to_string(),
+            program = self.bins.sim_infer.display().to_string(),
+            args = [
+                "--listen=127.0.0.1:{port}",
+                "--model={model}",
+                "--mig-gpcs={gpcs}",
+                "--max-batch={batch}",
+                "--time-scale=0.1",
+                "--id={service}:{port}"
+            ],
+        )
+    }
+
+    fn add_agent(&mut self, index: u8) -> Result<(), String> {
+        let name = format!("chaos-node-{index}");
+        let state_dir = self.dir.join(format!("agent-{index}"));
+        let config = self.dir.join(format!("agent-{index}.toml"));
+        std::fs::write(&config, self.agent_config(index, &name, &state_dir)).map_err(|e| format!("{}: {e}", config.display()))?;
+        let ns = self.net.namespace(Host::Agent(index)).expect("an agent's namespace");
+        let mut cmd = Command::new(&self.bins.node_agent);
+        cmd.arg("--config").arg(&config).env("RUST_LOG", "info");
+        enter_namespace(&mut cmd, &ns)?;
+        let proc = Proc::spawn(&mut cmd, &self.dir.join(format!("agent-{index}.log")))?;
+        self.agents.push(Agent { index, name, state_dir, proc: Some(proc) });
+        Ok(())
+    }
+
+    /// Stops everything this cluster started (idempotent).
+    pub fn shutdown(&mut self) {
+        for a in &mut self.agents {
+            if let Some(mut p) = a.proc.take() {
+                p.kill9();
+            }
+            kill_recorded_workloads(&a.state_dir);
+        }
+        for c in self.controllers.values_mut() {
+            if let Some(mut p) = c.proc.take() {
+                p.kill9();
+            }
+        }
+        for m in self.mounts.drain(..) {
+            let _ = Command::new("umount").arg(&m).status();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Before the network goes (a field dropped after this): nothing may be left
+        // running in a namespace or holding the tmpfs.
+        self.shutdown();
+    }
+}

@@ -1,0 +1,286 @@
+//! The scenarios: `ci` (every fault kind once or twice, a few minutes) and `kills` (the
+//! leader killed N times under continuous writes).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use controlplane::client::Client;
+use controlplane::demo::procs::Binaries;
+use serde_json::json;
+
+use super::cluster::Cluster;
+use super::faults::{self, Corruption, FaultKind, Injection, StorageOutcome};
+use super::net::Host;
+use super::observe::{self, LeaderWatch};
+use super::report::{Inputs, Report};
+use super::workload::{self, Workload};
+use crate::history::{check, History};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Every fault kind, bounded to a few minutes (what CI runs).
+    Ci,
+    /// The leader killed `--kills` times under continuous writes.
+    Kills,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub scenario: Scenario,
+    pub kills: usize,
+    /// Steady seconds between two faults.
+    pub settle_s: f64,
+    pub clients: usize,
+    pub keys: usize,
+    /// Where the logs and data dirs go (a temporary directory, removed after, when absent).
+    pub dir: Option<PathBuf>,
+}
+
+const PATIENCE: Duration = Duration::from_secs(60);
+/// The controller that gets the small disk in the `ci` scenario.
+const SMALL_DISK_NODE: u64 = 3;
+
+fn resource(kind: &str, name: &str, tenant: &str, spec: serde_json::Value) -> proto::Resource {
+    proto::Resource { kind: kind.into(), name: name.into(), tenant: tenant.into(), spec_json: spec.to_string(), ..Default::default() }
+}
+
+/// A fleet of A100 hosts and one service, from the demo's resources (its profiles come from
+/// the same synthetic model the simulated GPUs run).
+fn fleet_resources() -> Vec<proto::Resource> {
+    let keep = |r: &proto::Resource| match r.kind.as_str() {
+        "Tenant" => r.name == "acme",
+        "GpuModel" => r.name == "A100-80GB",
+        "ModelProfile" => r.name == "resnet50-a100-80gb" || r.name == "mobilenet-a100-80gb",
+        _ => false,
+    };
+    let mut out: Vec<proto::Resource> = controlplane::demo::scenario::resources().into_iter().filter(keep).collect();
+    out.push(resource(
+        "InstanceType",
+        "chaos-a100",
+        "",
+        json!({"gpu_model": "A100-80GB", "gpu_count": 1, "price_per_hour": 4, "launch_latency_s": 60}),
+    ));
+    out.push(service("chaos-web", "resnet50", 80.0, 100.0));
+    out
+}
+
+fn service(name: &str, model: &str, slo_ms: f64, rate: f64) -> proto::Resource {
+    resource("Service", name, "acme", json!({"model": model, "slo": {"latency_ms": slo_ms, "request_rate": rate}}))
+}
+
+/// Every agent reports healthy and runs the latest plan, which places `service`.
+async fn agents_converged(client: &Client, agents: &[String], service: &str) -> bool {
+    let (Ok(nodes), Ok(plans)) = (client.list("Node", "", false).await, client.list("Plan", "", false).await) else { return false };
+    let Some((plan, revision)) = controlplane::demo::show::plan_of(&plans.resources) else { return false };
+    if !plan.gpus.iter().any(|g| g.workloads.iter().any(|w| w.service == service)) {
+        return false;
+    }
+    let status = |name: &str| {
+        nodes
+            .resources
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| serde_json::from_str::<serde_json::Value>(&n.status_json).unwrap_or_default())
+    };
+    let healthy = agents.iter().all(|a| status(a).is_some_and(|s| s["health"] == "healthy"));
+    let applied = plan.gpus.iter().all(|g| status(&g.node).is_some_and(|s| s["applied_version"].as_u64().unwrap_or(0) >= revision));
+    healthy && applied
+}
+
+async fn wait_agents(client: &Client, agents: &[String], service: &str, within: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    while !agents_converged(client, agents, service).await {
+        if started.elapsed() > within {
+            return Err(format!("the agents did not converge on a plan with {service} within {within:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(started.elapsed())
+}
+
+/// Waits until every running controller follows the leader and has applied what it committed.
+async fn settle(cluster: &Cluster, client: &Client) -> Result<(), String> {
+    let addrs = faults::addrs(cluster);
+    for id in cluster.controllers.keys().copied().filter(|&i| cluster.running(i)) {
+        observe::wait_caught_up(client, &addrs, id, PATIENCE).await?;
+    }
+    Ok(())
+}
+
+/// Waits for the first write acknowledged after `at` (the cluster serves again).
+async fn wait_write_after(w: &Workload, at: Instant) -> Result<(), String> {
+    let deadline = Instant::now() + PATIENCE;
+    while !w.acks.lock().unwrap().iter().any(|a| a.invoked >= at) {
+        if Instant::now() > deadline {
+            return Err(format!("no write acknowledged within {PATIENCE:?} of a fault"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+struct Run {
+    cluster: Cluster,
+    client: Client,
+    injections: Vec<Injection>,
+    storage: Vec<StorageOutcome>,
+    settle: Duration,
+}
+
+impl Run {
+    async fn leader(&self) -> Result<u64, String> {
+        observe::wait_leader(&self.client, &faults::addrs(&self.cluster), PATIENCE).await
+    }
+
+    async fn follower(&self, not: u64) -> Result<u64, String> {
+        let leader = self.leader().await?;
+        Ok(self.cluster.controllers.keys().copied().find(|&i| i != leader && i != not).expect("three controllers"))
+    }
+
+    async fn kill_leader(&mut self, w: &Workload) -> Result<(), String> {
+        let leader = self.leader().await?;
+        let at = Instant::now();
+        self.cluster.kill9(leader);
+        self.injections.push(Injection { kind: FaultKind::Kill9, node: leader, at });
+        wait_write_after(w, at).await?;
+        self.cluster.start_controller(leader, false)?;
+        settle(&self.cluster, &self.client).await
+    }
+
+    async fn pause_leader(&mut self) -> Result<(), String> {
+        let leader = self.leader().await?;
+        self.injections.push(faults::pause(&self.cluster, leader, Duration::from_secs(3)).await?);
+        settle(&self.cluster, &self.client).await
+    }
+
+    async fn partition(&mut self, kind: FaultKind) -> Result<(), String> {
+        let leader = self.leader().await?;
+        self.injections.push(faults::partition(&mut self.cluster, kind, leader, Duration::from_secs(4)).await?);
+        settle(&self.cluster, &self.client).await
+    }
+
+    fn record(&mut self, (injection, outcome): (Injection, StorageOutcome)) {
+        self.injections.push(injection);
+        self.storage.push(outcome);
+    }
+
+    async fn pause_between(&self) {
+        tokio::time::sleep(self.settle).await;
+    }
+}
+
+/// Runs a scenario; the report says whether it passed.
+pub async fn run(opts: &Options) -> Result<Report, String> {
+    let bins = Binaries::beside_current_exe("chaos")?;
+    let temp = tempfile::Builder::new().prefix("chaos-real-").tempdir().map_err(|e| format!("temporary dir: {e}"))?;
+    let dir = opts.dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let ci = opts.scenario == Scenario::Ci;
+    let (agent_count, small_disk) = if ci { (2, Some(SMALL_DISK_NODE)) } else { (0, None) };
+    let cluster = Cluster::start(&dir, bins, agent_count, small_disk)?;
+    let client = cluster.client();
+    let mut run = Run { cluster, client, injections: Vec::new(), storage: Vec::new(), settle: Duration::from_secs_f64(opts.settle_s) };
+    run.leader().await?;
+    for r in fleet_resources() {
+        run.client.put(r, proto::WriteMode::Unspecified).await.map_err(|e| format!("seeding the cluster: {e}"))?;
+    }
+    let agents: Vec<String> = run.cluster.agents.iter().map(|a| a.name.clone()).collect();
+    if ci {
+        wait_agents(&run.client, &agents, "chaos-web", PATIENCE).await?;
+    }
+
+    let history = History::new();
+    let servers = run.cluster.servers();
+    let watch = LeaderWatch::start(faults::addrs(&run.cluster));
+    let workload = Workload::start(&history, &servers, opts.clients, opts.keys);
+    let started = workload.started;
+    let mut problems = Vec::new();
+    let mut convergence = None;
+    let outcome = if ci { ci_faults(&mut run, &workload, &agents).await } else { kills(&mut run, &workload, opts.kills).await };
+    match outcome {
+        Ok(c) => convergence = c,
+        Err(e) => problems.push(e),
+    }
+    let _ = run.cluster.net.heal();
+    run.pause_between().await;
+    let acks = workload.acks.clone();
+    let counts = workload.stop().await;
+    let ended = Instant::now();
+    if let Err(e) = workload::final_reads(&history, &servers, opts.keys, PATIENCE).await {
+        problems.push(e);
+    }
+    let leader_changes = watch.finish().await;
+    let verdict = check(&history);
+    let acks = acks.lock().unwrap().clone();
+    let report = Report::build(Inputs {
+        scenario: if ci { "ci" } else { "kills" },
+        started,
+        ended,
+        counts,
+        verdict,
+        acks: &acks,
+        injections: &run.injections,
+        leader_changes,
+        agent_convergence: convergence,
+        storage_faults: run.storage,
+        problems,
+    });
+    if !report.passed() && opts.dir.is_none() {
+        // Keep the logs of a failed run.
+        let kept = temp.keep();
+        eprintln!("chaos: logs and data dirs kept in {}", kept.display());
+    }
+    Ok(report)
+}
+
+async fn ci_faults(run: &mut Run, w: &Workload, agents: &[String]) -> Result<Option<Duration>, String> {
+    run.pause_between().await;
+    run.kill_leader(w).await?;
+    run.pause_between().await;
+    run.pause_leader().await?;
+    run.pause_between().await;
+    run.partition(FaultKind::LeaderIsolated).await?;
+    run.pause_between().await;
+    run.partition(FaultKind::OneWayPartition).await?;
+    run.pause_between().await;
+    run.partition(FaultKind::FollowerIsolated).await?;
+    run.pause_between().await;
+    let outcome = faults::full_disk(&mut run.cluster, SMALL_DISK_NODE, &run.client, PATIENCE).await?;
+    run.record(outcome);
+    settle(&run.cluster, &run.client).await?;
+    run.pause_between().await;
+    for how in [Corruption::Truncate, Corruption::FlipMiddle] {
+        let victim = run.follower(SMALL_DISK_NODE).await?;
+        let outcome = faults::corrupt(&mut run.cluster, victim, how, &run.client, PATIENCE).await?;
+        run.record(outcome);
+        settle(&run.cluster, &run.client).await?;
+        run.pause_between().await;
+    }
+    // The agents lose every controller while a new service changes the plan; the time
+    // from the heal to every agent running the new plan is the convergence time.
+    let at = Instant::now();
+    let controllers: Vec<u64> = run.cluster.controllers.keys().copied().collect();
+    for a in run.cluster.agents.iter().map(|a| a.index).collect::<Vec<_>>() {
+        for &c in &controllers {
+            run.cluster.net.cut(Host::Agent(a), Host::Controller(c))?;
+        }
+    }
+    run.client
+        .put(service("chaos-thumbs", "mobilenet", 150.0, 40.0), proto::WriteMode::Unspecified)
+        .await
+        .map_err(|e| format!("adding a service: {e}"))?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.cluster.net.heal()?;
+    run.injections.push(Injection { kind: FaultKind::AgentsCutOff, node: 0, at });
+    let converged = wait_agents(&run.client, agents, "chaos-thumbs", PATIENCE).await?;
+    Ok(Some(converged))
+}
+
+async fn kills(run: &mut Run, w: &Workload, kills: usize) -> Result<Option<Duration>, String> {
+    run.pause_between().await;
+    for k in 0..kills {
+        run.kill_leader(w).await.map_err(|e| format!("kill {}: {e}", k + 1))?;
+        run.pause_between().await;
+    }
+    Ok(None)
+}
