@@ -324,3 +324,37 @@ async fn replace_member(cluster: &mut Cluster, id: u64, client: &Client, within:
 pub fn addrs(cluster: &Cluster) -> Vec<(u64, String)> {
     cluster.controllers.values().map(|c| (c.id, c.addr.clone())).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_message_prefers_the_programs_last_words_over_later_errors_and_drops_colours() {
+        let log = "\u{1b}[2m2026\u{1b}[0m INFO serving\n\
+                   controlplane: node 3 stopped: raft stopped: No space left on device (os error 28)\n\
+                   \u{1b}[31mERROR\u{1b}[0m failure receiving rx from RaftCore\n";
+        assert_eq!(stop_message(log), "controlplane: node 3 stopped: raft stopped: No space left on device (os error 28)");
+    }
+
+    #[test]
+    fn stop_message_names_a_panic_and_otherwise_the_last_errors() {
+        let panic = "INFO a\n\nthread 'main' panicked at src/x.rs:1:2:\ntried to serialize Uninitialized\nstack backtrace:\n";
+        assert_eq!(stop_message(panic), "thread 'main' panicked at src/x.rs:1:2: tried to serialize Uninitialized");
+        let errors = "INFO a\nERROR one\nINFO b\nERROR two\nERROR three\nINFO c\n";
+        assert_eq!(stop_message(errors), "ERROR two | ERROR three");
+    }
+
+    #[test]
+    fn corruption_changes_the_file_as_described() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        std::fs::write(&path, vec![0x0fu8; 10_000]).unwrap();
+        corrupt_file(&path, Corruption::FlipMiddle).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 10_000);
+        assert!(bytes[5000..9096].iter().all(|&b| b == 0xf0) && bytes[..5000].iter().all(|&b| b == 0x0f));
+        corrupt_file(&path, Corruption::Truncate).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 5_000);
+    }
+}

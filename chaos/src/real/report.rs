@@ -179,3 +179,32 @@ impl Report {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(start: Instant, invoked_ms: u64, returned_ms: u64) -> Ack {
+        Ack { invoked: start + Duration::from_millis(invoked_ms), returned: start + Duration::from_millis(returned_ms) }
+    }
+
+    #[test]
+    fn the_longest_gap_counts_from_the_start_and_to_the_end_of_the_run() {
+        let t = Instant::now();
+        let acks = [ack(t, 0, 100), ack(t, 150, 300), ack(t, 900, 1000)];
+        assert_eq!(longest_gap(&acks, t, t + Duration::from_millis(1200)), Duration::from_millis(700));
+        assert_eq!(longest_gap(&acks, t, t + Duration::from_millis(2000)), Duration::from_millis(1000));
+        assert_eq!(longest_gap(&[], t, t + Duration::from_millis(50)), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn unavailability_after_a_fault_ignores_writes_invoked_before_it() {
+        let t = Instant::now();
+        // The first write was in flight at the fault and acknowledged early: it does not show
+        // that the cluster serves again; the one invoked after the fault does.
+        let acks = [ack(t, 0, 1050), ack(t, 1100, 1900), ack(t, 1200, 1500)];
+        let at = t + Duration::from_millis(1000);
+        assert_eq!(unavailable_after(&acks, at), Some(Duration::from_millis(500)));
+        assert_eq!(unavailable_after(&acks, t + Duration::from_millis(1300)), None);
+    }
+}

@@ -46,12 +46,10 @@ fn refused_before_proposal(code: Code) -> bool {
 }
 
 fn client_for(servers: &[String]) -> Client {
-    // Short attempts, retried without end: the patience above bounds the whole operation.
-    Client::new(servers.to_vec()).with_retry(RetryPolicy {
-        attempts: u32::MAX,
-        backoff: Duration::from_millis(50),
-        timeout: Duration::from_secs(1),
-    })
+    // Short attempts (as raft-bench's), retried without end: the patience above bounds the
+    // whole operation, and an attempt stuck on a dead or paused node costs little of it.
+    let attempt = RetryPolicy { attempts: u32::MAX, backoff: Duration::from_millis(5), timeout: Duration::from_millis(300) };
+    Client::new(servers.to_vec()).with_retry(attempt)
 }
 
 /// An acknowledged write: when it was invoked and when its acknowledgement arrived.
