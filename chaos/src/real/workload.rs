@@ -48,7 +48,7 @@ fn refused_before_proposal(code: Code) -> bool {
 fn client_for(servers: &[String]) -> Client {
     // Short attempts (as raft-bench's), retried without end: the patience above bounds the
     // whole operation, and an attempt stuck on a dead or paused node costs little of it.
-    let attempt = RetryPolicy { attempts: u32::MAX, backoff: Duration::from_millis(5), timeout: Duration::from_millis(300) };
+    let attempt = RetryPolicy { attempts: u32::MAX, backoff: Duration::from_millis(20), timeout: Duration::from_millis(300) };
     Client::new(servers.to_vec()).with_retry(attempt)
 }
 
