@@ -36,6 +36,53 @@ pub struct ControllerConfig {
     pub loops: LoopsConfig,
     #[serde(default)]
     pub cloud: CloudConfig,
+    #[serde(default)]
+    pub security: SecurityConfig,
+    #[serde(default)]
+    pub limits: crate::security::RateLimits,
+}
+
+/// `[security]`: mTLS and tokens. Either `ca`, `cert` and `key`, or `insecure = true`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Plaintext and no authentication (development only).
+    #[serde(default)]
+    pub insecure: bool,
+    /// The cluster CA (PEM): peers, agents and clients present certificates it signed.
+    pub ca: Option<PathBuf>,
+    /// This controller's certificate (PEM, URI SAN `spiffe://gpuplane/controller/<id>`).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// Tenants' and admins' token digests (TOML); no tokens when unset.
+    pub tokens: Option<PathBuf>,
+}
+
+impl ControllerConfig {
+    /// The security settings, or an error naming the missing setting.
+    pub fn security(&self) -> anyhow::Result<crate::security::Security> {
+        use crate::security::{Security, TlsMaterial, Tokens};
+        let s = &self.security;
+        self.limits.validate().map_err(anyhow::Error::msg)?;
+        if s.insecure {
+            return Ok(Security { limits: self.limits.clone(), ..Security::insecure() });
+        }
+        let missing = |field: &str| {
+            anyhow::anyhow!(
+                "security.{field} is not set: give security.ca, security.cert and security.key (or --ca/--cert/--key; \
+                 `gpuctl certs` makes development certificates), or run plaintext with --insecure (development only)"
+            )
+        };
+        let ca = s.ca.as_deref().ok_or_else(|| missing("ca"))?;
+        let cert = s.cert.as_deref().ok_or_else(|| missing("cert"))?;
+        let key = s.key.as_deref().ok_or_else(|| missing("key"))?;
+        let tls = TlsMaterial::load(ca, Some(cert), Some(key))?;
+        let tokens = match &s.tokens {
+            Some(path) => Tokens::load(path)?,
+            None => Tokens::default(),
+        };
+        Ok(Security { tls: Some(tls), tokens, limits: self.limits.clone() })
+    }
 }
 
 /// `[loops]`: the leader-only loops.

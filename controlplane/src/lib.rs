@@ -17,6 +17,7 @@ pub mod manifest;
 pub mod provision;
 pub mod raft;
 pub mod resources;
+pub mod security;
 pub mod server;
 pub mod state;
 pub mod storage;

@@ -62,7 +62,7 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let addr = free_addr();
     let run = |data: &Path| {
         Command::new(binary("controlplane"))
-            .args(["--node-id", "1", "--listen", &addr, "--data-dir"])
+            .args(["--insecure", "--node-id", "1", "--listen", &addr, "--data-dir"])
             .arg(data)
             .args(["--bootstrap", "--peer", &format!("1={addr}")])
             .output()
@@ -72,7 +72,11 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let data = dir.path().join("node");
     {
         let mut cmd = Command::new(binary("controlplane"));
-        cmd.args(["--node-id", "1", "--listen", &addr, "--data-dir"]).arg(&data).args(["--bootstrap", "--peer", &format!("1={addr}")]);
+        cmd.args(["--insecure", "--node-id", "1", "--listen", &addr, "--data-dir"]).arg(&data).args([
+            "--bootstrap",
+            "--peer",
+            &format!("1={addr}"),
+        ]);
         let mut p = Proc::spawn("controller", &mut cmd, &dir.path().join("first.log"));
         let deadline = Instant::now() + Duration::from_secs(20);
         while !gpuctl(std::slice::from_ref(&addr), &["cluster", "status"]).status.success() {
