@@ -271,6 +271,22 @@ heartbeat_interval_ms = 50
     }
 
     #[test]
+    fn security_needs_tls_files_or_insecure_and_limits_are_checked() {
+        let cfg: ControllerConfig = toml::from_str("node_id = 1\n").unwrap();
+        let err = cfg.security().unwrap_err().to_string();
+        assert!(err.contains("security.ca") && err.contains("--insecure"), "{err}");
+        let cfg: ControllerConfig = toml::from_str("[security]\nca = \"/nonexistent/ca.pem\"\n").unwrap();
+        assert!(cfg.security().unwrap_err().to_string().contains("security.cert"));
+        let cfg: ControllerConfig = toml::from_str("[security]\ninsecure = true\n[limits]\ntenant_rps = 5\n").unwrap();
+        let security = cfg.security().unwrap();
+        assert!(security.is_insecure());
+        assert_eq!((security.limits.tenant_rps, security.limits.tenant_burst), (5, 100));
+        let cfg: ControllerConfig = toml::from_str("[security]\ninsecure = true\n[limits]\nnode_burst = 0\n").unwrap();
+        assert!(cfg.security().unwrap_err().to_string().contains("limits.node_burst"));
+        assert!(toml::from_str::<ControllerConfig>("[limits]\ntenant_rate = 5\n").is_err());
+    }
+
+    #[test]
     fn the_tuner_is_on_by_default_and_configured_under_loops() {
         let d = loops("").unwrap();
         assert!(d.tuner);

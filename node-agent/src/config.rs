@@ -181,6 +181,17 @@ args = ["--port={port}"]
     }
 
     #[test]
+    fn tls_files_are_required_unless_insecure() {
+        let c = AgentConfig::parse(GOOD).unwrap();
+        let err = c.client_tls().unwrap_err().reason;
+        assert!(err.contains("`ca`") && err.contains("insecure"), "{err}");
+        let insecure = AgentConfig { insecure: true, ..c.clone() };
+        assert!(insecure.client_tls().unwrap().is_none());
+        let missing = AgentConfig { ca: Some("/nonexistent/ca.pem".into()), cert: Some("c".into()), key: Some("k".into()), ..c };
+        assert!(missing.client_tls().unwrap_err().reason.contains("/nonexistent/ca.pem"));
+    }
+
+    #[test]
     fn bad_configs_name_the_field() {
         for (text, field) in [
             (GOOD.replace("node = \"n1\"", "node = \"\""), "`node`"),

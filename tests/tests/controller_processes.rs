@@ -193,8 +193,7 @@ fn gpuctl_certs_secure_a_controller_and_gpuctl_needs_an_identity() {
     cmd.args(["--ca", &file("ca.pem"), "--cert", &file("controller-1.pem"), "--key", &file("controller-1.key")]);
     let _controller = Proc::spawn("controller", &mut cmd, &dir.path().join("controller.log"));
     let admin = ["--ca", &file("ca.pem"), "--cert", &file("admin-ops.pem"), "--key", &file("admin-ops.key")];
-    let as_admin =
-        |args: &[&str]| Command::new(binary("gpuctl")).arg("--server").arg(&addr).args(admin.clone()).args(args).output().unwrap();
+    let as_admin = |args: &[&str]| Command::new(binary("gpuctl")).arg("--server").arg(&addr).args(admin).args(args).output().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !as_admin(&["cluster", "status"]).status.success() {
         assert!(Instant::now() < deadline, "the controller did not serve its admin over mTLS");

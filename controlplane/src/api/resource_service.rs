@@ -95,6 +95,11 @@ impl ControlPlane for ResourceService {
                 })
                 .await
             }
+            // The service changed hands between the check above and the write: the state
+            // machine's message names the owner, which only admins may see.
+            Err(ApiError::Field(f)) if f.field == "tenant" && !caller.is_admin() => {
+                Err(Status::permission_denied("name: this Service belongs to another tenant"))
+            }
             Err(e) => Err(e.into()),
         }
     }
