@@ -118,6 +118,15 @@ impl ControlPlane for ResourceService {
             if kind != Kind::Service {
                 return Err(Status::permission_denied(format!("kind: {caller} may not delete {kind} resources")));
             }
+            // Ownership is checked where the delete is written: a follower may not have
+            // applied the tenant's own latest writes yet.
+            if !self.controller.is_leader() {
+                let leader = self.controller.leader();
+                return to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    ControlPlaneClient::new(ch).delete(forwarded_request(req, &caller)).await
+                })
+                .await;
+            }
             let current = self.controller.read(|d| d.cluster.get(kind, &req.name).filter(|r| r.tenant == *t).map(|r| r.resource_version));
             // Another tenant's service looks exactly like a missing one; the version pins the
             // delete to the service checked here.
