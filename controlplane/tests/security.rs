@@ -257,6 +257,8 @@ async fn a_tenant_over_its_rate_is_refused_while_others_are_served() {
     let retry_ms: u64 = status.metadata().get(proto::meta::RETRY_AFTER_MS).expect("retry-after-ms").to_str().unwrap().parse().unwrap();
     assert!(retry_ms > 0 && retry_ms <= 1000, "retry after {retry_ms} ms");
     assert!(status.message().contains("retry in"), "{}", status.message());
+    let retry_info = tonic_types::StatusExt::get_details_retry_info(&status).expect("a google.rpc.RetryInfo detail");
+    assert_eq!(retry_info.retry_delay, Some(Duration::from_millis(retry_ms)));
 
     // Another tenant and the admin are still served by the same controller.
     tenant(one.clone(), pki.path(), "globex").get("Service", "globex-web", true).await.unwrap();

@@ -3,6 +3,9 @@
 //! leaves the principal in the request's extensions for the services' own checks.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tonic_types::{ErrorDetails, StatusExt};
 
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -112,7 +115,11 @@ impl Gatekeeper {
         };
         limiter.check(key).map_err(|wait| {
             let ms = wait.as_millis().max(1) as u64;
-            let mut status = Status::resource_exhausted(format!("rate limit of {what} {key:?} exceeded; retry in {ms} ms"));
+            let mut status = Status::with_error_details(
+                tonic::Code::ResourceExhausted,
+                format!("rate limit of {what} {key:?} exceeded; retry in {ms} ms"),
+                ErrorDetails::with_retry_info(Some(Duration::from_millis(ms))),
+            );
             status.metadata_mut().insert(proto::meta::RETRY_AFTER_MS, MetadataValue::from(ms));
             status
         })
