@@ -12,6 +12,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::raft::PeerChannels;
+use crate::security::ClientCredentials;
 
 #[derive(Clone, Debug)]
 pub struct RetryPolicy {
@@ -32,6 +33,8 @@ pub struct Client {
     preferred: Mutex<Option<String>>,
     next: Mutex<usize>,
     channels: PeerChannels,
+    /// `authorization` value sent with every request (a tenant's or admin's token).
+    bearer: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
     pub retry: RetryPolicy,
 }
 
@@ -42,15 +45,38 @@ fn retryable(status: &Status) -> bool {
 }
 
 impl Client {
+    /// A plaintext client without credentials (for `--insecure` controllers).
     pub fn new(endpoints: Vec<String>) -> Self {
+        Self::with_credentials(endpoints, ClientCredentials::default()).expect("no token to check")
+    }
+
+    /// A client over mTLS (when `credentials.tls` is set) sending `credentials.token`.
+    pub fn with_credentials(endpoints: Vec<String>, credentials: ClientCredentials) -> Result<Self, String> {
         assert!(!endpoints.is_empty(), "at least one controller endpoint is required");
-        Self {
+        let bearer = match &credentials.token {
+            Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| "token: not printable ASCII".to_string())?),
+            None => None,
+        };
+        Ok(Self {
             endpoints,
             preferred: Mutex::new(None),
             next: Mutex::new(0),
-            channels: PeerChannels::default(),
+            channels: PeerChannels::with_tls(credentials.tls.as_ref().map(|t| t.client_config())),
+            bearer,
             retry: RetryPolicy::default(),
+        })
+    }
+
+    /// A request carrying this client's token and the deadline `timeout` (if any).
+    fn request<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Some(t) = timeout {
+            r.set_timeout(t);
         }
+        if let Some(bearer) = &self.bearer {
+            r.metadata_mut().insert(proto::meta::AUTHORIZATION, bearer.clone());
+        }
+        r
     }
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
@@ -111,8 +137,7 @@ impl Client {
     ) -> Result<proto::PutResponse, Status> {
         let req = proto::PutRequest { resource: Some(resource), mode: mode as i32, request_id: request_id.to_string(), status_only: false };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(t);
+            let r = self.request(req.clone(), Some(t));
             async move { ControlPlaneClient::new(ch).put(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -129,8 +154,7 @@ impl Client {
             proto::Resource { kind: kind.into(), name: name.into(), status_json, resource_version: expected_version, ..Default::default() };
         let req = proto::PutRequest { resource: Some(resource), mode: 0, request_id: uuid::Uuid::new_v4().to_string(), status_only: true };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(t);
+            let r = self.request(req.clone(), Some(t));
             async move { ControlPlaneClient::new(ch).put(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -139,8 +163,7 @@ impl Client {
     pub async fn get(&self, kind: &str, name: &str, stale: bool) -> Result<proto::Resource, Status> {
         let req = proto::GetRequest { kind: kind.into(), name: name.into(), stale };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(t);
+            let r = self.request(req.clone(), Some(t));
             async move { ControlPlaneClient::new(ch).get(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -149,8 +172,7 @@ impl Client {
     pub async fn list(&self, kind: &str, tenant: &str, stale: bool) -> Result<proto::ListResponse, Status> {
         let req = proto::ListRequest { kind: kind.into(), tenant: tenant.into(), stale };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(t);
+            let r = self.request(req.clone(), Some(t));
             async move { ControlPlaneClient::new(ch).list(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -160,8 +182,7 @@ impl Client {
         let req =
             proto::DeleteRequest { kind: kind.into(), name: name.into(), expected_version, request_id: uuid::Uuid::new_v4().to_string() };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(t);
+            let r = self.request(req.clone(), Some(t));
             async move { ControlPlaneClient::new(ch).delete(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -170,7 +191,7 @@ impl Client {
     pub async fn watch(&self, kind: &str, from_revision: u64) -> Result<tonic::Streaming<proto::WatchEvent>, Status> {
         let req = proto::WatchRequest { kind: kind.into(), name: String::new(), from_revision };
         self.call(|ch, _| {
-            let r = tonic::Request::new(req.clone());
+            let r = self.request(req.clone(), None);
             async move { ControlPlaneClient::new(ch).watch(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -178,8 +199,7 @@ impl Client {
 
     pub async fn cluster_status(&self) -> Result<proto::ClusterStatusResponse, Status> {
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(proto::ClusterStatusRequest {});
-            r.set_timeout(t);
+            let r = self.request(proto::ClusterStatusRequest {}, Some(t));
             async move { AdminClient::new(ch).cluster_status(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -188,16 +208,14 @@ impl Client {
     /// Status as one specific node sees it (no retries elsewhere).
     pub async fn node_status(&self, addr: &str) -> Result<proto::ClusterStatusResponse, Status> {
         let ch = self.channels.get(addr).map_err(Status::invalid_argument)?;
-        let mut r = tonic::Request::new(proto::ClusterStatusRequest {});
-        r.set_timeout(Duration::from_secs(2));
+        let r = self.request(proto::ClusterStatusRequest {}, Some(Duration::from_secs(2)));
         AdminClient::new(ch).cluster_status(r).await.map(|r| r.into_inner())
     }
 
     pub async fn add_member(&self, node_id: u64, address: &str, promote: bool) -> Result<proto::MembershipResponse, Status> {
         let req = proto::AddMemberRequest { node_id, address: address.into(), promote };
         self.call(|ch, _| {
-            let mut r = tonic::Request::new(req.clone());
-            r.set_timeout(Duration::from_secs(60));
+            let r = self.request(req.clone(), Some(Duration::from_secs(60)));
             async move { AdminClient::new(ch).add_member(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -206,8 +224,7 @@ impl Client {
     pub async fn remove_member(&self, node_id: u64) -> Result<proto::MembershipResponse, Status> {
         let req = proto::RemoveMemberRequest { node_id };
         self.call(|ch, t| {
-            let mut r = tonic::Request::new(req);
-            r.set_timeout(t);
+            let r = self.request(req, Some(t));
             async move { AdminClient::new(ch).remove_member(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -216,8 +233,7 @@ impl Client {
     pub async fn transfer_leader(&self, to_node_id: u64) -> Result<proto::MembershipResponse, Status> {
         let req = proto::TransferLeaderRequest { to_node_id };
         self.call(|ch, _| {
-            let mut r = tonic::Request::new(req);
-            r.set_timeout(Duration::from_secs(15));
+            let r = self.request(req, Some(Duration::from_secs(15)));
             async move { AdminClient::new(ch).transfer_leader(r).await.map(|r| r.into_inner()) }
         })
         .await

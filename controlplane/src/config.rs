@@ -36,6 +36,53 @@ pub struct ControllerConfig {
     pub loops: LoopsConfig,
     #[serde(default)]
     pub cloud: CloudConfig,
+    #[serde(default)]
+    pub security: SecurityConfig,
+    #[serde(default)]
+    pub limits: crate::security::RateLimits,
+}
+
+/// `[security]`: mTLS and tokens. Either `ca`, `cert` and `key`, or `insecure = true`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Plaintext and no authentication (development only).
+    #[serde(default)]
+    pub insecure: bool,
+    /// The cluster CA (PEM): peers, agents and clients present certificates it signed.
+    pub ca: Option<PathBuf>,
+    /// This controller's certificate (PEM, URI SAN `spiffe://gpuplane/controller/<id>`).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// Tenants' and admins' token digests (TOML); no tokens when unset.
+    pub tokens: Option<PathBuf>,
+}
+
+impl ControllerConfig {
+    /// The security settings, or an error naming the missing setting.
+    pub fn security(&self) -> anyhow::Result<crate::security::Security> {
+        use crate::security::{Security, TlsMaterial, Tokens};
+        let s = &self.security;
+        self.limits.validate().map_err(anyhow::Error::msg)?;
+        if s.insecure {
+            return Ok(Security { limits: self.limits.clone(), ..Security::insecure() });
+        }
+        let missing = |field: &str| {
+            anyhow::anyhow!(
+                "security.{field} is not set: give security.ca, security.cert and security.key (or --ca/--cert/--key; \
+                 `gpuctl certs` makes development certificates), or run plaintext with --insecure (development only)"
+            )
+        };
+        let ca = s.ca.as_deref().ok_or_else(|| missing("ca"))?;
+        let cert = s.cert.as_deref().ok_or_else(|| missing("cert"))?;
+        let key = s.key.as_deref().ok_or_else(|| missing("key"))?;
+        let tls = TlsMaterial::load(ca, Some(cert), Some(key))?;
+        let tokens = match &s.tokens {
+            Some(path) => Tokens::load(path)?,
+            None => Tokens::default(),
+        };
+        Ok(Security { tls: Some(tls), tokens, limits: self.limits.clone() })
+    }
 }
 
 /// `[loops]`: the leader-only loops.
@@ -221,6 +268,22 @@ heartbeat_interval_ms = 50
 
     fn loops(toml_text: &str) -> Result<LoopSettings, String> {
         toml::from_str::<ControllerConfig>(toml_text).map_err(|e| e.message().to_string())?.loops.settings(true)
+    }
+
+    #[test]
+    fn security_needs_tls_files_or_insecure_and_limits_are_checked() {
+        let cfg: ControllerConfig = toml::from_str("node_id = 1\n").unwrap();
+        let err = cfg.security().unwrap_err().to_string();
+        assert!(err.contains("security.ca") && err.contains("--insecure"), "{err}");
+        let cfg: ControllerConfig = toml::from_str("[security]\nca = \"/nonexistent/ca.pem\"\n").unwrap();
+        assert!(cfg.security().unwrap_err().to_string().contains("security.cert"));
+        let cfg: ControllerConfig = toml::from_str("[security]\ninsecure = true\n[limits]\ntenant_rps = 5\n").unwrap();
+        let security = cfg.security().unwrap();
+        assert!(security.is_insecure());
+        assert_eq!((security.limits.tenant_rps, security.limits.tenant_burst), (5, 100));
+        let cfg: ControllerConfig = toml::from_str("[security]\ninsecure = true\n[limits]\nnode_burst = 0\n").unwrap();
+        assert!(cfg.security().unwrap_err().to_string().contains("limits.node_burst"));
+        assert!(toml::from_str::<ControllerConfig>("[limits]\ntenant_rate = 5\n").is_err());
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod procs;
 pub mod provision;
 pub mod raft;
 pub mod resources;
+pub mod security;
 pub mod server;
 pub mod state;
 pub mod storage;

@@ -13,12 +13,14 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::agents::AgentReports;
 use crate::api::{AdminService, AgentService, ResourceService};
 use crate::controller::Controller;
 use crate::loops::{self, LoopSettings};
 use crate::raft::{self, Node, NodeId, PeerChannels, RaftPeerService, RaftSettings, MAX_PEER_MESSAGE};
+use crate::security::{Api, Gatekeeper, Security};
 use crate::storage::{open_data_dir, MemBackend, Watermark};
 use crate::telemetry::{serve_controller, ControllerMetrics};
 
@@ -46,6 +48,8 @@ pub struct NodeOptions {
     pub loops: LoopSettings,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` over HTTP; none when unset.
     pub metrics_listen: Option<SocketAddr>,
+    /// mTLS, tokens and rate limits; `Security::insecure()` for plaintext development runs.
+    pub security: Security,
 }
 
 pub struct RunningNode {
@@ -119,7 +123,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     };
     let addr = listener.local_addr()?;
     let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
-    let channels = PeerChannels::default();
+    let channels = PeerChannels::with_tls(opts.security.tls.as_ref().map(|t| t.client_config()));
     let handle = match &opts.storage {
         StorageChoice::DataDir(dir) => {
             let backend = Arc::new(open_data_dir(dir, opts.id)?);
@@ -140,15 +144,21 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         telemetry: ControllerMetrics::default(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
-        .add_service(
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &opts.security.tls {
+        builder = builder.tls_config(tls.server_config()?)?;
+    }
+    let gates = Gatekeeper::new(&opts.security);
+    let router = builder
+        .add_service(InterceptedService::new(
             RaftServiceServer::new(RaftPeerService::new(handle.raft.clone()))
                 .max_decoding_message_size(MAX_PEER_MESSAGE)
                 .max_encoding_message_size(MAX_PEER_MESSAGE),
-        )
-        .add_service(ControlPlaneServer::new(ResourceService::new(controller.clone())))
-        .add_service(AdminServer::new(AdminService::new(controller.clone())))
-        .add_service(AgentServer::new(AgentService::new(controller.clone())));
+            gates.gate(Api::Raft),
+        ))
+        .add_service(InterceptedService::new(ControlPlaneServer::new(ResourceService::new(controller.clone())), gates.gate(Api::Client)))
+        .add_service(InterceptedService::new(AdminServer::new(AdminService::new(controller.clone())), gates.gate(Api::Admin)))
+        .add_service(InterceptedService::new(AgentServer::new(AgentService::new(controller.clone())), gates.gate(Api::Agent)));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
         let _ = shutdown_rx.await;
     }));

@@ -42,6 +42,17 @@ pub struct AgentConfig {
     /// when unset.
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Plaintext to the controllers, no certificate (development only; also `--insecure`).
+    #[serde(default)]
+    pub insecure: bool,
+    /// The cluster CA (PEM) that signed the controllers' certificates.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// This node's certificate (PEM, URI SAN `spiffe://gpuplane/node/<node>`) and key.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
 }
 
 /// The simulated GPUs of this host (`gpu_backend = "sim"`).
@@ -87,6 +98,24 @@ pub struct ConfigError {
 }
 
 impl AgentConfig {
+    /// The mTLS settings for the controller links; `None` when `insecure`.
+    pub fn client_tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>, ConfigError> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        if self.insecure {
+            return Ok(None);
+        }
+        let read = |field: &str, path: &Option<PathBuf>| {
+            let path = path.as_ref().ok_or_else(|| ConfigError {
+                path: String::new(),
+                reason: format!("`{field}`: required (ca, cert and key of this node, e.g. from `gpuctl certs`), or insecure = true / --insecure for plaintext (development only)"),
+            })?;
+            std::fs::read(path)
+                .map_err(|e| ConfigError { path: String::new(), reason: format!("`{field}`: cannot read {}: {e}", path.display()) })
+        };
+        let (ca, cert, key) = (read("ca", &self.ca)?, read("cert", &self.cert)?, read("key", &self.key)?);
+        Ok(Some(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).identity(Identity::from_pem(cert, key))))
+    }
+
     pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
         let err = |reason: String| ConfigError { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
@@ -149,6 +178,17 @@ args = ["--port={port}"]
         assert_eq!(c.metrics_listen, None);
         let served = AgentConfig::parse(&GOOD.replace("[sim]", "metrics_listen = \"127.0.0.1:9500\"\n[sim]")).unwrap();
         assert_eq!(served.metrics_listen, Some("127.0.0.1:9500".parse().unwrap()));
+    }
+
+    #[test]
+    fn tls_files_are_required_unless_insecure() {
+        let c = AgentConfig::parse(GOOD).unwrap();
+        let err = c.client_tls().unwrap_err().reason;
+        assert!(err.contains("`ca`") && err.contains("insecure"), "{err}");
+        let insecure = AgentConfig { insecure: true, ..c.clone() };
+        assert!(insecure.client_tls().unwrap().is_none());
+        let missing = AgentConfig { ca: Some("/nonexistent/ca.pem".into()), cert: Some("c".into()), key: Some("k".into()), ..c };
+        assert!(missing.client_tls().unwrap_err().reason.contains("/nonexistent/ca.pem"));
     }
 
     #[test]

@@ -22,13 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Per-call deadline on controller RPCs (the watch stream has none).
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Agent {
     cfg: AgentConfig,
+    /// mTLS to the controllers with this node's certificate; plaintext when `insecure`.
+    tls: Option<ClientTlsConfig>,
     executor: Arc<Mutex<Executor>>,
     models: BTreeMap<String, planner::mig::GpuModel>,
     desired_file: PathBuf,
@@ -45,6 +47,7 @@ pub struct Agent {
 impl Agent {
     /// Opens the backend and the supervisor's state (adopting running processes).
     pub fn open(cfg: AgentConfig) -> anyhow::Result<Agent> {
+        let tls = cfg.client_tls().map_err(|e| anyhow::anyhow!(e.reason))?;
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| anyhow::anyhow!("state_dir {}: {e}", cfg.state_dir.display()))?;
         let backend: Arc<dyn GpuBackend> = if cfg.gpu_backend == "sim" {
             let models: Vec<_> = cfg.sim.gpus.iter().filter_map(|g| planner::mig::GpuModel::for_name(g)).collect();
@@ -75,6 +78,7 @@ impl Agent {
         let desired_file = cfg.state_dir.join("desired.pb");
         Ok(Agent {
             cfg,
+            tls,
             executor: Arc::new(Mutex::new(executor)),
             models,
             desired_file,
@@ -176,8 +180,12 @@ impl Agent {
         report.abort();
     }
 
-    async fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-        Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(2)).connect().await
+    async fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let endpoint = match &self.tls {
+            Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.clone())?,
+            None => Endpoint::from_shared(format!("http://{addr}"))?,
+        };
+        endpoint.connect_timeout(Duration::from_secs(2)).connect().await
     }
 
     /// Registers and follows the desired state through any controller; on failure, backs
@@ -200,7 +208,7 @@ impl Agent {
     }
 
     async fn follow(&self, addr: &str, tx: &watch::Sender<Option<NodeDesired>>) -> anyhow::Result<()> {
-        let channel = Self::channel(addr).await?;
+        let channel = self.channel(addr).await?;
         let mut put = tonic::Request::new(proto::PutRequest { resource: Some(self.node_resource()), ..Default::default() });
         put.set_timeout(RPC_TIMEOUT);
         ControlPlaneClient::new(channel.clone()).put(put).await?;
@@ -260,7 +268,7 @@ impl Agent {
                 let sent = async {
                     let mut req = tonic::Request::new(report.clone());
                     req.set_timeout(RPC_TIMEOUT);
-                    AgentClient::new(Self::channel(addr).await?).report(req).await.map_err(anyhow::Error::from)
+                    AgentClient::new(self.channel(addr).await?).report(req).await.map_err(anyhow::Error::from)
                 };
                 match sent.await {
                     Ok(_) => break,

@@ -17,4 +17,11 @@ pub mod meta {
     pub const FIELD: &str = "x-gpuplane-field";
     /// Set on a request one controller forwards to the leader, so it is never forwarded twice.
     pub const FORWARDED: &str = "x-gpuplane-forwarded";
+    /// On a forwarded request: the principal of the original caller (e.g. `tenant:acme`).
+    /// Trusted only when the sender authenticated as a controller.
+    pub const PRINCIPAL: &str = "x-gpuplane-principal";
+    /// On `ResourceExhausted`: milliseconds until the caller's rate limit admits a request.
+    pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+    /// Bearer tokens of tenants and admins: `authorization: Bearer <token>`.
+    pub const AUTHORIZATION: &str = "authorization";
 }

@@ -61,7 +61,7 @@ impl Drop for Proc {
 
 /// Runs gpuctl against `servers` and returns its output.
 pub fn gpuctl(servers: &[String], args: &[&str]) -> Output {
-    Command::new(binary("gpuctl")).arg("--server").arg(servers.join(",")).args(args).output().unwrap()
+    Command::new(binary("gpuctl")).arg("--insecure").arg("--server").arg(servers.join(",")).args(args).output().unwrap()
 }
 
 /// Three controller processes on loopback with sled data dirs under one temporary directory.
@@ -92,7 +92,8 @@ impl Cluster {
 
     pub fn spawn(&mut self, id: u64, bootstrap: bool) {
         let mut cmd = Command::new(binary("controlplane"));
-        cmd.arg("--node-id")
+        cmd.arg("--insecure")
+            .arg("--node-id")
             .arg(id.to_string())
             .arg("--listen")
             .arg(&self.addrs[&id])

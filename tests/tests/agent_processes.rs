@@ -67,6 +67,7 @@ fn start_agent(dir: &Path, servers: &[String], router_port: u16) -> Proc {
         r#"node = "n1"
 controllers = {servers:?}
 instance_type = "mixed"
+insecure = true
 state_dir = "{state}"
 interval_ms = 200
 router_ports = [{router}, {router_last}]

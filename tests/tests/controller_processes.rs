@@ -62,7 +62,7 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let addr = free_addr();
     let run = |data: &Path| {
         Command::new(binary("controlplane"))
-            .args(["--node-id", "1", "--listen", &addr, "--data-dir"])
+            .args(["--insecure", "--node-id", "1", "--listen", &addr, "--data-dir"])
             .arg(data)
             .args(["--bootstrap", "--peer", &format!("1={addr}")])
             .output()
@@ -72,7 +72,11 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let data = dir.path().join("node");
     {
         let mut cmd = Command::new(binary("controlplane"));
-        cmd.args(["--node-id", "1", "--listen", &addr, "--data-dir"]).arg(&data).args(["--bootstrap", "--peer", &format!("1={addr}")]);
+        cmd.args(["--insecure", "--node-id", "1", "--listen", &addr, "--data-dir"]).arg(&data).args([
+            "--bootstrap",
+            "--peer",
+            &format!("1={addr}"),
+        ]);
         let mut p = Proc::spawn("controller", &mut cmd, &dir.path().join("first.log"));
         let deadline = Instant::now() + Duration::from_secs(20);
         while !gpuctl(std::slice::from_ref(&addr), &["cluster", "status"]).status.success() {
@@ -151,4 +155,58 @@ fn gpuctl_plans_a_manifest_offline_and_refuses_a_broken_one_in_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("Service \"orphan\""), "{err}");
+}
+
+/// `gpuctl certs` makes a CA and certificates; a controller refuses to start with neither
+/// TLS settings nor --insecure, serves mTLS with them, and gpuctl gets in only with an
+/// identity.
+#[test]
+fn gpuctl_certs_secure_a_controller_and_gpuctl_needs_an_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let gpuctl_raw = |args: &[&str]| Command::new(binary("gpuctl")).args(args).output().unwrap();
+    let certs_arg = certs.to_str().unwrap();
+    let make = ["certs", "--out", certs_arg, "--controllers", "1", "--nodes", "n1", "--admin", "ops"];
+    let out = gpuctl_raw(&make);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(certs.join("admin-ops.key")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "keys are private");
+    }
+    // The CA is not replaced by accident.
+    let again = gpuctl_raw(&make);
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--force"));
+
+    let addr = free_addr();
+    let data = dir.path().join("node");
+    let base = ["--node-id", "1", "--listen", &addr, "--bootstrap", "--peer"];
+    let peer = format!("1={addr}");
+    let out = Command::new(binary("controlplane")).args(base).arg(&peer).arg("--data-dir").arg(&data).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("security.ca") && stderr.contains("--insecure"), "{stderr}");
+
+    let file = |name: &str| certs.join(name).to_str().unwrap().to_string();
+    let mut cmd = Command::new(binary("controlplane"));
+    cmd.args(base).arg(&peer).arg("--data-dir").arg(&data);
+    cmd.args(["--ca", &file("ca.pem"), "--cert", &file("controller-1.pem"), "--key", &file("controller-1.key")]);
+    let _controller = Proc::spawn("controller", &mut cmd, &dir.path().join("controller.log"));
+    let admin = ["--ca", &file("ca.pem"), "--cert", &file("admin-ops.pem"), "--key", &file("admin-ops.key")];
+    let as_admin = |args: &[&str]| Command::new(binary("gpuctl")).arg("--server").arg(&addr).args(admin).args(args).output().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !as_admin(&["cluster", "status"]).status.success() {
+        assert!(Instant::now() < deadline, "the controller did not serve its admin over mTLS");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = as_admin(&["apply", "-f", &sample()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Only the CA: TLS works, but there is no identity.
+    let anonymous = gpuctl_raw(&["--server", &addr, "--ca", &file("ca.pem"), "get", "gpumodels"]);
+    assert!(!anonymous.status.success() && String::from_utf8_lossy(&anonymous.stderr).contains("Unauthenticated"));
+    // Without the CA gpuctl refuses to guess; plaintext gets no answer.
+    let bare = gpuctl_raw(&["--server", &addr, "get", "gpumodels"]);
+    assert!(!bare.status.success() && String::from_utf8_lossy(&bare.stderr).contains("--ca"));
+    assert!(!gpuctl(std::slice::from_ref(&addr), &["get", "gpumodels"]).status.success());
 }

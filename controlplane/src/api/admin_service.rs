@@ -5,11 +5,13 @@ use proto::admin_client::AdminClient;
 use proto::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
+use super::access::require_admin;
 use super::errors::ApiError;
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::controller::Controller;
 use crate::raft::Node;
 use crate::resources::{ErrorCode, FieldError};
+use crate::security::caller;
 
 /// Membership administration: bootstrap, add / remove members, leader transfer.
 pub struct AdminService {
@@ -40,6 +42,7 @@ impl Admin for AdminService {
     }
 
     async fn initialize(&self, request: Request<proto::InitializeRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
+        require_admin(&caller(&request)?, "Initialize")?;
         let req = request.into_inner();
         if req.members.is_empty() {
             return Err(ApiError::from(FieldError::invalid("members", "at least one member is required")).into());
@@ -64,17 +67,16 @@ impl Admin for AdminService {
 
     async fn add_member(&self, request: Request<proto::AddMemberRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
+        require_admin(&caller, "AddMember")?;
         let req = request.into_inner();
         check_address("address", &req.address).map_err(ApiError::from)?;
         match self.controller.add_member(req.node_id, req.address.clone(), req.promote).await {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
-                to_leader(
-                    &self.controller,
-                    forwarded,
-                    leader,
-                    |ch| async move { AdminClient::new(ch).add_member(forwarded_request(req)).await },
-                )
+                to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    AdminClient::new(ch).add_member(forwarded_request(req, &caller)).await
+                })
                 .await
             }
             Err(e) => Err(e.into()),
@@ -83,12 +85,14 @@ impl Admin for AdminService {
 
     async fn remove_member(&self, request: Request<proto::RemoveMemberRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
+        require_admin(&caller, "RemoveMember")?;
         let req = request.into_inner();
         match self.controller.remove_member(req.node_id).await {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
                 to_leader(&self.controller, forwarded, leader, |ch| async move {
-                    AdminClient::new(ch).remove_member(forwarded_request(req)).await
+                    AdminClient::new(ch).remove_member(forwarded_request(req, &caller)).await
                 })
                 .await
             }
@@ -101,12 +105,16 @@ impl Admin for AdminService {
     /// start an election, which it wins if its log is up to date.
     async fn transfer_leader(&self, request: Request<proto::TransferLeaderRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
+        require_admin(&caller, "TransferLeader")?;
         let req = request.into_inner();
         let c = &self.controller;
         if !c.is_leader() {
             let leader = c.leader();
-            return to_leader(c, forwarded, leader, |ch| async move { AdminClient::new(ch).transfer_leader(forwarded_request(req)).await })
-                .await;
+            return to_leader(c, forwarded, leader, |ch| async move {
+                AdminClient::new(ch).transfer_leader(forwarded_request(req, &caller)).await
+            })
+            .await;
         }
         let status = c.status();
         let target = if req.to_node_id != 0 {
@@ -143,7 +151,11 @@ impl Admin for AdminService {
         Ok(self.membership_response())
     }
 
-    async fn trigger_election(&self, _: Request<proto::ClusterStatusRequest>) -> Result<Response<proto::ClusterStatusResponse>, Status> {
+    async fn trigger_election(
+        &self,
+        request: Request<proto::ClusterStatusRequest>,
+    ) -> Result<Response<proto::ClusterStatusResponse>, Status> {
+        require_admin(&caller(&request)?, "TriggerElection")?;
         self.controller.raft.trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(self.controller.status()))
     }

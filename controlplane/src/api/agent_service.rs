@@ -17,6 +17,7 @@ use crate::agents::desired_state;
 use crate::controller::Controller;
 use crate::raft::WatchSignal;
 use crate::resources::{validate_name, ErrorCode, FieldError, Kind};
+use crate::security::{caller, Principal};
 use crate::state::{Command, Request as SmRequest};
 
 pub struct AgentService {
@@ -26,6 +27,18 @@ pub struct AgentService {
 impl AgentService {
     pub fn new(controller: Controller) -> Self {
         Self { controller }
+    }
+}
+
+/// An agent acts for its own node only; admins and controllers for any.
+fn check_node(caller: &Principal, node: &str) -> Result<(), Status> {
+    match caller {
+        p if p.is_admin() => Ok(()),
+        Principal::Node(own) if own == node => Ok(()),
+        Principal::Node(own) => {
+            Err(Status::permission_denied(format!("node: the certificate of node {own:?} does not speak for node {node:?}")))
+        }
+        other => Err(Status::permission_denied(format!("node: {other} is not a node agent"))),
     }
 }
 
@@ -67,8 +80,10 @@ impl Agent for AgentService {
     type WatchDesiredStream = DesiredStream;
 
     async fn watch_desired(&self, request: Request<proto::WatchDesiredRequest>) -> Result<Response<DesiredStream>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
         validate_name("node", &req.node).map_err(ApiError::from)?;
+        check_node(&caller, &req.node)?;
         let sm = self.controller.sm.clone();
         // Subscribe before the first projection so that no change falls between the two.
         let mut signals = sm.subscribe();
@@ -104,12 +119,14 @@ impl Agent for AgentService {
 
     async fn report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
         let req = request.into_inner();
         validate_name("node", &req.node).map_err(ApiError::from)?;
+        check_node(&caller, &req.node)?;
         if !self.controller.is_leader() {
             let leader = self.controller.leader();
             return to_leader(&self.controller, forwarded, leader, |ch| async move {
-                AgentClient::new(ch).report(forwarded_request(req)).await
+                AgentClient::new(ch).report(forwarded_request(req, &caller)).await
             })
             .await;
         }

@@ -9,6 +9,7 @@ use tonic::{Request, Status};
 use super::errors::not_leader_status;
 use crate::controller::Controller;
 use crate::raft::NodeId;
+use crate::security::Principal;
 
 /// How long a forwarded request may take at the leader.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -17,10 +18,15 @@ pub fn was_forwarded<T>(req: &Request<T>) -> bool {
     req.metadata().contains_key(proto::meta::FORWARDED)
 }
 
-/// Wraps `message` for the leader, marked so that the leader never forwards it again.
-pub fn forwarded_request<T>(message: T) -> Request<T> {
+/// Wraps `message` for the leader, marked so that the leader never forwards it again, and
+/// carrying the original caller, whom the leader authorizes again (it trusts that only
+/// because this controller authenticates to it with a controller certificate).
+pub fn forwarded_request<T>(message: T, caller: &Principal) -> Request<T> {
     let mut req = Request::new(message);
     req.metadata_mut().insert(proto::meta::FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Ok(value) = tonic::metadata::MetadataValue::try_from(caller.to_meta()) {
+        req.metadata_mut().insert(proto::meta::PRINCIPAL, value);
+    }
     req.set_timeout(FORWARD_TIMEOUT);
     req
 }

@@ -1,6 +1,7 @@
 //! The controller's gRPC API: resources (`ControlPlane`), membership (`Admin`), and the
 //! conversions between proto messages and the domain model.
 
+mod access;
 mod admin_service;
 mod agent_service;
 mod convert;

@@ -5,12 +5,14 @@ use proto::control_plane_server::ControlPlane;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use super::access::{self, may_read_kind};
 use super::convert::{parse_kind, resource_to_proto, spec_from_proto};
 use super::errors::ApiError;
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use super::watch;
 use crate::controller::Controller;
-use crate::resources::{validate_name, validate_spec, FieldError};
+use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind};
+use crate::security::{caller, Principal};
 use crate::state::{Command, Request as SmRequest, WriteMode};
 
 /// The resource API: create / update / get / list / delete / watch.
@@ -58,29 +60,45 @@ fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
     Ok(SmRequest { request_id: request_id(&req.request_id), command })
 }
 
+fn not_found(kind: Kind, name: &str) -> Status {
+    ApiError::Field(FieldError::new(ErrorCode::NotFound, "name", format!("{kind} {name:?} does not exist"))).into()
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ControlPlane for ResourceService {
     async fn put(&self, request: Request<proto::PutRequest>) -> Result<Response<proto::PutResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
         let mut req = request.into_inner();
+        // A tenant's services belong to it: an empty tenant means "mine".
+        if let (Principal::Tenant(t), Some(r)) = (&caller, req.resource.as_mut()) {
+            if r.tenant.is_empty() && !req.status_only {
+                r.tenant = t.clone();
+            }
+        }
         let sm_request = put_command(&req).map_err(ApiError::from)?;
         // Pin the generated id so that a forwarded retry stays idempotent.
         req.request_id = sm_request.request_id.clone();
+        let r = req.resource.as_ref().expect("checked by put_command");
+        let kind = parse_kind("kind", &r.kind).map_err(ApiError::from)?;
+        self.controller.read(|d| access::may_write(&caller, kind, &r.name, &r.tenant, req.status_only, d.cluster.get(kind, &r.name)))?;
         match self.controller.write(sm_request).await {
             Ok(outcome) => Ok(Response::new(proto::PutResponse {
                 resource: Some(resource_to_proto(&outcome.resource)),
                 deduplicated: outcome.deduplicated,
             })),
             Err(ApiError::NotLeader { leader }) => {
-                to_leader(
-                    &self.controller,
-                    forwarded,
-                    leader,
-                    |ch| async move { ControlPlaneClient::new(ch).put(forwarded_request(req)).await },
-                )
+                to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    ControlPlaneClient::new(ch).put(forwarded_request(req, &caller)).await
+                })
                 .await
+            }
+            // The service changed hands between the check above and the write: the state
+            // machine's message names the owner, which only admins may see.
+            Err(ApiError::Field(f)) if f.field == "tenant" && !caller.is_admin() => {
+                Err(Status::permission_denied("name: this Service belongs to another tenant"))
             }
             Err(e) => Err(e.into()),
         }
@@ -88,10 +106,35 @@ impl ControlPlane for ResourceService {
 
     async fn delete(&self, request: Request<proto::DeleteRequest>) -> Result<Response<proto::DeleteResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
         let mut req = request.into_inner();
         let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
         validate_name("name", &req.name).map_err(ApiError::from)?;
         req.request_id = request_id(&req.request_id);
+        if !caller.is_admin() {
+            let Principal::Tenant(t) = &caller else {
+                return Err(Status::permission_denied(format!("kind: {caller} may not delete {kind} resources")));
+            };
+            if kind != Kind::Service {
+                return Err(Status::permission_denied(format!("kind: {caller} may not delete {kind} resources")));
+            }
+            // Ownership is checked where the delete is written: a follower may not have
+            // applied the tenant's own latest writes yet.
+            if !self.controller.is_leader() {
+                let leader = self.controller.leader();
+                return to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    ControlPlaneClient::new(ch).delete(forwarded_request(req, &caller)).await
+                })
+                .await;
+            }
+            let current = self.controller.read(|d| d.cluster.get(kind, &req.name).filter(|r| r.tenant == *t).map(|r| r.resource_version));
+            // Another tenant's service looks exactly like a missing one; the version pins the
+            // delete to the service checked here.
+            let Some(version) = current else { return Err(not_found(kind, &req.name)) };
+            if req.expected_version == 0 {
+                req.expected_version = version;
+            }
+        }
         let sm_request = SmRequest {
             request_id: req.request_id.clone(),
             command: Command::Delete { kind, name: req.name.clone(), expected_version: req.expected_version },
@@ -103,7 +146,7 @@ impl ControlPlane for ResourceService {
             })),
             Err(ApiError::NotLeader { leader }) => {
                 to_leader(&self.controller, forwarded, leader, |ch| async move {
-                    ControlPlaneClient::new(ch).delete(forwarded_request(req)).await
+                    ControlPlaneClient::new(ch).delete(forwarded_request(req, &caller)).await
                 })
                 .await
             }
@@ -113,14 +156,16 @@ impl ControlPlane for ResourceService {
 
     async fn get(&self, request: Request<proto::GetRequest>) -> Result<Response<proto::Resource>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
+        let visible = may_read_kind(&caller, kind)?;
         if !req.stale {
             if let Err(e) = self.controller.read_barrier().await {
                 return match e {
                     ApiError::NotLeader { leader } => {
                         to_leader(&self.controller, forwarded, leader, |ch| async move {
-                            ControlPlaneClient::new(ch).get(forwarded_request(req)).await
+                            ControlPlaneClient::new(ch).get(forwarded_request(req, &caller)).await
                         })
                         .await
                     }
@@ -128,23 +173,28 @@ impl ControlPlane for ResourceService {
                 };
             }
         }
-        let found = self.controller.read(|d| d.cluster.get(kind, &req.name).map(resource_to_proto));
-        found.map(Response::new).ok_or_else(|| {
-            ApiError::Field(FieldError::new(crate::resources::ErrorCode::NotFound, "name", format!("{kind} {:?} does not exist", req.name)))
-                .into()
-        })
+        // What the caller may not see does not exist for it.
+        let found = self.controller.read(|d| d.cluster.get(kind, &req.name).filter(|r| visible.allows(r)).map(resource_to_proto));
+        found.map(Response::new).ok_or_else(|| not_found(kind, &req.name))
     }
 
     async fn list(&self, request: Request<proto::ListRequest>) -> Result<Response<proto::ListResponse>, Status> {
         let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
         let req = request.into_inner();
         let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
+        let visible = may_read_kind(&caller, kind)?;
+        if let (Principal::Tenant(t), false) = (&caller, req.tenant.is_empty()) {
+            if req.tenant != *t {
+                return Err(Status::permission_denied(format!("tenant: {caller} may list only its own tenant's resources")));
+            }
+        }
         if !req.stale {
             if let Err(e) = self.controller.read_barrier().await {
                 return match e {
                     ApiError::NotLeader { leader } => {
                         to_leader(&self.controller, forwarded, leader, |ch| async move {
-                            ControlPlaneClient::new(ch).list(forwarded_request(req)).await
+                            ControlPlaneClient::new(ch).list(forwarded_request(req, &caller)).await
                         })
                         .await
                     }
@@ -153,7 +203,12 @@ impl ControlPlane for ResourceService {
             }
         }
         let response = self.controller.read(|d| proto::ListResponse {
-            resources: d.cluster.list(kind).filter(|r| req.tenant.is_empty() || r.tenant == req.tenant).map(resource_to_proto).collect(),
+            resources: d
+                .cluster
+                .list(kind)
+                .filter(|r| (req.tenant.is_empty() || r.tenant == req.tenant) && visible.allows(r))
+                .map(resource_to_proto)
+                .collect(),
             revision: d.cluster.revision(),
         });
         Ok(Response::new(response))
@@ -162,8 +217,12 @@ impl ControlPlane for ResourceService {
     type WatchStream = WatchStream;
 
     async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = caller(&request)?;
         let req = request.into_inner();
-        let filter = watch::Filter::from_request(&req).map_err(ApiError::from)?;
+        if !req.kind.is_empty() {
+            may_read_kind(&caller, parse_kind("kind", &req.kind).map_err(ApiError::from)?)?;
+        }
+        let filter = watch::Filter::from_request(&req).map_err(ApiError::from)?.visible_to(caller);
         Ok(Response::new(watch::start(self.controller.sm.clone(), filter, req.from_revision)))
     }
 }

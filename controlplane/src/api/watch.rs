@@ -9,25 +9,37 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::Status;
 
+use super::access::Visibility;
 use super::convert::{parse_kind, resource_to_proto};
 use crate::raft::{SmData, SmShared, WatchSignal};
 use crate::resources::{FieldError, Kind, StoredResource};
+use crate::security::Principal;
 use crate::state::{ChangeEvent, ChangeType};
 
 pub struct Filter {
     kind: Option<Kind>,
     name: Option<String>,
+    /// Whose view of the state this is (see `access`); `None`: everything.
+    caller: Option<Principal>,
 }
 
 impl Filter {
     pub fn from_request(req: &proto::WatchRequest) -> Result<Self, FieldError> {
         let kind = if req.kind.is_empty() { None } else { Some(parse_kind("kind", &req.kind)?) };
         let name = if req.name.is_empty() { None } else { Some(req.name.clone()) };
-        Ok(Self { kind, name })
+        Ok(Self { kind, name, caller: None })
+    }
+
+    /// Leaves out what `caller` may not read.
+    pub fn visible_to(mut self, caller: Principal) -> Self {
+        self.caller = Some(caller);
+        self
     }
 
     fn matches(&self, r: &StoredResource) -> bool {
-        self.kind.is_none_or(|k| r.kind() == k) && self.name.as_ref().is_none_or(|n| *n == r.name)
+        self.kind.is_none_or(|k| r.kind() == k)
+            && self.name.as_ref().is_none_or(|n| *n == r.name)
+            && self.caller.as_ref().is_none_or(|c| Visibility::of(c, r.kind()).allows(r))
     }
 }
 

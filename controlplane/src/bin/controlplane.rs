@@ -52,6 +52,22 @@ struct Args {
     /// Run without the leader-only loops (provisioner): for tests that write plans by hand.
     #[arg(long)]
     no_loops: bool,
+    /// Plaintext, no authentication, every caller is an admin (development only; --dev
+    /// implies it).
+    #[arg(long)]
+    insecure: bool,
+    /// The cluster CA (PEM); overrides security.ca.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    /// This controller's certificate (PEM); overrides security.cert.
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    /// This controller's private key (PEM); overrides security.key.
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Token digests of tenants and admins (TOML); overrides security.tokens.
+    #[arg(long)]
+    tokens: Option<PathBuf>,
 }
 
 fn init_tracing() {
@@ -84,6 +100,11 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
     cfg.data_dir = args.data_dir.clone().or(cfg.data_dir);
     cfg.metrics_listen = args.metrics_listen.or(cfg.metrics_listen);
     cfg.bootstrap |= args.bootstrap;
+    cfg.security.insecure |= args.insecure;
+    cfg.security.ca = args.ca.clone().or(cfg.security.ca);
+    cfg.security.cert = args.cert.clone().or(cfg.security.cert);
+    cfg.security.key = args.key.clone().or(cfg.security.key);
+    cfg.security.tokens = args.tokens.clone().or(cfg.security.tokens);
     for (id, addr) in &args.peers {
         cfg.peers.insert(id.clone(), addr.clone());
     }
@@ -98,6 +119,10 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
     if cfg.bootstrap && !peers.is_empty() && !peers.contains_key(&id) {
         anyhow::bail!("peers: must include this node ({id}) when bootstrapping");
     }
+    let security = cfg.security()?;
+    if security.is_insecure() {
+        controlplane::security::warn_insecure("controlplane");
+    }
     let opts = NodeOptions {
         id,
         listen,
@@ -107,6 +132,7 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
         loops: LoopSettings { provider: sim_cloud(&cfg, &peers)?, ..cfg.loops.settings(!args.no_loops).map_err(anyhow::Error::msg)? },
         bootstrap: cfg.bootstrap.then_some(peers),
         metrics_listen: cfg.metrics_listen,
+        security,
     };
     let node = start_node(opts).await?;
     serve_until_signal(vec![node]).await
@@ -117,6 +143,10 @@ fn sim_cloud(cfg: &ControllerConfig, peers: &BTreeMap<u64, String>) -> anyhow::R
     let c = &cfg.cloud;
     match c.provider.as_deref() {
         None => Ok(None),
+        Some("sim") if !cfg.security.insecure => {
+            // Launched agents would need node certificates made on the fly.
+            anyhow::bail!("cloud.provider: \"sim\" launches agents without certificates; it runs only with --insecure")
+        }
         Some("sim") => {
             let need = |v: &Option<PathBuf>, field: &str| {
                 v.clone().ok_or_else(|| anyhow::anyhow!("cloud.{field}: required with provider = \"sim\""))
@@ -144,6 +174,7 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
     let base = args.data_dir.clone().unwrap_or_else(|| PathBuf::from(".gpuplane-dev"));
     let addrs: BTreeMap<u64, String> = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", args.dev_port + id as u16 - 1))).collect();
     let mut nodes = Vec::new();
+    controlplane::security::warn_insecure("controlplane --dev");
     for (id, addr) in &addrs {
         let opts = NodeOptions {
             id: *id,
@@ -155,6 +186,8 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
             loops: LoopSettings { enabled: !args.no_loops, ..Default::default() },
             // --metrics-listen serves node 1's figures in --dev.
             metrics_listen: args.metrics_listen.filter(|_| *id == 1),
+            // A development cluster in one process: plaintext, like --insecure.
+            security: controlplane::security::Security::insecure(),
         };
         nodes.push(start_node(opts).await?);
     }

@@ -19,6 +19,21 @@ struct Args {
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table, global = true)]
     output: Output,
+    /// The cluster CA (PEM) to verify controllers with.
+    #[arg(long, env = "GPUPLANE_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), e.g. an admin's from `gpuctl certs`.
+    #[arg(long, env = "GPUPLANE_CERT", global = true)]
+    cert: Option<std::path::PathBuf>,
+    /// Private key of --cert (PEM).
+    #[arg(long, env = "GPUPLANE_KEY", global = true)]
+    key: Option<std::path::PathBuf>,
+    /// Bearer token of a tenant or admin.
+    #[arg(long, env = "GPUPLANE_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
+    /// Plaintext, for controllers started with --insecure (development only).
+    #[arg(long, env = "GPUPLANE_INSECURE", global = true)]
+    insecure: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -91,6 +106,33 @@ enum Command {
         #[arg(long)]
         print_manifest: bool,
     },
+    /// Write a development CA and certificates (with their keys, mode 0600) for
+    /// controllers, node agents and admins into a directory.
+    Certs {
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Controller node ids.
+        #[arg(long, value_delimiter = ',')]
+        controllers: Vec<u64>,
+        /// Node names (one certificate per node agent).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// Admin names.
+        #[arg(long, value_delimiter = ',')]
+        admin: Vec<String>,
+        /// DNS names and IP addresses the controllers are dialled at.
+        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+        hosts: Vec<String>,
+        /// Replace an existing CA and its certificates.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Make a random bearer token for a tenant or an admin: prints the token (give it to
+    /// them) and the line for the controllers' tokens file (only its SHA-256).
+    Token {
+        /// `tenant:NAME` or `admin:NAME`.
+        principal: String,
+    },
     /// Cluster membership and Raft state.
     Cluster {
         #[command(subcommand)]
@@ -150,9 +192,37 @@ async fn run(args: Args) -> Result<(), String> {
         if servers.is_empty() {
             return Err("--server: at least one controller address is required".to_string());
         }
-        Ok(Client::new(servers.clone()))
+        if args.insecure {
+            return Ok(Client::new(servers.clone()));
+        }
+        let ca = args.ca.as_deref().ok_or(
+            "--ca (or GPUPLANE_CA) is not set: give the cluster CA (with --cert/--key or --token), or --insecure for a development cluster",
+        )?;
+        let tls = controlplane::security::TlsMaterial::load(ca, args.cert.as_deref(), args.key.as_deref()).map_err(|e| format!("{e:#}"))?;
+        let credentials = controlplane::security::ClientCredentials { tls: Some(tls), token: args.token.clone() };
+        Client::with_credentials(servers.clone(), credentials)
     };
     match args.command {
+        Command::Certs { out, controllers, nodes, admin, hosts, force } => {
+            let plan = controlplane::security::certs::CertPlan { controllers, nodes, admins: admin, hosts, force };
+            let written = controlplane::security::certs::generate(&out, &plan).map_err(|e| format!("{e:#}"))?;
+            for path in written {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
+        Command::Token { principal } => {
+            let (role, name) = match controlplane::security::Principal::from_meta(&principal) {
+                Some(controlplane::security::Principal::Tenant(n)) => ("tenants", n),
+                Some(controlplane::security::Principal::Admin(n)) => ("admins", n),
+                _ => return Err(format!("principal: expected tenant:NAME or admin:NAME, got {principal:?}")),
+            };
+            let bytes: [u8; 32] = rand::random();
+            let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            println!("token: {token}");
+            println!("tokens file, under [{role}]: {name} = \"{}\"", controlplane::security::hash_token(&token));
+            Ok(())
+        }
         Command::Apply { files } => {
             let client = connect()?;
             // Every file is parsed and checked before anything is sent.

@@ -59,7 +59,7 @@ impl Cluster {
 
     fn spawn(&mut self, id: u64) {
         let mut cmd = Command::new(&self.bin);
-        cmd.arg("--node-id").arg(id.to_string()).arg("--listen").arg(&self.nodes[&id].addr);
+        cmd.arg("--insecure").arg("--node-id").arg(id.to_string()).arg("--listen").arg(&self.nodes[&id].addr);
         cmd.arg("--data-dir").arg(self.dir.path().join(format!("n{id}")));
         for (pid, n) in &self.nodes {
             cmd.arg("--peer").arg(format!("{pid}={}", n.addr));

@@ -46,7 +46,7 @@ impl SimCloud {
         let gpus: Vec<String> = (0..spec.gpu_count).map(|_| format!("{:?}", spec.gpu_model)).collect();
         let args: Vec<String> = self.config.workload_args.iter().map(|a| format!("{a:?}")).collect();
         format!(
-            "node = {node:?}\ncontrollers = {controllers:?}\ninstance_type = {type_name:?}\nstate_dir = {state:?}\n\
+            "node = {node:?}\ncontrollers = {controllers:?}\ninstance_type = {type_name:?}\nstate_dir = {state:?}\ninsecure = true\n\
              advertise = \"127.0.0.1:{router_first}\"\nport_range = [{workload_first}, {wl}]\nrouter_ports = [{router_first}, {rl}]\n\
              interval_ms = 500\n[labels]\n{label:?} = \"true\"\n[sim]\ngpus = [{gpus}]\n[template]\nkind = \"command\"\nprogram = {program:?}\nargs = [{args}]\n",
             controllers = self.config.controllers,

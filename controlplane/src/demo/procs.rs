@@ -103,7 +103,7 @@ impl DemoCluster {
         let peers: String = self.addrs.iter().map(|(i, a)| format!("\"{i}\" = {a:?}\n")).collect();
         let strategy = self.mig_strategy.flag_name();
         format!(
-            "node_id = {id}\nlisten = {listen:?}\ndata_dir = {data:?}\nbootstrap = {bootstrap}\n\n[peers]\n{peers}\n[loops]\n\
+            "node_id = {id}\nlisten = {listen:?}\ndata_dir = {data:?}\nbootstrap = {bootstrap}\n\n[security]\ninsecure = true\n\n[peers]\n{peers}\n[loops]\n\
              provision_interval_s = {pi}\nmig_strategy = \"{strategy}\"\nheartbeat_interval_ms = {hb}\nmissed_heartbeats = {missed}\n\
              scale_window_s = {window}\ncooldown_s = {cooldown}\n\n[cloud]\nprovider = \"sim\"\nagent_binary = {agent:?}\n\
              workload_program = {sim:?}\nworkload_args = {args:?}\nbase_dir = {cloud:?}\nfirst_port = {first}\ntime_scale = {scale}\n",
@@ -140,7 +140,7 @@ impl DemoCluster {
     fn agent_config(&self, node: &DemoNode, first: u16) -> String {
         let gpus: Vec<String> = node.gpus.iter().map(|g| g.to_string()).collect();
         format!(
-            "node = {name:?}\ncontrollers = {controllers:?}\ninstance_type = {it:?}\nstate_dir = {state:?}\n\
+            "node = {name:?}\ncontrollers = {controllers:?}\ninstance_type = {it:?}\nstate_dir = {state:?}\ninsecure = true\n\
              advertise = \"127.0.0.1:{router}\"\nport_range = [{first}, {wl}]\nrouter_ports = [{router}, {rl}]\ninterval_ms = {hb}\n\
              [sim]\ngpus = {gpus:?}\n[template]\nkind = \"command\"\nprogram = {program:?}\nargs = {args:?}\n",
             name = node.name,

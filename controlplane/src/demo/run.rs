@@ -179,8 +179,8 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
             let _ = t.keep();
         }
         println!("\nThe cluster keeps running (data and logs in {}). Try:", dir.display());
-        println!("  gpuctl --server {} get plans -o yaml", cluster.servers().join(","));
-        println!("  gpuctl --server {} get endpoints", cluster.servers().join(","));
+        println!("  gpuctl --insecure --server {} get plans -o yaml", cluster.servers().join(","));
+        println!("  gpuctl --insecure --server {} get endpoints", cluster.servers().join(","));
         println!("Stop it with: pkill -f {}", dir.display());
     } else {
         cluster.shutdown();

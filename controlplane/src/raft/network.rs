@@ -11,7 +11,7 @@ use proto::raft_service_client::RaftServiceClient;
 use proto::RaftPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::types::*;
 
@@ -23,16 +23,26 @@ pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 #[derive(Clone, Default)]
 pub struct PeerChannels {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// mTLS to every address (the controller's or the client's certificate); plaintext when none.
+    tls: Option<ClientTlsConfig>,
 }
 
 impl PeerChannels {
+    pub fn with_tls(tls: Option<ClientTlsConfig>) -> Self {
+        Self { channels: Arc::default(), tls }
+    }
+
     pub fn get(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap();
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| format!("bad peer address {addr:?}: {e}"))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("TLS settings for {addr:?}: {e}"))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))

@@ -4,12 +4,17 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use controlplane::client::Client;
 use controlplane::loops::LoopSettings;
 use controlplane::raft::RaftSettings;
+use controlplane::security::Security;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
+
+/// The security settings of each node, by id.
+pub type SecurityOf = Arc<dyn Fn(u64) -> Security + Send + Sync>;
 
 pub struct TestCluster {
     pub dir: tempfile::TempDir,
@@ -18,6 +23,8 @@ pub struct TestCluster {
     pub settings: RaftSettings,
     /// Off unless a test turns them on: most tests check Raft and the API alone.
     pub loops: LoopSettings,
+    /// Insecure unless a test secures the cluster (`start_with`).
+    pub security: SecurityOf,
 }
 
 pub fn fast_settings() -> RaftSettings {
@@ -30,8 +37,12 @@ impl TestCluster {
     }
 
     pub async fn start_with_loops(n: u64, settings: RaftSettings, loops: LoopSettings) -> Self {
+        Self::start_with(n, settings, loops, Arc::new(|_| Security::insecure())).await
+    }
+
+    pub async fn start_with(n: u64, settings: RaftSettings, loops: LoopSettings, security: SecurityOf) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), settings, loops };
+        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), settings, loops, security };
         for id in 1..=n {
             cluster.start_node(id, "127.0.0.1:0".parse().unwrap(), None).await;
         }
@@ -58,6 +69,7 @@ impl TestCluster {
             bootstrap,
             loops: self.loops.clone(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            security: (self.security)(id),
         };
         let node = start_node(opts).await.unwrap();
         self.addrs.insert(id, node.addr);
@@ -77,6 +89,7 @@ impl TestCluster {
                 bootstrap: None,
                 loops: self.loops.clone(),
                 metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+                security: (self.security)(id),
             };
             match start_node(opts).await {
                 Ok(node) => {

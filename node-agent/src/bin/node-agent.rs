@@ -16,6 +16,9 @@ struct Args {
     /// Agent configuration file (TOML).
     #[arg(long, short)]
     config: PathBuf,
+    /// Plaintext to the controllers, no certificate (development only).
+    #[arg(long)]
+    insecure: bool,
 }
 
 #[tokio::main]
@@ -24,13 +27,17 @@ async fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
-    let cfg = match AgentConfig::load(&args.config) {
+    let mut cfg = match AgentConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("node-agent: {e}");
             return ExitCode::from(2);
         }
     };
+    cfg.insecure |= args.insecure;
+    if cfg.insecure {
+        tracing::warn!("node-agent runs with --insecure: PLAINTEXT to the controllers, no certificate. Development only.");
+    }
     let agent = match Agent::open(cfg) {
         Ok(a) => Arc::new(a),
         Err(e) => {
