@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use controlplane::client::Client;
 use controlplane::demo::procs::Binaries;
 use controlplane::procs::{kill_recorded_workloads, Proc};
+use controlplane::security::certs::{self, CertPlan};
+use controlplane::security::{ClientCredentials, Principal, TlsMaterial};
 
 use super::net::{Host, Network};
 
@@ -40,6 +42,45 @@ pub struct Cluster {
     pub agents: Vec<Agent>,
     /// Data dirs with a tmpfs mounted on them (the full-disk fault), unmounted on drop.
     mounts: Vec<PathBuf>,
+    /// The run's development CA and certificates: every link is mutually authenticated TLS,
+    /// as in production.
+    certs: PathBuf,
+    /// The runner's own identity (an admin certificate).
+    pub credentials: ClientCredentials,
+}
+
+/// Where the workload and the observers reach the cluster, and as whom.
+#[derive(Clone)]
+pub struct Access {
+    pub servers: Vec<String>,
+    pub credentials: ClientCredentials,
+}
+
+impl Access {
+    pub fn client(&self) -> Client {
+        Client::with_credentials(self.servers.clone(), self.credentials.clone()).expect("the runner's credentials are valid")
+    }
+}
+
+const RUNNER: &str = "chaos-runner";
+
+/// Generates the CA and the certificates of controllers 1..=3, the agents and the runner.
+fn issue_certs(dir: &Path, net: &Network, ids: &[u64], agents: u8) -> Result<ClientCredentials, String> {
+    let plan = CertPlan {
+        controllers: ids.to_vec(),
+        nodes: (1..=agents).map(agent_name).collect(),
+        admins: vec![RUNNER.into()],
+        hosts: ids.iter().map(|id| net.ip(Host::Controller(*id)).to_string()).collect(),
+        force: false,
+    };
+    certs::generate(dir, &plan).map_err(|e| format!("certificates: {e:#}"))?;
+    let (cert, key) = certs::leaf_files(dir, &Principal::Admin(RUNNER.into()));
+    let tls = TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).map_err(|e| format!("certificates: {e:#}"))?;
+    Ok(ClientCredentials { tls: Some(tls), token: None })
+}
+
+fn agent_name(index: u8) -> String {
+    format!("chaos-node-{index}")
 }
 
 /// Makes the child join network namespace `ns` before it runs the program.
@@ -65,8 +106,18 @@ impl Cluster {
     pub fn start(dir: &Path, bins: Binaries, agents: u8, small_disk: Option<u64>) -> Result<Cluster, String> {
         let ids = [1u64, 2, 3];
         let net = Network::create(&ids, agents)?;
-        let mut cluster =
-            Cluster { dir: dir.to_path_buf(), net, bins, controllers: BTreeMap::new(), agents: Vec::new(), mounts: Vec::new() };
+        let certs = dir.join("certs");
+        let credentials = issue_certs(&certs, &net, &ids, agents)?;
+        let mut cluster = Cluster {
+            dir: dir.to_path_buf(),
+            net,
+            bins,
+            controllers: BTreeMap::new(),
+            agents: Vec::new(),
+            mounts: Vec::new(),
+            certs,
+            credentials,
+        };
         for id in ids {
             let addr = format!("{}:{CONTROLLER_PORT}", cluster.net.ip(Host::Controller(id)));
             let data_dir = dir.join(format!("controller-{id}"));
@@ -103,8 +154,12 @@ impl Cluster {
         self.controllers.values().map(|c| c.addr.clone()).collect()
     }
 
+    pub fn access(&self) -> Access {
+        Access { servers: self.servers(), credentials: self.credentials.clone() }
+    }
+
     pub fn client(&self) -> Client {
-        Client::new(self.servers())
+        self.access().client()
     }
 
     /// Starts controller `id` from its data dir; the log of each start is kept apart.
@@ -121,6 +176,8 @@ impl Cluster {
         if bootstrap {
             cmd.arg("--bootstrap");
         }
+        let (cert, key) = certs::leaf_files(&self.certs, &Principal::Controller(id));
+        cmd.arg("--ca").arg(self.certs.join(certs::CA_CERT)).arg("--cert").arg(cert).arg("--key").arg(key);
         cmd.env("RUST_LOG", "info,openraft=warn");
         enter_namespace(&mut cmd, &ns)?;
         let log = self.dir.join(format!("controller-{id}.start-{}.log", c.starts));
@@ -159,12 +216,17 @@ impl Cluster {
 
     fn agent_config(&self, index: u8, name: &str, state_dir: &Path) -> String {
         let ip = self.net.ip(Host::Agent(index));
+        let (cert, key) = certs::leaf_files(&self.certs, &Principal::Node(name.to_string()));
         format!(
             "node = {name:?}\ncontrollers = {controllers:?}\ninstance_type = \"chaos-a100\"\nstate_dir = {state:?}\n\
+             ca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n\
              advertise = \"{ip}:7100\"\nport_range = [20000, 20099]\nrouter_ports = [7200, 7219]\ninterval_ms = 300\n\
              [sim]\ngpus = [\"A100-80GB\"]\n[template]\nkind = \"command\"\nprogram = {program:?}\nargs = {args:?}\n",
             controllers = self.servers(),
             state = state_dir.display().to_string(),
+            ca = self.certs.join(certs::CA_CERT).display().to_string(),
+            cert = cert.display().to_string(),
+            key = key.display().to_string(),
             program = self.bins.sim_infer.display().to_string(),
             args = [
                 "--listen=127.0.0.1:{port}",
@@ -178,7 +240,7 @@ impl Cluster {
     }
 
     fn add_agent(&mut self, index: u8) -> Result<(), String> {
-        let name = format!("chaos-node-{index}");
+        let name = agent_name(index);
         let state_dir = self.dir.join(format!("agent-{index}"));
         let config = self.dir.join(format!("agent-{index}.toml"));
         std::fs::write(&config, self.agent_config(index, &name, &state_dir)).map_err(|e| format!("{}: {e}", config.display()))?;

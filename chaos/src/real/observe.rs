@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
+use controlplane::security::ClientCredentials;
 
 /// Status of every controller in `addrs` that answers within the client's deadline.
 pub async fn statuses(client: &Client, addrs: &[(u64, String)]) -> Vec<(u64, proto::ClusterStatusResponse)> {
@@ -62,12 +63,13 @@ pub struct LeaderWatch {
 }
 
 impl LeaderWatch {
-    pub fn start(addrs: Vec<(u64, String)>) -> LeaderWatch {
+    pub fn start(addrs: Vec<(u64, String)>, credentials: ClientCredentials) -> LeaderWatch {
         let seen = Arc::new(Mutex::new(BTreeSet::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (s, st) = (seen.clone(), stop.clone());
         let task = tokio::spawn(async move {
-            let client = Client::new(addrs.iter().map(|(_, a)| a.clone()).collect());
+            let servers = addrs.iter().map(|(_, a)| a.clone()).collect();
+            let client = Client::with_credentials(servers, credentials).expect("the runner's credentials are valid");
             while !st.load(Ordering::Relaxed) {
                 for (_, status) in statuses(&client, &addrs).await {
                     if status.leader_id != 0 {

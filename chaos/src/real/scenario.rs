@@ -190,9 +190,9 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     }
 
     let history = History::new();
-    let servers = run.cluster.servers();
-    let watch = LeaderWatch::start(faults::addrs(&run.cluster));
-    let workload = Workload::start(&history, &servers, opts.clients, opts.keys);
+    let access = run.cluster.access();
+    let watch = LeaderWatch::start(faults::addrs(&run.cluster), access.credentials.clone());
+    let workload = Workload::start(&history, &access, opts.clients, opts.keys);
     let started = workload.started;
     let mut problems = Vec::new();
     let mut convergence = None;
@@ -206,7 +206,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     let acks = workload.acks.clone();
     let counts = workload.stop().await;
     let ended = Instant::now();
-    if let Err(e) = workload::final_reads(&history, &servers, opts.keys, PATIENCE).await {
+    if let Err(e) = workload::final_reads(&history, &access, opts.keys, PATIENCE).await {
         problems.push(e);
     }
     let leader_changes = watch.finish().await;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use controlplane::client::{Client, RetryPolicy};
 use tonic::Code;
 
+use super::cluster::Access;
 use crate::history::{ClientRecorder, History, Op, Ret};
 
 /// How long a write is retried (same request id) before its outcome is recorded unknown.
@@ -45,11 +46,11 @@ fn refused_before_proposal(code: Code) -> bool {
     matches!(code, Code::InvalidArgument | Code::FailedPrecondition | Code::AlreadyExists | Code::NotFound | Code::PermissionDenied)
 }
 
-fn client_for(servers: &[String]) -> Client {
+fn client_for(access: &Access) -> Client {
     // Short attempts (as raft-bench's), retried without end: the patience above bounds the
     // whole operation, and an attempt stuck on a dead or paused node costs little of it.
     let attempt = RetryPolicy { attempts: u32::MAX, backoff: Duration::from_millis(20), timeout: Duration::from_millis(300) };
-    Client::new(servers.to_vec()).with_retry(attempt)
+    access.client().with_retry(attempt)
 }
 
 /// An acknowledged write: when it was invoked and when its acknowledgement arrived.
@@ -128,13 +129,13 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Starts `clients` clients over `keys` keys against `servers`.
-    pub fn start(history: &History, servers: &[String], clients: usize, keys: usize) -> Workload {
+    /// Starts `clients` clients over `keys` keys against the cluster.
+    pub fn start(history: &History, access: &Access, clients: usize, keys: usize) -> Workload {
         let stop = Arc::new(AtomicBool::new(false));
         let acks = Arc::new(Mutex::new(Vec::new()));
         let tasks = (0..clients)
             .map(|c| {
-                let (stop, acks, mut rec, client) = (stop.clone(), acks.clone(), history.client(), client_for(servers));
+                let (stop, acks, mut rec, client) = (stop.clone(), acks.clone(), history.client(), client_for(access));
                 tokio::spawn(async move {
                     let mut counts = Counts::default();
                     // A small deterministic mix per client: writes and reads alternate over the keys.
@@ -186,8 +187,8 @@ impl Workload {
 
 /// Reads every key once the faults are healed, retrying until each read returns (as history
 /// operations, so the check sees the final values).
-pub async fn final_reads(history: &History, servers: &[String], keys: usize, within: Duration) -> Result<(), String> {
-    let client = client_for(servers);
+pub async fn final_reads(history: &History, access: &Access, keys: usize, within: Duration) -> Result<(), String> {
+    let client = client_for(access);
     let mut rec = history.client();
     let deadline = Instant::now() + within;
     for k in 0..keys {
