@@ -87,14 +87,12 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
     for (id, addr) in &args.peers {
         cfg.peers.insert(id.clone(), addr.clone());
     }
-    let id = cfg.node_id.ok_or_else(|| anyhow::anyhow!("node_id is required (--node-id or node_id in the config file); or use --dev"))?;
-    if id == 0 {
-        anyhow::bail!("node_id: must be >= 1");
-    }
+    let id = cfg.resolve_node_id().map_err(anyhow::Error::msg)?;
     let listen = cfg.listen.ok_or_else(|| anyhow::anyhow!("listen is required (--listen or listen in the config file)"))?;
     let data_dir =
         cfg.data_dir.clone().ok_or_else(|| anyhow::anyhow!("data_dir is required (--data-dir or data_dir in the config file)"))?;
     let peers = cfg.peer_map().map_err(anyhow::Error::msg)?;
+    cfg.bootstrap = cfg.bootstraps(id);
     if cfg.bootstrap && !peers.is_empty() && !peers.contains_key(&id) {
         anyhow::bail!("peers: must include this node ({id}) when bootstrapping");
     }
