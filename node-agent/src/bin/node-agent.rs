@@ -1,10 +1,10 @@
 //! gpuplane node agent: registers its GPUs with the controllers, applies the desired MIG
 //! layout, MPS shares and workload processes, and reports what it observes.
 //!
-//!   node-agent --config agent.toml
+//!   node-agent --config agent.toml [--node NAME] [--advertise HOST:PORT]
 
 use clap::Parser;
-use node_agent::config::AgentConfig;
+use node_agent::config::{AgentConfig, HostOverrides};
 use node_agent::runtime::Agent;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -16,6 +16,12 @@ struct Args {
     /// Agent configuration file (TOML).
     #[arg(long, short)]
     config: PathBuf,
+    /// This node's name, replacing `node` of the file (one file for many hosts).
+    #[arg(long, env = "GPUPLANE_NODE")]
+    node: Option<String>,
+    /// host:port registered for this node, replacing `advertise` of the file.
+    #[arg(long, env = "GPUPLANE_ADVERTISE")]
+    advertise: Option<String>,
 }
 
 #[tokio::main]
@@ -24,7 +30,8 @@ async fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();
-    let cfg = match AgentConfig::load(&args.config) {
+    let overrides = HostOverrides { node: args.node, advertise: args.advertise };
+    let cfg = match AgentConfig::load_with(&args.config, &overrides) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("node-agent: {e}");
