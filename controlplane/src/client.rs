@@ -113,6 +113,7 @@ impl Client {
         self.call(|ch, t| {
             let mut r = tonic::Request::new(req.clone());
             r.set_timeout(t);
+            crate::telemetry::tracing::inject(r.metadata_mut());
             async move { ControlPlaneClient::new(ch).put(r).await.map(|r| r.into_inner()) }
         })
         .await

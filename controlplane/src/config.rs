@@ -24,6 +24,9 @@ pub struct ControllerConfig {
     /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP, e.g.
     /// `127.0.0.1:9400`; not served when unset.
     pub metrics_listen: Option<SocketAddr>,
+    /// Export traces over OTLP/gRPC here, e.g. `http://collector:4317` (default:
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; no export when neither is set).
+    pub otlp_endpoint: Option<String>,
     /// Initial cluster members, node id -> address (this node included). Used with
     /// `bootstrap = true` on exactly one node.
     #[serde(default)]

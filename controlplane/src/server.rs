@@ -141,6 +141,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let router = tonic::transport::Server::builder()
+        .layer(crate::telemetry::tracing::TraceContextLayer)
         .add_service(
             RaftServiceServer::new(RaftPeerService::new(handle.raft.clone()))
                 .max_decoding_message_size(MAX_PEER_MESSAGE)

@@ -16,6 +16,7 @@ use controlplane::cloud::NodeProvider;
 use controlplane::config::{parse_peer_flag, ControllerConfig};
 use controlplane::loops::LoopSettings;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
+use controlplane::telemetry::tracing::{init as init_tracing, otlp_endpoint};
 
 #[derive(Parser, Debug)]
 #[command(name = "controlplane", version, about = "gpuplane controller (Raft-replicated GPU fleet state)")]
@@ -54,15 +55,20 @@ struct Args {
     no_loops: bool,
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    init_tracing();
     let args = Args::parse();
+    // The config is read twice (here for the endpoint, later in full) so that its errors
+    // are reported through the subscriber like every other error.
+    let configured = args.config.as_deref().and_then(|p| ControllerConfig::load(p).ok()).and_then(|c| c.otlp_endpoint);
+    let endpoint = otlp_endpoint(configured.as_deref());
+    let _tracing = match init_tracing("gpuplane-controller", "info,openraft=warn", endpoint.as_deref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("controlplane: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = if args.dev { run_dev(&args).await } else { run_node(&args).await };
     match result {
         Ok(()) => ExitCode::SUCCESS,
