@@ -44,6 +44,10 @@ pub struct AgentConfig {
     /// when unset.
     #[serde(default)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Export traces over OTLP/gRPC here, e.g. `http://collector:4317` (default:
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; no export when neither is set).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The simulated GPUs of this host (`gpu_backend = "sim"`).

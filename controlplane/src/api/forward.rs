@@ -21,6 +21,8 @@ pub fn was_forwarded<T>(req: &Request<T>) -> bool {
 pub fn forwarded_request<T>(message: T) -> Request<T> {
     let mut req = Request::new(message);
     req.metadata_mut().insert(proto::meta::FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    // The leader continues the caller's trace.
+    crate::telemetry::tracing::inject(req.metadata_mut());
     req.set_timeout(FORWARD_TIMEOUT);
     req
 }

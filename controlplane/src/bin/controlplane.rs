@@ -37,6 +37,9 @@ struct Args {
     /// Serve /metrics, /healthz and /readyz over HTTP here, e.g. 127.0.0.1:9400.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Export traces over OTLP/gRPC here, e.g. http://collector:4317.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     /// Initial member, ID=HOST:PORT (repeat for each member, this node included).
     #[arg(long = "peer", value_parser = parse_peer_flag)]
     peers: Vec<(String, String)>,
@@ -60,7 +63,10 @@ async fn main() -> ExitCode {
     let args = Args::parse();
     // The config is read twice (here for the endpoint, later in full) so that its errors
     // are reported through the subscriber like every other error.
-    let configured = args.config.as_deref().and_then(|p| ControllerConfig::load(p).ok()).and_then(|c| c.otlp_endpoint);
+    let configured = args
+        .otlp_endpoint
+        .clone()
+        .or_else(|| args.config.as_deref().and_then(|p| ControllerConfig::load(p).ok()).and_then(|c| c.otlp_endpoint));
     let endpoint = otlp_endpoint(configured.as_deref());
     let _tracing = match init_tracing("gpuplane-controller", "info,openraft=warn", endpoint.as_deref()) {
         Ok(guard) => guard,

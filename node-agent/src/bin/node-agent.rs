@@ -6,6 +6,7 @@
 use clap::Parser;
 use node_agent::config::{AgentConfig, HostOverrides};
 use node_agent::runtime::Agent;
+use node_agent::telemetry::tracing::{init, otlp_endpoint};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,13 +27,18 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let args = Args::parse();
     let overrides = HostOverrides { node: args.node, advertise: args.advertise };
     let cfg = match AgentConfig::load_with(&args.config, &overrides) {
         Ok(c) => c,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let endpoint = otlp_endpoint(cfg.otlp_endpoint.as_deref());
+    let _tracing = match init("gpuplane-agent", "info", endpoint.as_deref()) {
+        Ok(guard) => guard,
         Err(e) => {
             eprintln!("node-agent: {e}");
             return ExitCode::from(2);
