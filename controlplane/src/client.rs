@@ -137,7 +137,8 @@ impl Client {
     ) -> Result<proto::PutResponse, Status> {
         let req = proto::PutRequest { resource: Some(resource), mode: mode as i32, request_id: request_id.to_string(), status_only: false };
         self.call(|ch, t| {
-            let r = self.request(req.clone(), Some(t));
+            let mut r = self.request(req.clone(), Some(t));
+            crate::telemetry::tracing::inject(r.metadata_mut());
             async move { ControlPlaneClient::new(ch).put(r).await.map(|r| r.into_inner()) }
         })
         .await

@@ -24,12 +24,18 @@ pub struct ControllerConfig {
     /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP, e.g.
     /// `127.0.0.1:9400`; not served when unset.
     pub metrics_listen: Option<SocketAddr>,
+    /// Export traces over OTLP/gRPC here, e.g. `http://collector:4317` (default:
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; no export when neither is set).
+    pub otlp_endpoint: Option<String>,
     /// Initial cluster members, node id -> address (this node included). Used with
     /// `bootstrap = true` on exactly one node.
     #[serde(default)]
     pub peers: BTreeMap<String, String>,
     #[serde(default)]
     pub bootstrap: bool,
+    /// The node with this id bootstraps (as if it had `bootstrap = true`): one config file
+    /// for every node, e.g. a StatefulSet's ConfigMap.
+    pub bootstrap_node: Option<u64>,
     #[serde(default)]
     pub raft: RaftConfig,
     #[serde(default)]
@@ -225,7 +231,37 @@ impl ControllerConfig {
             })
             .collect()
     }
+
+    /// This node's id: `node_id`, or else the id of the `[peers]` entry whose address is
+    /// `advertise` (a StatefulSet pod knows its stable name, not a number).
+    pub fn resolve_node_id(&self) -> Result<u64, String> {
+        let id = match (self.node_id, &self.advertise) {
+            (Some(id), _) => id,
+            (None, Some(advertise)) => {
+                let peers = self.peer_map()?;
+                let ids: Vec<u64> = peers.iter().filter(|(_, addr)| *addr == advertise).map(|(id, _)| *id).collect();
+                match ids[..] {
+                    [id] => id,
+                    [] => return Err(format!("node_id is required: advertise {advertise:?} is not the address of any [peers] entry")),
+                    _ => return Err(format!("node_id is required: [peers] entries {ids:?} all have the address {advertise:?}")),
+                }
+            }
+            (None, None) => return Err(NODE_ID_REQUIRED.into()),
+        };
+        if id == 0 {
+            return Err("node_id: must be >= 1".into());
+        }
+        Ok(id)
+    }
+
+    /// Whether node `id` initialises the cluster (when it has no state yet).
+    pub fn bootstraps(&self, id: u64) -> bool {
+        self.bootstrap || self.bootstrap_node == Some(id)
+    }
 }
+
+const NODE_ID_REQUIRED: &str =
+    "node_id is required (--node-id or node_id in the config file; or advertise the address of one [peers] entry)";
 
 /// Parses `ID=HOST:PORT` from the command line.
 pub fn parse_peer_flag(s: &str) -> Result<(String, String), String> {
@@ -236,6 +272,27 @@ pub fn parse_peer_flag(s: &str) -> Result<(String, String), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_config_for_every_node_derives_the_id_from_advertise() {
+        let shared = "bootstrap_node = 1\n[peers]\n1 = \"c-0.c:7400\"\n2 = \"c-1.c:7400\"\n";
+        let node = |advertise: &str| {
+            let mut cfg: ControllerConfig = toml::from_str(shared).unwrap();
+            cfg.advertise = Some(advertise.to_string());
+            cfg
+        };
+        assert_eq!(node("c-1.c:7400").resolve_node_id(), Ok(2));
+        assert!(node("c-0.c:7400").bootstraps(1));
+        assert!(!node("c-1.c:7400").bootstraps(2));
+        let err = node("c-2.c:7400").resolve_node_id().unwrap_err();
+        assert!(err.contains("\"c-2.c:7400\" is not the address of any [peers] entry"), "{err}");
+        let mut explicit = node("c-2.c:7400");
+        explicit.node_id = Some(7);
+        assert_eq!(explicit.resolve_node_id(), Ok(7));
+        explicit.node_id = Some(0);
+        assert_eq!(explicit.resolve_node_id(), Err("node_id: must be >= 1".to_string()));
+        assert!(ControllerConfig::default().resolve_node_id().unwrap_err().starts_with("node_id is required"));
+    }
 
     #[test]
     fn parses_a_full_config_and_rejects_unknown_keys() {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::error::{ClientWriteError as CWE, RaftError as RE};
+use tracing::Instrument;
 
 use crate::agents::AgentReports;
 use crate::api::ApiError;
@@ -61,7 +62,8 @@ impl Controller {
         }
         self.read(|d| d.cluster.check(&request))?;
         let started = std::time::Instant::now();
-        let written = self.raft.client_write(request).await;
+        let span = tracing::info_span!("raft.proposal", request_id = %request.request_id);
+        let written = self.raft.client_write(request).instrument(span).await;
         let result = match &written {
             Ok(resp) if matches!(resp.data, Some(Ok(_))) => "ok",
             Ok(_) => "refused",

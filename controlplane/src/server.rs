@@ -150,6 +150,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     }
     let gates = Gatekeeper::new(&opts.security);
     let router = builder
+        .layer(crate::telemetry::tracing::TraceContextLayer)
         .add_service(InterceptedService::new(
             RaftServiceServer::new(RaftPeerService::new(handle.raft.clone()))
                 .max_decoding_message_size(MAX_PEER_MESSAGE)

@@ -9,13 +9,15 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    /// This node's name (the Node resource the agent registers).
+    /// This node's name (the Node resource the agent registers); or `--node`.
+    #[serde(default)]
     pub node: String,
     /// Controller gRPC addresses (host:port); any of them will do.
     pub controllers: Vec<String>,
     /// The InstanceType resource this host is.
     pub instance_type: String,
-    /// Address (host:port) registered for this node: where its agent and routers are reached.
+    /// Address (host:port) registered for this node: where its agent and routers are reached;
+    /// or `--advertise`.
     #[serde(default = "loopback")]
     pub advertise: String,
     /// Agent state: process records, MPS pipes, the last desired state.
@@ -53,6 +55,10 @@ pub struct AgentConfig {
     pub cert: Option<PathBuf>,
     #[serde(default)]
     pub key: Option<PathBuf>,
+    /// Export traces over OTLP/gRPC here, e.g. `http://collector:4317` (default:
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`; no export when neither is set).
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The simulated GPUs of this host (`gpu_backend = "sim"`).
@@ -97,6 +103,14 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// Per-host values from the command line that replace the file's, so that one file can
+/// serve many hosts (a DaemonSet's ConfigMap).
+#[derive(Debug, Clone, Default)]
+pub struct HostOverrides {
+    pub node: Option<String>,
+    pub advertise: Option<String>,
+}
+
 impl AgentConfig {
     /// The mTLS settings for the controller links; `None` when `insecure`.
     pub fn client_tls(&self) -> Result<Option<tonic::transport::ClientTlsConfig>, ConfigError> {
@@ -117,13 +131,27 @@ impl AgentConfig {
     }
 
     pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        Self::load_with(path, &HostOverrides::default())
+    }
+
+    pub fn load_with(path: &Path, overrides: &HostOverrides) -> Result<AgentConfig, ConfigError> {
         let err = |reason: String| ConfigError { path: path.display().to_string(), reason };
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        Self::parse(&text).map_err(|e| err(e.reason))
+        Self::parse_with(&text, overrides).map_err(|e| err(e.reason))
     }
 
     pub fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
-        let cfg: AgentConfig = toml::from_str(text).map_err(|e| ConfigError { path: String::new(), reason: e.to_string() })?;
+        Self::parse_with(text, &HostOverrides::default())
+    }
+
+    pub fn parse_with(text: &str, overrides: &HostOverrides) -> Result<AgentConfig, ConfigError> {
+        let mut cfg: AgentConfig = toml::from_str(text).map_err(|e| ConfigError { path: String::new(), reason: e.to_string() })?;
+        if let Some(node) = &overrides.node {
+            cfg.node = node.clone();
+        }
+        if let Some(advertise) = &overrides.advertise {
+            cfg.advertise = advertise.clone();
+        }
         cfg.check()?;
         Ok(cfg)
     }
@@ -131,7 +159,7 @@ impl AgentConfig {
     fn check(&self) -> Result<(), ConfigError> {
         let bad = |field: &str, reason: &str| Err(ConfigError { path: String::new(), reason: format!("`{field}`: {reason}") });
         if self.node.is_empty() {
-            return bad("node", "required");
+            return bad("node", "required (in the file or --node)");
         }
         if self.controllers.is_empty() {
             return bad("controllers", "at least one controller address is required");
@@ -189,6 +217,17 @@ args = ["--port={port}"]
         assert!(insecure.client_tls().unwrap().is_none());
         let missing = AgentConfig { ca: Some("/nonexistent/ca.pem".into()), cert: Some("c".into()), key: Some("k".into()), ..c };
         assert!(missing.client_tls().unwrap_err().reason.contains("/nonexistent/ca.pem"));
+    }
+
+    #[test]
+    fn command_line_overrides_replace_the_per_host_values() {
+        let shared = GOOD.replace("node = \"n1\"\n", "");
+        assert!(AgentConfig::parse(&shared).unwrap_err().reason.starts_with("`node`: required"));
+        let o = HostOverrides { node: Some("gpu-host-7".into()), advertise: Some("10.0.0.7:7200".into()) };
+        let c = AgentConfig::parse_with(&shared, &o).unwrap();
+        assert_eq!((c.node.as_str(), c.advertise.as_str()), ("gpu-host-7", "10.0.0.7:7200"));
+        let renamed = AgentConfig::parse_with(GOOD, &HostOverrides { node: Some("n2".into()), advertise: None }).unwrap();
+        assert_eq!((renamed.node.as_str(), renamed.advertise.as_str()), ("n2", "127.0.0.1:7100"));
     }
 
     #[test]

@@ -362,9 +362,11 @@ fn reconcile_once(executor: &mut Executor, desired: &NodeDesired, telemetry: &Ag
     }
     let observed = executor.observe()?;
     let steps = reconcile::plan(desired, &observed)?;
+    let round = (!steps.is_empty()).then(|| crate::telemetry::tracing::reconcile_span(desired.version, steps.len()));
+    let _round = round.as_ref().map(tracing::Span::enter);
     for step in &steps {
         tracing::debug!(?step, "executing");
-        executor.execute(step)?;
+        crate::telemetry::tracing::action_span(step).in_scope(|| executor.execute(step))?;
     }
     executor.route_all()?;
     Ok(steps.len())

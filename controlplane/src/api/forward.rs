@@ -27,6 +27,8 @@ pub fn forwarded_request<T>(message: T, caller: &Principal) -> Request<T> {
     if let Ok(value) = tonic::metadata::MetadataValue::try_from(caller.to_meta()) {
         req.metadata_mut().insert(proto::meta::PRINCIPAL, value);
     }
+    // The leader continues the caller's trace.
+    crate::telemetry::tracing::inject(req.metadata_mut());
     req.set_timeout(FORWARD_TIMEOUT);
     req
 }

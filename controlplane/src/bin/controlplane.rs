@@ -16,6 +16,7 @@ use controlplane::cloud::NodeProvider;
 use controlplane::config::{parse_peer_flag, ControllerConfig};
 use controlplane::loops::LoopSettings;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
+use controlplane::telemetry::tracing::{init as init_tracing, otlp_endpoint};
 
 #[derive(Parser, Debug)]
 #[command(name = "controlplane", version, about = "gpuplane controller (Raft-replicated GPU fleet state)")]
@@ -36,6 +37,9 @@ struct Args {
     /// Serve /metrics, /healthz and /readyz over HTTP here, e.g. 127.0.0.1:9400.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Export traces over OTLP/gRPC here, e.g. http://collector:4317.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     /// Initial member, ID=HOST:PORT (repeat for each member, this node included).
     #[arg(long = "peer", value_parser = parse_peer_flag)]
     peers: Vec<(String, String)>,
@@ -70,15 +74,23 @@ struct Args {
     tokens: Option<PathBuf>,
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,openraft=warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).init();
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    init_tracing();
     let args = Args::parse();
+    // The config is read twice (here for the endpoint, later in full) so that its errors
+    // are reported through the subscriber like every other error.
+    let configured = args
+        .otlp_endpoint
+        .clone()
+        .or_else(|| args.config.as_deref().and_then(|p| ControllerConfig::load(p).ok()).and_then(|c| c.otlp_endpoint));
+    let endpoint = otlp_endpoint(configured.as_deref());
+    let _tracing = match init_tracing("gpuplane-controller", "info,openraft=warn", endpoint.as_deref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("controlplane: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = if args.dev { run_dev(&args).await } else { run_node(&args).await };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -108,14 +120,12 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
     for (id, addr) in &args.peers {
         cfg.peers.insert(id.clone(), addr.clone());
     }
-    let id = cfg.node_id.ok_or_else(|| anyhow::anyhow!("node_id is required (--node-id or node_id in the config file); or use --dev"))?;
-    if id == 0 {
-        anyhow::bail!("node_id: must be >= 1");
-    }
+    let id = cfg.resolve_node_id().map_err(anyhow::Error::msg)?;
     let listen = cfg.listen.ok_or_else(|| anyhow::anyhow!("listen is required (--listen or listen in the config file)"))?;
     let data_dir =
         cfg.data_dir.clone().ok_or_else(|| anyhow::anyhow!("data_dir is required (--data-dir or data_dir in the config file)"))?;
     let peers = cfg.peer_map().map_err(anyhow::Error::msg)?;
+    cfg.bootstrap = cfg.bootstraps(id);
     if cfg.bootstrap && !peers.is_empty() && !peers.contains_key(&id) {
         anyhow::bail!("peers: must include this node ({id}) when bootstrapping");
     }

@@ -161,7 +161,18 @@ enum ClusterCommand {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    match run(args).await {
+    // With OTEL_EXPORTER_OTLP_ENDPOINT set, the command is the root span of its trace and
+    // the controllers continue it (W3C trace context in the request metadata).
+    let endpoint = controlplane::telemetry::tracing::otlp_endpoint(None);
+    let _tracing = match endpoint.as_deref().map(|e| controlplane::telemetry::tracing::init("gpuctl", "warn", Some(e))) {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+        guard => guard,
+    };
+    let span = tracing::info_span!("gpuctl");
+    match tracing::Instrument::instrument(run(args), span).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("error: {message}");

@@ -58,6 +58,7 @@ async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) {
 }
 
 /// One pass; `Ok(true)` when a new plan was committed.
+#[tracing::instrument(name = "provision.pass", skip_all)]
 async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, ApiError> {
     // Plan from everything committed so far.
     controller.read_barrier().await?;

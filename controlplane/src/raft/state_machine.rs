@@ -166,6 +166,9 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                         responses.push(None);
                     }
                     EntryPayload::Normal(request) => {
+                        // Its own trace: the entry does not carry the proposer's context;
+                        // request_id joins it to the `raft.proposal` span.
+                        let _span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id).entered();
                         let (result, event) = data.cluster.apply(log_id.index, &request);
                         if let Some(event) = event {
                             data.history.push_back(event.clone());

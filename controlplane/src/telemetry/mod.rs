@@ -4,6 +4,7 @@
 
 mod metrics;
 mod scrape;
+pub mod tracing;
 
 pub use metrics::{ControllerMetrics, RaftFigures, ServiceSample, Snapshot};
 pub use scrape::{readiness, snapshot};

@@ -1,11 +1,12 @@
 //! gpuplane node agent: registers its GPUs with the controllers, applies the desired MIG
 //! layout, MPS shares and workload processes, and reports what it observes.
 //!
-//!   node-agent --config agent.toml
+//!   node-agent --config agent.toml [--node NAME] [--advertise HOST:PORT]
 
 use clap::Parser;
-use node_agent::config::AgentConfig;
+use node_agent::config::{AgentConfig, HostOverrides};
 use node_agent::runtime::Agent;
+use node_agent::telemetry::tracing::{init, otlp_endpoint};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,16 +20,28 @@ struct Args {
     /// Plaintext to the controllers, no certificate (development only).
     #[arg(long)]
     insecure: bool,
+    /// This node's name, replacing `node` of the file (one file for many hosts).
+    #[arg(long, env = "GPUPLANE_NODE")]
+    node: Option<String>,
+    /// host:port registered for this node, replacing `advertise` of the file.
+    #[arg(long, env = "GPUPLANE_ADVERTISE")]
+    advertise: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let args = Args::parse();
-    let mut cfg = match AgentConfig::load(&args.config) {
+    let overrides = HostOverrides { node: args.node, advertise: args.advertise };
+    let mut cfg = match AgentConfig::load_with(&args.config, &overrides) {
         Ok(c) => c,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let endpoint = otlp_endpoint(cfg.otlp_endpoint.as_deref());
+    let _tracing = match init("gpuplane-agent", "info", endpoint.as_deref()) {
+        Ok(guard) => guard,
         Err(e) => {
             eprintln!("node-agent: {e}");
             return ExitCode::from(2);

@@ -2,6 +2,7 @@
 //! `metrics_listen`.
 
 mod metrics;
+pub mod tracing;
 
 pub use metrics::{AgentMetrics, AgentSnapshot};
 pub use telemetry_http::{serve, Response};

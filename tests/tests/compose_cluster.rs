@@ -1,0 +1,24 @@
+//! The compose cluster of deploy/compose on this machine's Docker engine, checked by the
+//! same script a person runs (deploy/ci/compose-check.sh): static binaries, a from-scratch
+//! image, 3 controllers and 3 simulated agents; gpuctl applies and reads; the leader's
+//! container is killed and the cluster goes on serving. Needs a Docker engine; set
+//! GPUPLANE_SKIP_COMPOSE_CHECK=1 to skip it deliberately on a machine without one.
+
+use std::path::Path;
+use std::process::Command;
+
+#[test]
+fn the_compose_cluster_comes_up_and_survives_the_leader_container_being_killed() {
+    if std::env::var_os("GPUPLANE_SKIP_COMPOSE_CHECK").is_some_and(|v| v == "1") {
+        eprintln!("GPUPLANE_SKIP_COMPOSE_CHECK=1: compose check skipped");
+        return;
+    }
+    let engine = Command::new("docker").args(["info", "--format", "{{.ServerVersion}}"]).output();
+    assert!(
+        engine.as_ref().is_ok_and(|o| o.status.success()),
+        "no Docker engine reachable (docker info: {engine:?}); this test needs one, or GPUPLANE_SKIP_COMPOSE_CHECK=1"
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/ci/compose-check.sh");
+    let status = Command::new("bash").arg(&script).status().expect("running compose-check.sh");
+    assert!(status.success(), "{} failed ({status}); its output above says which check", script.display());
+}
