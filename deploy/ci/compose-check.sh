@@ -51,6 +51,7 @@ cleanup() {
     dc down -v --remove-orphans >/dev/null 2>&1 || say "compose down failed"
   fi
   docker rmi -f "$image" >/dev/null 2>&1 || true
+  [ -n "${tls:-}" ] && rm -rf "$tls"
   [ "$rc" = 0 ] && say "OK (all checks passed)" || say "exit $rc"
   exit "$rc"
 }
@@ -60,6 +61,15 @@ say "building static binaries and image $image"
 "$root/deploy/ci/build-image.sh" "$image"
 case ${GPUPLANE_PROFILE:-dev} in dev) profile_dir=debug ;; *) profile_dir=$GPUPLANE_PROFILE ;; esac
 gpuctl_bin=$root/target/static/x86_64-unknown-linux-gnu/$profile_dir/gpuctl
+
+# Every link is mutually authenticated: a development CA and certificates for this run,
+# readable by the image's user.
+tls=$(mktemp -d)
+export GPUPLANE_TLS_DIR=$tls
+"$gpuctl_bin" certs --out "$tls" --controllers 1,2,3 --nodes sim-1,sim-2,sim-3 --admin compose-check \
+  --hosts controller-1,controller-2,controller-3,127.0.0.1,localhost >/dev/null || fail "gpuctl certs"
+chown -R 65532:65532 "$tls"
+say "ok: gpuctl certs (development CA and certificates in $tls)"
 
 say "starting project $project (${compose[*]})"
 started=1
@@ -75,7 +85,7 @@ refresh_servers() {
 }
 refresh_servers
 say "controllers published on $servers_csv"
-gpuctl() { "$gpuctl_bin" -s "$servers_csv" "$@"; }
+gpuctl() { "$gpuctl_bin" --ca "$tls/ca.pem" --cert "$tls/admin-compose-check.pem" --key "$tls/admin-compose-check.key" -s "$servers_csv" "$@"; }
 
 # Polls "$@" every second until it succeeds or $timeout seconds pass.
 wait_for() {
