@@ -166,3 +166,57 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
     Ok(RunningNode { controller, addr, metrics_addr, metrics, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
 }
+
+/// [`start_node`] over a stream of accepted connections and a given storage backend, for the
+/// deterministic simulation: it serves over its simulated network and keeps `backend` across
+/// a crash of the node, as a disk would. `opts.listen`, `opts.storage` and
+/// `opts.metrics_listen` are not used; `addr` is the address the node serves at and
+/// `channels` opens its connections to peers. Everything else is as in [`start_node`]
+/// (kept as a separate function so that `start_node`'s TCP set-up stays as it is).
+pub async fn start_node_with_incoming<B, I, IO, IE>(
+    opts: NodeOptions,
+    backend: Arc<B>,
+    incoming: I,
+    addr: SocketAddr,
+    channels: PeerChannels,
+) -> anyhow::Result<RunningNode>
+where
+    B: crate::storage::KvBackend,
+    I: tokio_stream::Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let handle = raft::start(opts.id, backend, Watermark::disabled(), &opts.raft, channels.clone()).await?;
+    let controller = Controller {
+        id: opts.id,
+        advertise_addr: advertise.clone(),
+        raft: handle.raft.clone(),
+        sm: handle.state.clone(),
+        committed: handle.committed.clone(),
+        channels,
+        reports: AgentReports::default(),
+        telemetry: ControllerMetrics::default(),
+    };
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let router = tonic::transport::Server::builder()
+        .add_service(
+            RaftServiceServer::new(RaftPeerService::new(handle.raft.clone()))
+                .max_decoding_message_size(MAX_PEER_MESSAGE)
+                .max_encoding_message_size(MAX_PEER_MESSAGE),
+        )
+        .add_service(ControlPlaneServer::new(ResourceService::new(controller.clone())))
+        .add_service(AdminServer::new(AdminService::new(controller.clone())))
+        .add_service(AgentServer::new(AgentService::new(controller.clone())));
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = shutdown_rx.await;
+    }));
+    if let Some(members) = &opts.bootstrap {
+        if !handle.raft.is_initialized().await? {
+            let nodes: BTreeMap<NodeId, Node> = members.iter().map(|(id, a)| (*id, Node::new(a.clone()))).collect();
+            handle.raft.initialize(nodes).await?;
+        }
+    }
+    let loops = loops::spawn(controller.clone(), opts.loops.clone());
+    Ok(RunningNode { controller, addr, metrics_addr: None, metrics: None, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
+}

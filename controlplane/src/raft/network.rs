@@ -23,9 +23,20 @@ pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 #[derive(Clone, Default)]
 pub struct PeerChannels {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// Opens the channel of an endpoint instead of tonic's TCP connector (the deterministic
+    /// simulation connects through its simulated network).
+    connector: Option<ChannelConnector>,
 }
 
+/// Builds a lazily connecting channel for an endpoint (see [`PeerChannels::with_connector`]).
+pub type ChannelConnector = Arc<dyn Fn(Endpoint) -> Channel + Send + Sync>;
+
 impl PeerChannels {
+    /// Channels opened by `connector` rather than over the host's TCP stack.
+    pub fn with_connector(connector: ChannelConnector) -> Self {
+        Self { channels: Arc::default(), connector: Some(connector) }
+    }
+
     pub fn get(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap();
         if let Some(ch) = channels.get(addr) {
@@ -37,7 +48,10 @@ impl PeerChannels {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
-        let ch = endpoint.connect_lazy();
+        let ch = match &self.connector {
+            Some(connect) => connect(endpoint),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }
