@@ -1,1 +1,3 @@
-//! Deterministic simulation and real-process chaos testing (see issue "chaos").
+//! Deterministic simulation and real-process chaos testing of the replicated controller.
+
+pub mod history;

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// One agent's latest report and when it arrived.
 #[derive(Clone, Debug)]

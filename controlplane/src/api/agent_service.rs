@@ -2,7 +2,7 @@
 //! state) and reports (served by the leader, forwarded from followers).
 
 use std::pin::Pin;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use proto::agent_client::AgentClient;
 use proto::agent_server::Agent;

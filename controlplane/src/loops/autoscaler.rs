@@ -6,7 +6,7 @@
 //! launched nodes that hold nothing for the cool-down are terminated.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
@@ -40,6 +40,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut launched = 0u64;
     loop {
         tick.tick().await;
+        let _pass = controller.telemetry.time_loop_pass("autoscaler");
         let t = now_s();
         // 1. Services: provisioned rate from the reported arrival rates.
         let mut arrivals: BTreeMap<String, f64> = BTreeMap::new();

@@ -4,7 +4,9 @@
 //! so a new leader first gives every node a full timeout from the moment it took over.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::LoopSettings;
 use crate::controller::Controller;
@@ -29,6 +31,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut tick = tokio::time::interval(settings.heartbeat_interval);
     loop {
         tick.tick().await;
+        let _pass = controller.telemetry.time_loop_pass("failure_detector");
         let reports: BTreeMap<String, Instant> = controller.reports.all().into_iter().map(|(n, r)| (n, r.received)).collect();
         let nodes: Vec<(String, serde_json::Value)> =
             controller.read(|d| d.cluster.list(Kind::Node).map(|n| (n.name.clone(), n.status.clone())).collect());

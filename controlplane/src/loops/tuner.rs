@@ -6,9 +6,9 @@
 //! leader's soft state: a new leader starts them afresh, one hold-down after it took over.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::time::MissedTickBehavior;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use super::LoopSettings;
 use crate::agents::NodeReport;

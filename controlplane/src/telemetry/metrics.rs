@@ -140,6 +140,19 @@ impl Default for ControllerMetrics {
     }
 }
 
+/// Observes the pass duration when dropped (see [`ControllerMetrics::time_loop_pass`]).
+pub struct LoopPassTimer {
+    metrics: ControllerMetrics,
+    name: &'static str,
+    started: std::time::Instant,
+}
+
+impl Drop for LoopPassTimer {
+    fn drop(&mut self) {
+        self.metrics.observe_loop_pass(self.name, self.started.elapsed());
+    }
+}
+
 impl ControllerMetrics {
     /// Records one proposal; `result` is `ok`, `refused` or `failed`.
     pub fn observe_proposal(&self, elapsed: Duration, result: &str) {
@@ -150,6 +163,12 @@ impl ControllerMetrics {
     /// Records one pass of the leader-only loop `name`.
     pub fn observe_loop_pass(&self, name: &str, elapsed: Duration) {
         self.inner.loop_pass_seconds.get_or_create(&labels(&[("loop", name)])).observe(elapsed.as_secs_f64());
+    }
+
+    /// Times a pass of the loop `name` until the returned guard drops; for loops whose
+    /// passes end at several `continue`s.
+    pub fn time_loop_pass(&self, name: &'static str) -> LoopPassTimer {
+        LoopPassTimer { metrics: self.clone(), name, started: std::time::Instant::now() }
     }
 
     /// The exposition text with the state figures of `snap`.
@@ -217,6 +236,10 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_raft_proposal_duration_seconds_count"), Some(2.0));
         assert_eq!(value(&text, "gpuplane_raft_proposals_total{result=\"refused\"}"), Some(1.0));
         assert_eq!(value(&text, "gpuplane_loop_pass_duration_seconds_count{loop=\"provisioner\"}"), Some(1.0));
+        assert!(!text.contains("loop=\"autoscaler\""), "no autoscaler pass yet: {text}");
+        drop(m.time_loop_pass("autoscaler"));
+        let text = m.render(&snap);
+        assert_eq!(value(&text, "gpuplane_loop_pass_duration_seconds_count{loop=\"autoscaler\"}"), Some(1.0));
         assert_eq!(value(&text, "gpuplane_service_p99_ms{service=\"chat\",node=\"gpu-1\"}"), Some(12.5));
         assert_eq!(value(&text, "gpuplane_service_arrival_rps{service=\"chat\",node=\"gpu-1\"}"), Some(100.0));
         assert_eq!(value(&text, "gpuplane_service_failed{service=\"chat\",node=\"gpu-1\"}"), Some(1.0));
