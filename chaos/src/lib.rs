@@ -1,3 +1,4 @@
 //! Deterministic simulation and real-process chaos testing of the replicated controller.
 
 pub mod history;
+pub mod sim;

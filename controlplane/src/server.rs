@@ -218,5 +218,13 @@ where
         }
     }
     let loops = loops::spawn(controller.clone(), opts.loops.clone());
-    Ok(RunningNode { controller, addr, metrics_addr: None, metrics: None, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
+    Ok(RunningNode {
+        controller,
+        addr,
+        metrics_addr: None,
+        metrics: None,
+        shutdown: Some(shutdown_tx),
+        server: Some(server),
+        loops: Some(loops),
+    })
 }
