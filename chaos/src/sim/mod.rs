@@ -120,6 +120,9 @@ enum Undo {
     Disk(u64),
 }
 
+/// What the trace notes of a controller's Raft: term, leader, last log index, applied index.
+type RaftView = (u64, Option<u64>, Option<u64>, Option<u64>);
+
 /// The simulation, its shared state and the checks' state.
 struct Run<'a> {
     seed: u64,
@@ -133,7 +136,7 @@ struct Run<'a> {
     leaders: LeadersPerTerm,
     plans: BTreeSet<u64>,
     /// Per controller: term, leader, last log index, applied index, as last traced.
-    raft_seen: BTreeMap<u64, (u64, Option<u64>, Option<u64>, Option<u64>)>,
+    raft_seen: BTreeMap<u64, RaftView>,
     views: AgentViews,
 }
 
