@@ -6,6 +6,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use controlplane::raft::PeerChannels;
 use hyper_util::rt::TokioIo;
@@ -59,10 +60,15 @@ pub fn incoming(listener: turmoil::net::TcpListener) -> impl Stream<Item = io::R
 /// turmoil's TCP does not retransmit: a segment dropped by a partition or a link failure
 /// leaves a gap that wedges the connection for good, silently (real TCP would resume after
 /// the network heals). Only HTTP/2 keep-alive notices that, so the channels ping while idle
-/// too; otherwise a wedged peer connection outlives the fault by any length of time.
+/// too, every second; otherwise a wedged peer connection outlives the fault by any length
+/// of time.
 pub fn sim_channels() -> PeerChannels {
     PeerChannels::with_connector(Arc::new(|endpoint: Endpoint| {
-        endpoint.keep_alive_while_idle(true).connect_with_connector_lazy(tower::service_fn(|uri: Uri| async move {
+        let endpoint = endpoint
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(1))
+            .keep_alive_while_idle(true);
+        endpoint.connect_with_connector_lazy(tower::service_fn(|uri: Uri| async move {
             let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?.to_string();
             let port = uri.port_u16().unwrap_or(CONTROLLER_PORT);
             let stream = turmoil::net::TcpStream::connect((host, port)).await?;
