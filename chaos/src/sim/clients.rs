@@ -17,11 +17,11 @@ use crate::history::{ClientRecorder, History, Op, Ret};
 
 /// Register keys (Tenant names).
 pub fn keys(count: usize) -> Vec<String> {
-    (0..count).map(|k| format!("k{k}")).collect()
+    (0..count).map(|k| format!("key{k}")).collect()
 }
 
 pub fn client_host(i: usize) -> String {
-    format!("k{i}")
+    format!("client{i}")
 }
 
 pub const OPERATOR_HOST: &str = "ops";

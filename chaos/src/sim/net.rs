@@ -62,12 +62,18 @@ pub fn incoming(listener: turmoil::net::TcpListener) -> impl Stream<Item = io::R
 /// the network heals). Only HTTP/2 keep-alive notices that, so the channels ping while idle
 /// too, every second; otherwise a wedged peer connection outlives the fault by any length
 /// of time.
+///
+/// h2 forgets a locally reset stream (a call past its deadline) after a span of wall-clock
+/// time, and treats a late frame differently before and after, which makes a run depend on
+/// how fast the machine runs it. The span is set beyond any run here, so only the bounded
+/// number of remembered streams applies, which does not depend on time.
 pub fn sim_channels() -> PeerChannels {
     PeerChannels::with_connector(Arc::new(|endpoint: Endpoint| {
         let endpoint = endpoint
             .http2_keep_alive_interval(Duration::from_secs(1))
             .keep_alive_timeout(Duration::from_secs(1))
-            .keep_alive_while_idle(true);
+            .keep_alive_while_idle(true)
+            .http2_reset_stream_duration(Duration::from_secs(24 * 3600));
         endpoint.connect_with_connector_lazy(tower::service_fn(|uri: Uri| async move {
             let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?.to_string();
             let port = uri.port_u16().unwrap_or(CONTROLLER_PORT);
