@@ -2,3 +2,4 @@
 
 pub mod history;
 pub mod real;
+pub mod sim;

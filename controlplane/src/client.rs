@@ -79,6 +79,12 @@ impl Client {
         r
     }
 
+    /// Opens its channels through `channels` (e.g. one built with a custom connector).
+    pub fn with_channels(mut self, channels: PeerChannels) -> Self {
+        self.channels = channels;
+        self
+    }
+
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self

@@ -122,17 +122,58 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         None => None,
     };
     let addr = listener.local_addr()?;
-    let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
     let channels = PeerChannels::with_tls(opts.security.tls.as_ref().map(|t| t.client_config()));
-    let handle = match &opts.storage {
+    let incoming = TcpListenerStream::new(listener);
+    match opts.storage.clone() {
         StorageChoice::DataDir(dir) => {
-            let backend = Arc::new(open_data_dir(dir, opts.id)?);
-            raft::start(opts.id, backend, Watermark::in_dir(dir), &opts.raft, channels.clone()).await?
+            let backend = Arc::new(open_data_dir(&dir, opts.id)?);
+            serve(opts, backend, Watermark::in_dir(&dir), incoming, addr, channels, metrics_listener).await
         }
         StorageChoice::Memory => {
-            raft::start(opts.id, Arc::new(MemBackend::new()), Watermark::disabled(), &opts.raft, channels.clone()).await?
+            serve(opts, Arc::new(MemBackend::new()), Watermark::disabled(), incoming, addr, channels, metrics_listener).await
         }
-    };
+    }
+}
+
+/// [`start_node`] over a stream of accepted connections and a given storage backend, for the
+/// deterministic simulation: it serves over its simulated network and keeps `backend` across
+/// a crash of the node, as a disk would. `opts.listen`, `opts.storage` and
+/// `opts.metrics_listen` are not used; `addr` is the address the node serves at and
+/// `channels` opens its connections to peers. Everything else is as in [`start_node`].
+pub async fn start_node_with_incoming<B, I, IO, IE>(
+    opts: NodeOptions,
+    backend: Arc<B>,
+    incoming: I,
+    addr: SocketAddr,
+    channels: PeerChannels,
+) -> anyhow::Result<RunningNode>
+where
+    B: crate::storage::KvBackend,
+    I: tokio_stream::Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    serve(opts, backend, Watermark::disabled(), incoming, addr, channels, None).await
+}
+
+/// Starts Raft over `backend` and serves the gRPC services over `incoming`.
+async fn serve<B, I, IO, IE>(
+    opts: NodeOptions,
+    backend: Arc<B>,
+    watermark: Watermark,
+    incoming: I,
+    addr: SocketAddr,
+    channels: PeerChannels,
+    metrics_listener: Option<TcpListener>,
+) -> anyhow::Result<RunningNode>
+where
+    B: crate::storage::KvBackend,
+    I: tokio_stream::Stream<Item = Result<IO, IE>> + Send + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
+    let handle = raft::start(opts.id, backend, watermark, &opts.raft, channels.clone()).await?;
     let controller = Controller {
         id: opts.id,
         advertise_addr: advertise.clone(),
@@ -160,7 +201,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         .add_service(InterceptedService::new(ControlPlaneServer::new(ResourceService::new(controller.clone())), gates.gate(Api::Client)))
         .add_service(InterceptedService::new(AdminServer::new(AdminService::new(controller.clone())), gates.gate(Api::Admin)))
         .add_service(InterceptedService::new(AgentServer::new(AgentService::new(controller.clone())), gates.gate(Api::Agent)));
-    let server = tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = shutdown_rx.await;
     }));
     if let Some(members) = &opts.bootstrap {

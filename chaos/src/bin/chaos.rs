@@ -1,7 +1,10 @@
 //! The chaos runner.
 //!
+//!   chaos sim [--seeds 200] [--from 0] | --seed S [--trace] [--soak]
 //!   chaos real --scenario ci|kills [--kills 50] [--settle-seconds 2] [--report-json FILE]
 //!
+//! `sim` runs seeded deterministic simulations (turmoil) of 3 or 5 controllers, agents and
+//! clients under faults; a failing seed is printed with the command that replays it.
 //! `real` starts real controller and node-agent processes (they must be next to this
 //! binary: `cargo build --release` builds them all), each in its own network namespace
 //! (needs root), runs a recorded client workload and injects faults; it prints a report and
@@ -10,8 +13,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Instant;
 
 use chaos::real::scenario::{self, Options, Scenario};
+use chaos::sim::{run_seed, SimOptions, Totals};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -23,8 +28,30 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Seeded simulations of 3 or 5 controllers, agents and clients under faults; a failing
+    /// seed is printed with the command that replays it.
+    Sim(SimArgs),
     /// Real controller and agent processes under faults.
     Real(RealArgs),
+}
+
+#[derive(clap::Args)]
+struct SimArgs {
+    /// Run this one seed and print what happened (replays a failure).
+    #[arg(long, conflicts_with_all = ["seeds", "from"])]
+    seed: Option<u64>,
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 200)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Longer runs: 5 controllers, 60 s of faults, 30 faults per seed.
+    #[arg(long)]
+    soak: bool,
+    /// With --seed: print every event of the run's trace.
+    #[arg(long, requires = "seed")]
+    trace: bool,
 }
 
 #[derive(clap::Args)]
@@ -49,6 +76,50 @@ struct RealArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     report_json: Option<PathBuf>,
+}
+
+fn sim(args: SimArgs) -> ExitCode {
+    let mut opts = if args.soak { SimOptions::soak() } else { SimOptions::ci() };
+    opts.keep_trace = args.trace;
+    let seeds = match args.seed {
+        Some(seed) => seed..seed + 1,
+        None => args.from..args.from + args.seeds,
+    };
+    let started = Instant::now();
+    let mut totals = Totals::default();
+    for seed in seeds {
+        match run_seed(seed, &opts) {
+            Ok(report) => {
+                if args.seed.is_some() {
+                    println!("seed {seed}: passed after {:.1} s simulated", report.simulated.as_secs_f64());
+                    for f in &report.faults {
+                        println!("  fault {f}");
+                    }
+                    println!(
+                        "  agents converged {:.1} s after healing ({} with work)",
+                        report.converged_after.as_secs_f64(),
+                        report.agents_with_work
+                    );
+                    println!("  {:?}", report.verdict);
+                    println!("  trace: {} events, digest {:016x}", report.events, report.trace_digest);
+                    for line in &report.trace {
+                        println!("    {line}");
+                    }
+                }
+                totals.add(&report);
+                if totals.seeds % 20 == 0 {
+                    eprintln!("{} seeds passed ({:.0} s)", totals.seeds, started.elapsed().as_secs_f64());
+                }
+            }
+            Err(failure) => {
+                eprintln!("{failure}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    println!("{totals}");
+    println!("wall time {:.1} s", started.elapsed().as_secs_f64());
+    ExitCode::SUCCESS
 }
 
 fn real(args: RealArgs) -> Result<bool, String> {
@@ -77,16 +148,15 @@ fn real(args: RealArgs) -> Result<bool, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Real(args) => real(args),
-    };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("chaos: {e}");
-            ExitCode::from(2)
-        }
+    match Cli::parse().command {
+        Command::Sim(args) => sim(args),
+        Command::Real(args) => match real(args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("chaos: {e}");
+                ExitCode::from(2)
+            }
+        },
     }
 }

@@ -6,17 +6,20 @@ use crate::state::ClusterState;
 
 /// The desired state of `node`: every GPU assignment naming it, across all Plans, with each
 /// workload's model and SLO taken from its Service. `version` is the highest mod_revision
-/// among the resources read, so equal versions mean equal content.
+/// among the resources read (every Plan, and the Services of this node's workloads), so
+/// equal versions mean equal content.
 pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState {
     let mut version = 0;
     let mut gpus = Vec::new();
     for plan in cluster.list(Kind::Plan) {
         let Spec::Plan(spec) = &plan.spec else { continue };
+        // Counted even when the plan has nothing for this node: a node whose work a plan
+        // removed must see a newer version, or a watch resumed from its old one skips it.
+        version = version.max(plan.mod_revision);
         let mine: Vec<_> = spec.gpus.iter().filter(|g| g.node == node).collect();
         if mine.is_empty() {
             continue;
         }
-        version = version.max(plan.mod_revision);
         for g in mine {
             let workloads = g
                 .workloads

@@ -74,6 +74,13 @@ impl<B: KvBackend> LogStore<B> {
         Ok(())
     }
 
+    /// Waits out the backend's simulated write latency, if any.
+    async fn slow_disk(&self) {
+        if let Some(delay) = self.backend.write_delay() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+
     fn read_json<T: serde::de::DeserializeOwned>(&self, tree: Tree, k: &[u8]) -> Result<Option<T>, StorageError> {
         match self.backend.get(tree, k).map_err(io_read)? {
             None => Ok(None),
@@ -145,6 +152,7 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        self.slow_disk().await;
         let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(anyerror::AnyError::new(&e)))?;
         self.backend
             .insert(Tree::Meta, VOTE, bytes)
@@ -173,6 +181,7 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.slow_disk().await;
         match self.append_durably(entries) {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));

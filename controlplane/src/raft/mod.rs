@@ -9,7 +9,7 @@ mod state_machine;
 mod types;
 
 pub use log_store::LogStore;
-pub use network::{Network, PeerChannels, MAX_PEER_MESSAGE};
+pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use peer_service::RaftPeerService;
 pub use state_machine::{SmData, SmShared, StateMachineStore, WatchSignal};
 pub use types::*;

@@ -25,11 +25,22 @@ pub struct PeerChannels {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     /// mTLS to every address (the controller's or the client's certificate); plaintext when none.
     tls: Option<ClientTlsConfig>,
+    /// Opens the channel of an endpoint instead of tonic's TCP connector (the deterministic
+    /// simulation connects through its simulated network).
+    connector: Option<ChannelConnector>,
 }
+
+/// Builds a lazily connecting channel for an endpoint (see [`PeerChannels::with_connector`]).
+pub type ChannelConnector = Arc<dyn Fn(Endpoint) -> Channel + Send + Sync>;
 
 impl PeerChannels {
     pub fn with_tls(tls: Option<ClientTlsConfig>) -> Self {
-        Self { channels: Arc::default(), tls }
+        Self { channels: Arc::default(), tls, connector: None }
+    }
+
+    /// Channels opened by `connector` rather than over the host's TCP stack.
+    pub fn with_connector(connector: ChannelConnector) -> Self {
+        Self { channels: Arc::default(), tls: None, connector: Some(connector) }
     }
 
     pub fn get(&self, addr: &str) -> Result<Channel, String> {
@@ -46,8 +57,15 @@ impl PeerChannels {
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
+            // Also while idle: a black-holed connection (a partition that drops packets
+            // silently) is found and replaced before the next call needs it; the simulation
+            // showed a stuck peer link outliving its partition by more than 30 s otherwise.
+            .keep_alive_while_idle(true)
             .keep_alive_timeout(Duration::from_secs(5));
-        let ch = endpoint.connect_lazy();
+        let ch = match &self.connector {
+            Some(connect) => connect(endpoint),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

@@ -67,4 +67,11 @@ pub trait KvBackend: Send + Sync + 'static {
     fn insert(&self, tree: Tree, key: &[u8], value: Vec<u8>) -> Result<(), BackendError> {
         self.insert_batch(tree, vec![(key.to_vec(), value)])
     }
+
+    /// Extra time a durable write takes, waited for on the async runtime's clock before the
+    /// Raft log writes a vote or entries. `None` for real disks; the deterministic
+    /// simulation returns its simulated disk's latency here (a slow disk).
+    fn write_delay(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
