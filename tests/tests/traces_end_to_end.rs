@@ -60,7 +60,7 @@ fn resource(kind: &str, name: &str, spec: serde_json::Value) -> proto::Resource 
 
 fn start_agent(dir: &Path, servers: &[String], otlp: &str) -> Proc {
     let config = format!(
-        "node = \"n1\"\ncontrollers = {servers:?}\ninstance_type = \"one\"\nstate_dir = \"{state}\"\ninterval_ms = 200\n\
+        "node = \"n1\"\ncontrollers = {servers:?}\ninstance_type = \"one\"\nstate_dir = \"{state}\"\ninterval_ms = 200\ninsecure = true\n\
          otlp_endpoint = \"{otlp}\"\n[sim]\ngpus = [\"A100-80GB\"]\n[template]\nkind = \"command\"\nprogram = \"{sim_infer}\"\n\
          args = [\"--listen=127.0.0.1:{{port}}\", \"--model={{model}}\", \"--mig-gpcs={{gpcs}}\"]\n",
         state = dir.join("agent").display(),

@@ -247,7 +247,9 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
     let mut per_type: Vec<(String, Allocator, Vec<usize>)> = Vec::new();
     let mut type_of: HashMap<String, usize> = HashMap::new();
     let mut next_slot = 0;
-    let mut maps: HashMap<String, Vec<GpuSlots>> = HashMap::new();
+    // Ordered: new GPUs are numbered type by type below, and a plan must not depend on a
+    // hash seed.
+    let mut maps: std::collections::BTreeMap<String, Vec<GpuSlots>> = std::collections::BTreeMap::new();
     let prev_max = previous.gpus.iter().map(|g| g.slot + 1).max().unwrap_or(0);
     for g in &previous.gpus {
         let Sharing::Mig { instances } = &g.sharing else { continue };
