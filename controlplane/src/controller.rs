@@ -63,6 +63,8 @@ impl Controller {
         self.read(|d| d.cluster.check(&request))?;
         let started = std::time::Instant::now();
         let span = tracing::info_span!("raft.proposal", request_id = %request.request_id);
+        let mut request = request;
+        request.trace_parent = span.in_scope(telemetry_otlp::current_traceparent);
         let written = self.raft.client_write(request).instrument(span).await;
         let result = match &written {
             Ok(resp) if matches!(resp.data, Some(Ok(_))) => "ok",

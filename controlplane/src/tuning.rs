@@ -357,6 +357,7 @@ mod tests {
             gpus,
             services: vec![ServicePrediction { service: "web".into(), capacity_rps: 100.0, latency_ms: 30.0, infeasible_reason: None }],
             inputs_digest: "fnv1a64:0123456789abcdef".into(),
+            trace_parent: String::new(),
         }
     }
 

@@ -159,6 +159,7 @@ fn valid_request_json() -> String {
     serde_json::to_string(&Request {
         request_id: "r-1".into(),
         command: Command::Put { name: resource.name, tenant: resource.tenant, spec, mode: WriteMode::Upsert, expected_version: 0 },
+        trace_parent: None,
     })
     .unwrap()
 }

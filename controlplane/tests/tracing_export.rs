@@ -1,6 +1,7 @@
 //! Traces reach an OTLP collector (an in-process TraceService server) with the request's
-//! context carried across gRPC: client span → `grpc.request` on the leader →
-//! `raft.proposal`, and the entry's `raft.apply` names the same request.
+//! context carried across gRPC and through the Raft log: client span → `grpc.request` on
+//! the leader → `raft.proposal` → `raft.apply` on every controller → the `provision.pass`
+//! the change triggers → the `raft.proposal` of the new plan → its `raft.apply`.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use controlplane::loops::LoopSettings;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
@@ -50,14 +52,45 @@ async fn a_write_is_one_trace_from_the_client_to_the_raft_proposal() {
     );
     let guard = controlplane::telemetry::tracing::init("gpuplane-test", "off", Some(&endpoint)).unwrap();
 
-    let cluster = TestCluster::start(3, fast_settings()).await;
+    // Only change-triggered provisioning passes: a periodic one would start a trace of its own.
+    let loops = LoopSettings { provision_interval: Duration::from_secs(3600), tuner: false, ..LoopSettings::default() };
+    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
     let client = cluster.client();
+    // The new leader's first pass (of the empty state) is a trace of its own: wait it out.
+    let mut waited = Duration::ZERO;
+    while client.get("Plan", "current", false).await.is_err() {
+        assert!(waited < Duration::from_secs(20), "the leader committed no first plan");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += Duration::from_millis(100);
+    }
     let root = tracing::info_span!("test.client");
-    client.put(base_resources().remove(0), proto::WriteMode::Unspecified).instrument(root).await.unwrap();
+    async {
+        for r in base_resources() {
+            client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+        }
+    }
+    .instrument(root)
+    .await;
 
     let named = |name: &str| collector.spans.lock().unwrap().iter().filter(|s| s.name == name).cloned().collect::<Vec<_>>();
     let mut waited = Duration::ZERO;
-    while named("raft.apply").len() < 3 || named("test.client").is_empty() {
+    let plan_applied_in_trace = || {
+        let client_trace = named("test.client").first().map(|c| c.trace_id.clone());
+        let passes: Vec<Vec<u8>> =
+            named("provision.pass").into_iter().filter(|p| Some(&p.trace_id) == client_trace.as_ref()).map(|p| p.span_id).collect();
+        let plan_proposals: Vec<String> = named("raft.proposal")
+            .into_iter()
+            .filter(|p| passes.contains(&p.parent_span_id))
+            .filter_map(|p| string_attribute(&p, "request_id"))
+            .collect();
+        named("raft.apply")
+            .into_iter()
+            .filter(|a| Some(&a.trace_id) == client_trace.as_ref())
+            .filter(|a| string_attribute(a, "request_id").is_some_and(|id| plan_proposals.contains(&id)))
+            .count()
+            == 3
+    };
+    while named("test.client").is_empty() || !plan_applied_in_trace() {
         assert!(
             waited < Duration::from_secs(20),
             "spans not exported: {:?}",
@@ -83,6 +116,18 @@ async fn a_write_is_one_trace_from_the_client_to_the_raft_proposal() {
         .expect("a raft.proposal span in the client's trace");
     assert!(requests.iter().any(|r| r.span_id == proposal.parent_span_id), "raft.proposal's parent is a grpc.request span");
     let request_id = string_attribute(&proposal, "request_id").expect("raft.proposal names its request");
-    let applied = named("raft.apply").into_iter().filter(|a| string_attribute(a, "request_id").as_deref() == Some(&request_id)).count();
-    assert_eq!(applied, 3, "every controller applies the entry, each in a raft.apply span naming the request");
+    let applied: Vec<Span> =
+        named("raft.apply").into_iter().filter(|a| string_attribute(a, "request_id").as_deref() == Some(&request_id)).collect();
+    assert_eq!(applied.len(), 3, "every controller applies the entry, each in a raft.apply span naming the request");
+    for a in &applied {
+        assert_eq!(a.trace_id, client_span.trace_id, "raft.apply continues the writer's trace");
+        assert_eq!(a.parent_span_id, proposal.span_id, "raft.apply's parent is the proposal");
+    }
+    // The wait above saw a provisioning pass in the client's trace commit a plan that every
+    // controller applied in that trace too; the pass hangs under the leader's raft.apply of
+    // one of the client's writes.
+    let applies_in_trace: Vec<Vec<u8>> =
+        named("raft.apply").into_iter().filter(|a| a.trace_id == client_span.trace_id).map(|a| a.span_id).collect();
+    let pass = named("provision.pass").into_iter().find(|p| p.trace_id == client_span.trace_id).expect("a pass in the client's trace");
+    assert!(applies_in_trace.contains(&pass.parent_span_id), "provision.pass's parent is the raft.apply of the triggering write");
 }

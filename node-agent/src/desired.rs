@@ -50,6 +50,8 @@ pub struct GpuDesired {
 pub struct NodeDesired {
     pub version: u64,
     pub gpus: BTreeMap<String, GpuDesired>,
+    /// The trace of the controller's pass that produced it (empty when not exported).
+    pub trace_parent: String,
 }
 
 /// Why a desired state was refused.
@@ -124,7 +126,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
         }
         gpus.insert(g.gpu_uuid.clone(), GpuDesired { layout, workloads });
     }
-    Ok(NodeDesired { version: state.version, gpus })
+    Ok(NodeDesired { version: state.version, gpus, trace_parent: state.trace_parent.clone() })
 }
 
 #[cfg(test)]
@@ -140,6 +142,7 @@ mod tests {
                 mig_layout: layout.iter().map(|&(p, s)| proto::AgentMigInstance { profile: p.into(), start: s }).collect(),
                 workloads,
             }],
+            ..Default::default()
         }
     }
 

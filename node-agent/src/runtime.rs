@@ -362,7 +362,7 @@ fn reconcile_once(executor: &mut Executor, desired: &NodeDesired, telemetry: &Ag
     }
     let observed = executor.observe()?;
     let steps = reconcile::plan(desired, &observed)?;
-    let round = (!steps.is_empty()).then(|| crate::telemetry::tracing::reconcile_span(desired.version, steps.len()));
+    let round = (!steps.is_empty()).then(|| crate::telemetry::tracing::reconcile_span(desired, steps.len()));
     let _round = round.as_ref().map(tracing::Span::enter);
     for step in &steps {
         tracing::debug!(?step, "executing");

@@ -1,6 +1,7 @@
 //! Traces across processes, received by an in-process OTLP collector: the test's client span
 //! is continued by a controller process (`grpc.request` → `raft.proposal`), and the agent
-//! process applies the plan in an `agent.reconcile` span with an `agent.action` per step.
+//! process applies the plan in an `agent.reconcile` span of the same trace (the Plan carries
+//! the trace of the write that committed it) with an `agent.action` per step.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -142,13 +143,16 @@ async fn a_client_write_and_the_agent_reconcile_are_traced_across_processes() {
             }
             collector.named("gpuplane-controller", "raft.proposal").into_iter().find(|p| requests.contains_key(&p.parent_span_id))
         });
-        let reconcile = collector.named("gpuplane-agent", "agent.reconcile").pop();
+        // The plan carries the trace of the write that committed it to the agent.
+        let reconcile = root
+            .as_ref()
+            .and_then(|root| collector.named("gpuplane-agent", "agent.reconcile").into_iter().find(|r| r.trace_id == root.trace_id));
         let actions = reconcile
             .as_ref()
             .map(|r| collector.named("gpuplane-agent", "agent.action").into_iter().filter(|a| a.parent_span_id == r.span_id).count());
         let root_trace = root.as_ref().map(|r| r.trace_id.clone());
         let found = format!(
-            "client span {}, proposal under it {}, reconcile {}, actions under it {actions:?}",
+            "client span {}, proposal under it {}, reconcile in its trace {}, actions under it {actions:?}",
             root.is_some(),
             proposal.is_some(),
             reconcile.is_some()
@@ -172,6 +176,7 @@ async fn a_client_write_and_the_agent_reconcile_are_traced_across_processes() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(proposal.trace_id, root.trace_id, "the controller process continued the client's trace");
+    assert_eq!(reconcile.trace_id, root.trace_id, "the agent process continued the trace of the plan's write");
     assert!(reconcile.attributes.iter().any(|a| a.key == "desired_version"), "agent.reconcile names the desired version");
     assert!(actions >= 1);
 }

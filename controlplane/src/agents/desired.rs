@@ -11,11 +11,18 @@ use crate::state::ClusterState;
 pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState {
     let mut version = 0;
     let mut gpus = Vec::new();
+    // The trace of the newest plan: the pass whose work the agent is about to apply.
+    let mut newest_plan = 0;
+    let mut trace_parent = String::new();
     for plan in cluster.list(Kind::Plan) {
         let Spec::Plan(spec) = &plan.spec else { continue };
         // Counted even when the plan has nothing for this node: a node whose work a plan
         // removed must see a newer version, or a watch resumed from its old one skips it.
         version = version.max(plan.mod_revision);
+        if plan.mod_revision > newest_plan {
+            newest_plan = plan.mod_revision;
+            trace_parent.clone_from(&spec.trace_parent);
+        }
         let mine: Vec<_> = spec.gpus.iter().filter(|g| g.node == node).collect();
         if mine.is_empty() {
             continue;
@@ -52,7 +59,7 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
         }
     }
     gpus.sort_by(|a, b| a.gpu_uuid.cmp(&b.gpu_uuid));
-    proto::DesiredState { node: node.to_string(), version, gpus }
+    proto::DesiredState { node: node.to_string(), version, gpus, trace_parent }
 }
 
 /// A deleted Service leaves its workloads in a Plan until the provisioner re-plans; the agent

@@ -148,6 +148,7 @@ impl Agent for AgentService {
             let write = SmRequest {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 command: Command::PutStatus { kind: Kind::Node, name: req.node.clone(), status, expected_version: 0 },
+                trace_parent: None,
             };
             self.controller.write(write).await?;
         }

@@ -57,7 +57,7 @@ fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
         };
         Command::Put { name: r.name.clone(), tenant: r.tenant.clone(), spec, mode, expected_version: r.resource_version }
     };
-    Ok(SmRequest { request_id: request_id(&req.request_id), command })
+    Ok(SmRequest { request_id: request_id(&req.request_id), command, trace_parent: None })
 }
 
 fn not_found(kind: Kind, name: &str) -> Status {
@@ -138,6 +138,7 @@ impl ControlPlane for ResourceService {
         let sm_request = SmRequest {
             request_id: req.request_id.clone(),
             command: Command::Delete { kind, name: req.name.clone(), expected_version: req.expected_version },
+            trace_parent: None,
         };
         match self.controller.write(sm_request).await {
             Ok(outcome) => Ok(Response::new(proto::DeleteResponse {

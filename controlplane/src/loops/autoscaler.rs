@@ -81,6 +81,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             let write = Request {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 command: Command::PutStatus { kind: Kind::Service, name: name.clone(), status, expected_version: 0 },
+                trace_parent: None,
             };
             match controller.write(write).await {
                 Ok(_) => tracing::info!(service = %name, arrival, from = current, to = wanted, "autoscaler: service re-sized"),
@@ -168,6 +169,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             let delete = Request {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 command: Command::Delete { kind: Kind::Node, name: node.clone(), expected_version: 0 },
+                trace_parent: None,
             };
             match controller.write(delete).await {
                 Ok(_) => tracing::info!(node, "autoscaler: scale-in"),

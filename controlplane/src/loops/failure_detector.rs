@@ -46,6 +46,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             let write = Request {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 command: Command::PutStatus { kind: Kind::Node, name: name.clone(), status: marked, expected_version: 0 },
+                trace_parent: None,
             };
             match controller.write(write).await {
                 Ok(_) => {

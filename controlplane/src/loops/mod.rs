@@ -100,6 +100,7 @@ async fn commit_plan(
     let write = crate::state::Request {
         request_id: uuid::Uuid::new_v4().to_string(),
         command: crate::state::Command::Put { name: "current".into(), tenant: String::new(), spec, mode, expected_version },
+        trace_parent: None,
     };
     controller.write(write).await
 }

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use tokio::sync::broadcast;
+use tracing::Instrument;
 
 use super::LoopSettings;
 use crate::api::ApiError;
@@ -24,9 +25,13 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut signals = controller.sm.subscribe();
+    // The trace of the change that triggered the pass; none for a periodic pass.
+    let mut trigger: Option<String> = None;
     loop {
         let started = std::time::Instant::now();
-        let result = pass(&controller, &settings).await;
+        let span = tracing::info_span!("provision.pass");
+        telemetry_otlp::continue_trace(&span, trigger.take().as_deref().unwrap_or_default());
+        let result = pass(&controller, &settings).instrument(span).await;
         controller.telemetry.observe_loop_pass("provisioner", started.elapsed());
         match result {
             Ok(true) => tracing::info!("committed a new plan"),
@@ -35,30 +40,32 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         }
         tokio::select! {
             _ = tokio::time::sleep(settings.provision_interval) => {}
-            _ = relevant_change(&mut signals) => tokio::time::sleep(DEBOUNCE).await,
+            change = relevant_change(&mut signals) => {
+                trigger = change;
+                tokio::time::sleep(DEBOUNCE).await;
+            }
         }
     }
 }
 
 /// Resolves on a change the plan may depend on (not the Plan itself, which this loop
-/// writes, nor tenants). Node status reports count too: a pass that changes nothing writes
-/// nothing.
-async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) {
+/// writes, nor tenants), with the trace of the write that made it. Node status reports
+/// count too: a pass that changes nothing writes nothing.
+async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) -> Option<String> {
     loop {
         match signals.recv().await {
             Ok(WatchSignal::Change(ev)) => {
                 if !matches!(ev.resource.kind(), Kind::Plan | Kind::Tenant) {
-                    return;
+                    return ev.trace_parent;
                 }
             }
-            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => return None,
             Err(broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
         }
     }
 }
 
 /// One pass; `Ok(true)` when a new plan was committed.
-#[tracing::instrument(name = "provision.pass", skip_all)]
 async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, ApiError> {
     // Plan from everything committed so far.
     controller.read_barrier().await?;
@@ -71,7 +78,7 @@ async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, 
         return Ok(false);
     }
     let plan = provision_from(&inputs, settings.mig_strategy);
-    if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if *p == plan)) {
+    if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if p.same_placement(&plan))) {
         return Ok(false);
     }
     super::commit_plan(controller, plan, WriteMode::Upsert, current.map_or(0, |(v, _)| v)).await?;

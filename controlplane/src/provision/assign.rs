@@ -136,7 +136,13 @@ mod tests {
         let first = plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a"), gpu(1, &[(MigProfile::G4, 0), (MigProfile::G3, 4)], "b")]);
         let (now, unplaced) = assign_to_nodes(&first, &fleet(3), None);
         assert!(unplaced.is_empty());
-        let current = PlanSpec { strategy: "t".into(), gpus: now.clone(), services: vec![], inputs_digest: String::new() };
+        let current = PlanSpec {
+            strategy: "t".into(),
+            gpus: now.clone(),
+            services: vec![],
+            inputs_digest: String::new(),
+            trace_parent: String::new(),
+        };
         // The same plan with its GPUs in the other order lands on the same physical GPUs.
         let again = plan(vec![gpu(0, &[(MigProfile::G4, 0), (MigProfile::G3, 4)], "b"), gpu(1, &[(MigProfile::G7, 0)], "a")]);
         let (next, _) = assign_to_nodes(&again, &fleet(3), Some(&current));

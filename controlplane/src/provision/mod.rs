@@ -140,7 +140,7 @@ pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSp
         });
     }
     services.sort_by(|a, b| a.service.cmp(&b.service));
-    PlanSpec { strategy: plan.strategy, gpus, services, inputs_digest: inputs_digest(inputs, strategy) }
+    PlanSpec { strategy: plan.strategy, gpus, services, inputs_digest: inputs_digest(inputs, strategy), trace_parent: String::new() }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub fn state_from_resources(resources: &[proto::Resource]) -> Result<ClusterStat
         let request = Request {
             request_id: format!("offline-{i}"),
             command: Command::Put { name: r.name.clone(), tenant: r.tenant.clone(), spec, mode: WriteMode::Upsert, expected_version: 0 },
+            trace_parent: None,
         };
         state.check(&request).map_err(|e| format!("{what}: {e}"))?;
         let (result, _) = state.apply(i as u64 + 1, &request);

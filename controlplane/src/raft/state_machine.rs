@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use super::types::*;
-use crate::state::{ChangeEvent, ClusterState};
+use crate::resources::Spec;
+use crate::state::{ChangeEvent, ClusterState, Command};
 use crate::storage::{KvBackend, Tree};
 
 const SNAPSHOT_META: &[u8] = b"meta";
@@ -165,12 +166,19 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                         data.cluster.note_index(log_id.index);
                         responses.push(None);
                     }
-                    EntryPayload::Normal(request) => {
-                        // Its own trace: the entry does not carry the proposer's context;
-                        // request_id joins it to the `raft.proposal` span.
-                        let _span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id).entered();
+                    EntryPayload::Normal(mut request) => {
+                        // A Plan remembers the trace of the write that committed it, for the
+                        // agents that apply it (the same on every controller: it is in the entry).
+                        if let Command::Put { spec: Spec::Plan(plan), .. } = &mut request.command {
+                            plan.trace_parent = request.trace_parent.clone().unwrap_or_default();
+                        }
+                        // Continues the proposer's trace on every controller.
+                        let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
+                        telemetry_otlp::continue_trace(&span, request.trace_parent.as_deref().unwrap_or_default());
+                        let _entered = span.enter();
                         let (result, event) = data.cluster.apply(log_id.index, &request);
-                        if let Some(event) = event {
+                        if let Some(mut event) = event {
+                            event.trace_parent = telemetry_otlp::current_traceparent();
                             data.history.push_back(event.clone());
                             if data.history.len() > WATCH_HISTORY {
                                 if let Some(evicted) = data.history.pop_front() {

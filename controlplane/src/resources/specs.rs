@@ -320,6 +320,19 @@ pub struct PlanSpec {
     /// tuner adjusts in it are not reverted.
     #[serde(default)]
     pub inputs_digest: String,
+    /// W3C `traceparent` of the proposal that committed the plan (set when the entry is
+    /// applied, empty when traces are not exported): an agent's `agent.reconcile`
+    /// continues that trace.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trace_parent: String,
+}
+
+impl PlanSpec {
+    /// The same placements, shares and predictions, whichever pass produced them.
+    pub fn same_placement(&self, other: &PlanSpec) -> bool {
+        let without_trace = |p: &PlanSpec| PlanSpec { trace_parent: String::new(), ..p.clone() };
+        without_trace(self) == without_trace(other)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -385,6 +398,7 @@ mod tests {
                 infeasible_reason: None,
             }],
             inputs_digest: String::new(),
+            trace_parent: String::new(),
         });
         let json = serde_json::to_string(&plan).unwrap();
         assert_eq!(

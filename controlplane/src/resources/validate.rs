@@ -377,6 +377,7 @@ mod tests {
                 gpus: vec![GpuAssignment { node: "n1".into(), gpu_uuid: "GPU-1".into(), mig_layout: vec![], workloads: wls }],
                 services: vec![],
                 inputs_digest: String::new(),
+                trace_parent: String::new(),
             })
         };
         assert!(validate_spec(&plan(vec![wl(60.0), wl(40.0)])).is_ok());

@@ -8,6 +8,11 @@ pub struct Request {
     /// Client-chosen idempotency key; a retried request with the same id applies once.
     pub request_id: String,
     pub command: Command,
+    /// W3C `traceparent` of the proposal, so that every controller's `raft.apply` continues
+    /// the writer's trace. Set by the proposer when traces are exported; it never changes
+    /// what the command does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +69,10 @@ pub struct ChangeEvent {
     pub revision: u64,
     pub change_type: ChangeType,
     pub resource: StoredResource,
+    /// The trace of the `raft.apply` that made this change (see `Request::trace_parent`),
+    /// for the loops it triggers; local to this controller, never sent to watchers.
+    #[serde(skip)]
+    pub trace_parent: Option<String>,
 }
 
 impl ChangeEvent {

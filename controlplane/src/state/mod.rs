@@ -197,7 +197,7 @@ impl ClusterState {
                 (removed, ChangeType::Deleted)
             }
         };
-        let event = ChangeEvent { revision: index, change_type, resource: resource.clone() };
+        let event = ChangeEvent { revision: index, change_type, resource: resource.clone(), trace_parent: None };
         (CommandOutcome { resource, deduplicated: false }, event)
     }
 }

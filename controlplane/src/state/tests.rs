@@ -2,7 +2,11 @@ use super::*;
 use crate::resources::*;
 
 fn put(id: &str, name: &str, tenant: &str, spec: Spec, mode: WriteMode, expected_version: u64) -> Request {
-    Request { request_id: id.into(), command: Command::Put { name: name.into(), tenant: tenant.into(), spec, mode, expected_version } }
+    Request {
+        request_id: id.into(),
+        command: Command::Put { name: name.into(), tenant: tenant.into(), spec, mode, expected_version },
+        trace_parent: None,
+    }
 }
 
 fn gpu_model() -> Spec {
@@ -72,7 +76,11 @@ fn create_update_delete_bump_versions_and_revisions() {
     assert_eq!(updated.resource.create_revision, 10);
     let (deleted, event) = s.apply(
         12,
-        &Request { request_id: "c".into(), command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 2 } },
+        &Request {
+            request_id: "c".into(),
+            command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 2 },
+            trace_parent: None,
+        },
     );
     assert_eq!(deleted.unwrap().resource.resource_version, 2);
     assert_eq!(event.unwrap().change_type, ChangeType::Deleted);
@@ -152,6 +160,7 @@ fn referenced_resources_cannot_be_deleted() {
     let del = |kind, name: &str| Request {
         request_id: uuid::Uuid::new_v4().to_string(),
         command: Command::Delete { kind, name: name.into(), expected_version: 0 },
+        trace_parent: None,
     };
     let err = s.apply(10, &del(Kind::GpuModel, "A100-80GB")).0.unwrap_err();
     assert_eq!(err.code, ErrorCode::FailedPrecondition);
@@ -171,6 +180,7 @@ fn status_update_keeps_spec() {
             status: serde_json::json!({"seen": 3}),
             expected_version: 1,
         },
+        trace_parent: None,
     };
     let out = s.apply(10, &req).0.unwrap();
     assert_eq!(out.resource.resource_version, 2);
@@ -186,6 +196,7 @@ fn dedup_window_is_bounded() {
         let req = Request {
             request_id: format!("r{n}"),
             command: Command::PutStatus { kind: Kind::Tenant, name: "acme".into(), status: serde_json::json!(n), expected_version: 0 },
+            trace_parent: None,
         };
         s.apply(i, &req).0.unwrap();
     }

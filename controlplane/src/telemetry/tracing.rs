@@ -1,7 +1,9 @@
 //! Logs and, when an OTLP endpoint is configured, OpenTelemetry traces: a client request
 //! carries its W3C trace context in gRPC metadata (`traceparent`), the controller continues
-//! that trace (`grpc.request` → `raft.proposal`), and the provisioning pass is a trace of
-//! its own (`provision.pass` → `raft.proposal` of the plan).
+//! that trace (`grpc.request` → `raft.proposal`), the log entry carries it to every
+//! controller's `raft.apply`, a provisioning pass continues the trace of the change that
+//! triggered it (`provision.pass` → `raft.proposal` of the plan), and the committed Plan
+//! carries it on to the agents (`agent.reconcile`).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -74,3 +74,31 @@ pub fn init(service: &str, default_filter: &str, endpoint: Option<&str>) -> Resu
     tracing::info!(endpoint, service, "exporting traces over OTLP");
     Ok(TracingGuard { provider: Some(provider) })
 }
+
+/// The current span's W3C `traceparent`, to carry a trace where gRPC metadata does not go
+/// (a Raft log entry, a Plan, an agent's desired state). `None` when no span is exported:
+/// then nothing extra is written, and runs without an endpoint stay byte-for-byte the same.
+pub fn current_traceparent() -> Option<String> {
+    use opentelemetry::propagation::TextMapPropagator;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let mut carrier = std::collections::HashMap::new();
+    TraceContextPropagator::new().inject_context(&tracing::Span::current().context(), &mut carrier);
+    carrier.remove("traceparent").filter(|t| !t.is_empty())
+}
+
+/// Makes `span` continue the trace named by `traceparent` (from [`current_traceparent`]);
+/// nothing when it is empty or malformed, or when spans are not exported.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    use opentelemetry::propagation::TextMapPropagator;
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    if traceparent.is_empty() {
+        return;
+    }
+    let carrier = std::collections::HashMap::from([("traceparent".to_string(), traceparent.to_string())]);
+    let parent = TraceContextPropagator::new().extract(&carrier);
+    if parent.span().span_context().is_valid() {
+        // Without an exporting layer there is no trace to continue: nothing to do.
+        let _ = span.set_parent(parent);
+    }
+}
