@@ -52,6 +52,10 @@ struct SimArgs {
     /// With --seed: print every event of the run's trace.
     #[arg(long, requires = "seed")]
     trace: bool,
+    /// With --seed: write turmoil's network log (every segment sent, held, dropped and
+    /// delivered, and every step) to this file, to find where two runs of a seed part.
+    #[arg(long, requires = "seed")]
+    net_log: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -78,7 +82,26 @@ struct RealArgs {
     report_json: Option<PathBuf>,
 }
 
+/// Sends turmoil's trace-level network events to `path`, without wall-clock timestamps so
+/// that two runs of one seed can be compared line by line.
+fn log_network_to(path: &std::path::Path) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| format!("--net-log {}: {e}", path.display()))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("turmoil=trace"))
+        .without_time()
+        .with_ansi(false)
+        .with_writer(std::sync::Mutex::new(file))
+        .try_init()
+        .map_err(|e| format!("--net-log: {e}"))
+}
+
 fn sim(args: SimArgs) -> ExitCode {
+    if let Some(path) = &args.net_log {
+        if let Err(e) = log_network_to(path) {
+            eprintln!("chaos: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let mut opts = if args.soak { SimOptions::soak() } else { SimOptions::ci() };
     opts.keep_trace = args.trace;
     let seeds = match args.seed {

@@ -8,12 +8,14 @@
 //!
 //! Replay. Everything the simulation draws comes from the seed (faults, client operations,
 //! election timeouts: openraft draws them in `[min, max)`, so `max = min + 1` pins them;
-//! turmoil's message latencies), time is turmoil's, and the channels keep h2 from reading
-//! the wall clock for reset streams (see `net`). Replay is not exact yet: 4 to 6 seeds in 20
-//! drift by a tick or two (a message delivered a few ms later) from some point of the run,
-//! with or without `--cfg tokio_unstable` (which makes turmoil seed tokio's `select!`
-//! order), so some other dependency still reads the wall clock or an unseeded RNG. A
-//! replayed seed injects the same faults at the same times.
+//! turmoil's message latencies; with `--cfg tokio_unstable`, set in `.cargo/config.toml`,
+//! the order in which `tokio::select!` polls its branches), time is turmoil's, the channels
+//! keep h2 from reading the wall clock for reset streams (see `net`), and nothing iterates a
+//! hash map in a way that sends messages (peer channels close in address order). A seed
+//! replays identically, event for event (`chaos sim --seed S --trace` twice gives the same
+//! trace; `--net-log FILE` writes every simulated segment to compare two runs). What still
+//! differs between runs is hyper's `date` response header (wall clock): those bytes differ,
+//! and the replay test checks that nothing the run does depends on them.
 
 mod agents;
 mod clients;

@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,10 +19,11 @@ use super::types::*;
 pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// gRPC channels to peers, one per address, created lazily and reused (a tonic channel
-/// reconnects by itself after a peer restarts).
+/// reconnects by itself after a peer restarts). Ordered, so that they close in the same order
+/// every run (the deterministic simulation replays a seed message for message).
 #[derive(Clone, Default)]
 pub struct PeerChannels {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
     /// mTLS to every address (the controller's or the client's certificate); plaintext when none.
     tls: Option<ClientTlsConfig>,
     /// Opens the channel of an endpoint instead of tonic's TCP connector (the deterministic

@@ -7,7 +7,7 @@ mod references;
 
 pub use command::{ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, WriteMode};
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +20,9 @@ pub const DEDUP_WINDOW: usize = 100_000;
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct ClusterState {
     resources: BTreeMap<Kind, BTreeMap<String, StoredResource>>,
-    /// request id -> outcome, for retried writes.
-    applied_requests: HashMap<String, CommandResult>,
+    /// request id -> outcome, for retried writes. Ordered: a snapshot serialises the same
+    /// state to the same bytes on every controller and in every run.
+    applied_requests: BTreeMap<String, CommandResult>,
     /// Insertion order of `applied_requests`, oldest first, to bound it.
     applied_order: VecDeque<String>,
     /// Log index of the last applied command.
