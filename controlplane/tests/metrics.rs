@@ -9,17 +9,9 @@ use std::time::Duration;
 use common::*;
 use proto::agent_client::AgentClient;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// GET `path` over HTTP/1.0; returns the status code and body.
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await.unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
-    (status, body.to_string())
+    telemetry_http::get(addr, path).await.unwrap()
 }
 
 /// The value of the sample line that starts with `series` (name and labels, exactly).

@@ -1,8 +1,10 @@
 //! Counting requests in flight on a process or backend, so it can be drained: wait until
-//! every request that got in has completed, optionally refusing new ones.
+//! every request that got in has completed, optionally refusing new ones. It also adds up
+//! the time during which at least one request was in flight (the backend's busy time).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// An in-flight counter with an optional gate.
@@ -11,6 +13,15 @@ pub struct InFlight {
     count: AtomicUsize,
     closed: AtomicBool,
     idle: Notify,
+    busy: Mutex<BusyTime>,
+}
+
+/// Time with at least one request in flight: what has been added up, and since when the
+/// current busy stretch runs.
+#[derive(Debug, Default)]
+struct BusyTime {
+    total: Duration,
+    since: Option<Instant>,
 }
 
 /// Counts one request until dropped (also when the request's future is cancelled).
@@ -26,8 +37,35 @@ impl InFlight {
 
     /// Counts a request whatever the gate says (the router's re-check handles races).
     pub fn enter(self: &Arc<Self>) -> InFlightGuard {
-        self.count.fetch_add(1, SeqCst);
+        if self.count.fetch_add(1, SeqCst) == 0 {
+            self.note_busy_edge(Instant::now());
+        }
         InFlightGuard { owner: Arc::clone(self) }
+    }
+
+    /// After the count went from or to zero: starts or ends a busy stretch. Judged from the
+    /// count under the lock, so racing edges (one request leaving as another arrives) end
+    /// in the state the count has, not in the order the threads got here.
+    fn note_busy_edge(&self, now: Instant) {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        match (self.count.load(SeqCst) > 0, busy.since) {
+            (true, None) => busy.since = Some(now),
+            (false, Some(since)) => {
+                busy.total += now.saturating_duration_since(since);
+                busy.since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Time so far with at least one request in flight.
+    pub fn busy_time(&self) -> Duration {
+        self.busy_time_at(Instant::now())
+    }
+
+    fn busy_time_at(&self, now: Instant) -> Duration {
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        busy.total + busy.since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since))
     }
 
     /// Counts a request unless the gate is closed.
@@ -75,6 +113,7 @@ impl InFlight {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         if self.owner.count.fetch_sub(1, SeqCst) == 1 {
+            self.owner.note_busy_edge(Instant::now());
             self.owner.idle.notify_waiters();
         }
     }
@@ -103,5 +142,43 @@ mod tests {
         drop(b);
         waiter.await.expect("waiter resolves once idle");
         assert_eq!(f.count(), 0);
+    }
+
+    #[test]
+    fn busy_time_counts_only_stretches_with_a_request_in_flight() {
+        let f = InFlight::new();
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        // Driven through the edge hook with explicit instants: 0-10 busy (two overlapping
+        // requests), 10-30 idle, 30-35 busy.
+        f.count.store(1, SeqCst);
+        f.note_busy_edge(ms(0));
+        f.count.store(2, SeqCst);
+        f.count.store(1, SeqCst);
+        assert_eq!(f.busy_time_at(ms(7)), Duration::from_millis(7), "a running stretch counts up to now");
+        f.count.store(0, SeqCst);
+        f.note_busy_edge(ms(10));
+        assert_eq!(f.busy_time_at(ms(30)), Duration::from_millis(10), "idle time does not count");
+        f.count.store(1, SeqCst);
+        f.note_busy_edge(ms(30));
+        f.count.store(0, SeqCst);
+        f.note_busy_edge(ms(35));
+        assert_eq!(f.busy_time_at(ms(100)), Duration::from_millis(15));
+        // An edge that finds the count already back where it was changes nothing.
+        f.note_busy_edge(ms(200));
+        assert_eq!(f.busy_time_at(ms(300)), Duration::from_millis(15));
+    }
+
+    #[test]
+    fn guards_start_and_end_busy_stretches() {
+        let f = InFlight::new();
+        assert_eq!(f.busy_time(), Duration::ZERO);
+        let a = f.enter();
+        std::thread::sleep(Duration::from_millis(2));
+        drop(a);
+        let after = f.busy_time();
+        assert!(after > Duration::ZERO, "busy while the guard lived");
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(f.busy_time(), after, "nothing in flight: the busy time stands still");
     }
 }

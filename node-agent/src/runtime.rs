@@ -107,7 +107,11 @@ impl Agent {
         match path {
             "/metrics" => {
                 let observed = self.last_report.lock().expect("report lock").clone();
-                Response::metrics(self.telemetry.render(&AgentSnapshot { services: self.routers.metrics(), observed }))
+                Response::metrics(self.telemetry.render(&AgentSnapshot {
+                    services: self.routers.metrics(),
+                    observed,
+                    busy: self.routers.busy_times(),
+                }))
             }
             "/healthz" => Response::text(200, "ok\n"),
             "/readyz" => match self.readiness() {
@@ -334,6 +338,7 @@ impl Agent {
                             state: "running".into(),
                             shadow: r.role == reconcile::Role::Standby,
                             pid: executor.supervisor.get(&r.id).map_or(0, |p| p.pid),
+                            process: r.id.clone(),
                         })
                         .collect(),
                 }

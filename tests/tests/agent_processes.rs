@@ -63,6 +63,7 @@ fn alive(pid: u32) -> bool {
 }
 
 fn start_agent(dir: &Path, servers: &[String], router_port: u16) -> Proc {
+    // The metrics listener is the port after the routers' range.
     let config = format!(
         r#"node = "n1"
 controllers = {servers:?}
@@ -71,6 +72,7 @@ insecure = true
 state_dir = "{state}"
 interval_ms = 200
 router_ports = [{router}, {router_last}]
+metrics_listen = "127.0.0.1:{metrics}"
 [sim]
 gpus = ["A100-80GB", "T4"]
 [template]
@@ -81,6 +83,7 @@ args = ["--listen=127.0.0.1:{{port}}", "--model={{model}}", "--mig-gpcs={{gpcs}}
         state = dir.join("agent").display(),
         router = router_port,
         router_last = router_port + 20,
+        metrics = metrics_port(router_port),
         sim_infer = binary("sim-infer").display(),
     );
     let path = dir.join("agent.toml");
@@ -88,6 +91,22 @@ args = ["--listen=127.0.0.1:{{port}}", "--model={{model}}", "--mig-gpcs={{gpcs}}
     let mut cmd = Command::new(binary("node-agent"));
     cmd.arg("--config").arg(&path).env("RUST_LOG", "info");
     Proc::spawn("node-agent", &mut cmd, &dir.join("agent.log"))
+}
+
+fn metrics_port(router_port: u16) -> u16 {
+    router_port + 21
+}
+
+/// The agent's busy seconds of `service`'s active processes, added up over its instances.
+async fn busy_seconds(router_port: u16, service: &str) -> f64 {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port(router_port)));
+    let (status, text) = telemetry_http::get(addr, "/metrics").await.expect("the agent serves /metrics");
+    assert_eq!(status, 200, "{text}");
+    let labels = format!("service=\"{service}\",role=\"active\"}}");
+    text.lines()
+        .filter(|l| l.starts_with("gpuplane_agent_busy_seconds_total{") && l.contains(&labels))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
 }
 
 /// Polls `f` for up to 30 s; on timeout fails with the agent's log.
@@ -233,6 +252,14 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let endpoint = router_endpoint(&log, "web").await;
     let load = Load::start(&endpoint, 4);
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // Under load the routers count the time web's instances are busy (utilisation per MIG
+    // instance, measured at the router): it grows while requests flow, and the other
+    // service's instance, which gets none, stays idle.
+    let before = busy_seconds(router_port, "web").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = busy_seconds(router_port, "web").await;
+    assert!(after > before, "web's instances are busy under load: {before} s, then {after} s");
+    assert_eq!(busy_seconds(router_port, "batch").await, 0.0, "no request reached batch's instance");
     let leader = cluster.leader();
     cluster.procs.remove(&leader).unwrap().kill9();
     assert!(pids.iter().all(|&p| alive(p as u32)), "workloads unaffected by the controller loss");

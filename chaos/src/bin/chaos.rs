@@ -71,9 +71,11 @@ struct RealArgs {
     /// Concurrent clients.
     #[arg(long, default_value_t = 4)]
     clients: usize,
-    /// Keys (registers) the clients share.
-    #[arg(long, default_value_t = 4)]
-    keys: usize,
+    /// Keys (registers) the clients share [default: 4 for `ci`, 256 for `kills`: the
+    /// linearizability check's cost grows faster than linearly with one key's history, and
+    /// a long run spreads its operations over more keys to keep each history short].
+    #[arg(long)]
+    keys: Option<usize>,
     /// Keep logs and data dirs here (default: a temporary dir, kept only when the run fails).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -146,20 +148,18 @@ fn sim(args: SimArgs) -> ExitCode {
 }
 
 fn real(args: RealArgs) -> Result<bool, String> {
-    if args.clients == 0 || args.keys == 0 {
+    let keys = args.keys.unwrap_or(match args.scenario {
+        Scenario::Ci => 4,
+        Scenario::Kills => 256,
+    });
+    if args.clients == 0 || keys == 0 {
         return Err("--clients and --keys: must be at least 1".into());
     }
     if !(args.settle_seconds >= 0.0 && args.settle_seconds.is_finite()) {
         return Err(format!("--settle-seconds: must be a finite number ≥ 0, got {}", args.settle_seconds));
     }
-    let opts = Options {
-        scenario: args.scenario,
-        kills: args.kills,
-        settle_s: args.settle_seconds,
-        clients: args.clients,
-        keys: args.keys,
-        dir: args.dir,
-    };
+    let opts =
+        Options { scenario: args.scenario, kills: args.kills, settle_s: args.settle_seconds, clients: args.clients, keys, dir: args.dir };
     let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("tokio runtime: {e}"))?;
     let report = runtime.block_on(scenario::run(&opts))?;
     print!("{}", report.table());

@@ -170,3 +170,20 @@ fn many_concurrent_clients_on_a_correct_register_check_quickly() {
     assert!(v.linearizable, "{:?}", v.failure);
     assert_eq!(v.operations, 5 * ROUNDS);
 }
+
+#[test]
+fn a_key_with_a_long_history_is_checked_without_overflowing_the_stack() {
+    // The tester recurses once per operation; a test thread has 2 MiB of stack, which this
+    // history overflows when checked in place (a 50-kill run overflowed the main thread's 8).
+    const OPERATIONS: usize = 4_000;
+    let h = History::new();
+    let mut a = h.client();
+    for n in 0..OPERATIONS / 2 {
+        let value = format!("v{n}");
+        write(&mut a, "k", &value);
+        read(&mut a, "k", Some(&value));
+    }
+    let v = check(&h);
+    assert!(v.linearizable, "{:?}", v.failure);
+    assert_eq!(v.operations, OPERATIONS);
+}

@@ -63,3 +63,17 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response 
         });
     }
 }
+
+/// GETs `path` from a server at `addr` over HTTP/1.0 and returns the status code and body:
+/// what a probe or a scrape does, for tests and tools that check these endpoints.
+pub async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not an HTTP answer: {raw:?}"));
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(bad)?;
+    Ok((status, body.to_string()))
+}

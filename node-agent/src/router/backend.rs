@@ -71,6 +71,11 @@ impl Backend {
         self.in_flight.count()
     }
 
+    /// Time so far with at least one request sent here and not yet answered.
+    pub fn busy_time(&self) -> Duration {
+        self.in_flight.busy_time()
+    }
+
     pub(crate) fn enter(&self) -> InFlightGuard {
         self.in_flight.enter()
     }

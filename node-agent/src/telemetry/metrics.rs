@@ -1,12 +1,20 @@
 //! The agent's series: per service its router's latest window, shadow switches, processes
-//! by role, and per GPU its MIG instances and the MPS share of each workload on them.
-//! State figures are set from an [`AgentSnapshot`] at scrape time: rendering is pure.
+//! by role, and per GPU its MIG instances, the MPS share of each workload on them and the
+//! time each workload kept its instance busy. State figures are set from an
+//! [`AgentSnapshot`] at scrape time: rendering is pure.
 //!
-//! No backend reports GPU utilisation yet, so `gpuplane_agent_workload_mps_percent` (the
-//! share a workload holds on its MIG instance or GPU) stands in for it.
+//! Utilisation per MIG instance. NVML reports no utilisation for a MIG device (only for a
+//! whole GPU; per-instance activity needs DCGM's profiling counters), and the simulated GPUs
+//! have none, so the agent measures what it can see on every backend: the time during which
+//! its router had at least one request in flight on a workload's processes
+//! (`gpuplane_agent_busy_seconds_total`). Its `rate()` is the instance's busy fraction, the
+//! serving-side counterpart of NVML's utilisation (the share of time a kernel ran); it
+//! counts queueing and transfer inside the server too, so it reads high, never low.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -24,6 +32,8 @@ pub struct AgentSnapshot {
     pub services: Vec<proto::ServiceMetrics>,
     /// The last observed state the agent built (GPUs, MIG instances, processes).
     pub observed: Option<proto::ReportRequest>,
+    /// Busy time of each routed process, by process id.
+    pub busy: BTreeMap<String, Duration>,
 }
 
 /// The registry and its series; cheap to clone (shared).
@@ -42,6 +52,7 @@ struct Inner {
     processes: Family<Labels, Gauge>,
     mig_instances: Family<Labels, Gauge>,
     workload_share: Family<Labels, FloatGauge>,
+    busy_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     applied_version: Gauge,
     render: Mutex<()>,
 }
@@ -61,6 +72,7 @@ impl Default for AgentMetrics {
         let processes = Family::<Labels, Gauge>::default();
         let mig_instances = Family::<Labels, Gauge>::default();
         let workload_share = Family::<Labels, FloatGauge>::default();
+        let busy_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let applied_version = Gauge::default();
         r.register("shadow_switches", "Switches of a service to its warm standbys (failovers)", shadow_switches.clone());
         r.register("service_p99_ms", "p99 latency of the service router's latest one-second window", service_p99_ms.clone());
@@ -74,6 +86,11 @@ impl Default for AgentMetrics {
             "MPS share of a workload's process on its MIG instance (-1: whole GPU), by role",
             workload_share.clone(),
         );
+        r.register(
+            "busy_seconds",
+            "Seconds with at least one request in flight on a workload's processes on its MIG instance (-1: whole GPU); rate() is the instance's busy fraction",
+            busy_seconds.clone(),
+        );
         r.register("applied_version", "Desired-state version this node has converged to (0: none)", applied_version.clone());
         let inner = Inner {
             registry: r,
@@ -85,6 +102,7 @@ impl Default for AgentMetrics {
             processes,
             mig_instances,
             workload_share,
+            busy_seconds,
             applied_version,
             render: Mutex::new(()),
         };
@@ -110,6 +128,9 @@ impl AgentMetrics {
         for f in [&i.service_failed, &i.processes, &i.mig_instances] {
             f.clear();
         }
+        // A process's busy time lives as long as its router backend; a replaced process
+        // starts again from zero, which rate() reads as a counter reset.
+        i.busy_seconds.clear();
         for s in &snap.services {
             let l = labels(&[("service", &s.service)]);
             i.service_p99_ms.get_or_create(&l).set(s.p99_ms);
@@ -131,6 +152,10 @@ impl AgentMetrics {
                 let l = labels(&[("gpu", &gpu.gpu_uuid), ("instance", &instance), ("service", &w.service), ("role", role)]);
                 // Several processes of one workload hold the same share each; keep one.
                 i.workload_share.get_or_create(&l).set(w.mps_percent);
+                if let Some(busy) = snap.busy.get(&w.process) {
+                    // ...but each keeps the instance busy: add them up.
+                    i.busy_seconds.get_or_create(&l).inc_by(busy.as_secs_f64());
+                }
             }
         }
         let mut out = String::new();
@@ -147,8 +172,15 @@ mod tests {
         text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
-    fn workload(service: &str, instance: i32, share: f64, shadow: bool) -> proto::ObservedWorkload {
-        proto::ObservedWorkload { service: service.into(), mig_instance: instance, mps_percent: share, shadow, ..Default::default() }
+    fn workload(process: &str, service: &str, instance: i32, share: f64, shadow: bool) -> proto::ObservedWorkload {
+        proto::ObservedWorkload {
+            process: process.into(),
+            service: service.into(),
+            mig_instance: instance,
+            mps_percent: share,
+            shadow,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -178,11 +210,21 @@ mod tests {
                         proto::AgentMigInstance { profile: "4g".into(), start: 0 },
                         proto::AgentMigInstance { profile: "3g".into(), start: 4 },
                     ],
-                    workloads: vec![workload("web", 0, 100.0, false), workload("web", 0, 100.0, true), workload("chat", 1, 50.0, false)],
+                    workloads: vec![
+                        workload("w1", "web", 0, 50.0, false),
+                        workload("w2", "web", 0, 50.0, false),
+                        workload("w3", "web", 0, 60.0, true),
+                        workload("c1", "chat", 1, 50.0, false),
+                    ],
                     ..Default::default()
                 }],
                 metrics: vec![],
             }),
+            // The standby w3 is not routed to: no busy time.
+            busy: [("w1", 1500), ("w2", 500), ("c1", 250), ("gone", 900)]
+                .into_iter()
+                .map(|(id, ms)| (id.to_string(), Duration::from_millis(ms)))
+                .collect(),
         };
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_agent_shadow_switches_total{service=\"web\"}"), Some(2.0), "{text}");
@@ -190,7 +232,7 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_agent_service_throughput_rps{service=\"web\"}"), Some(80.0));
         assert_eq!(value(&text, "gpuplane_agent_service_arrival_rps{service=\"web\"}"), Some(82.0));
         assert_eq!(value(&text, "gpuplane_agent_service_failed{service=\"web\"}"), Some(3.0));
-        assert_eq!(value(&text, "gpuplane_agent_processes{role=\"active\"}"), Some(2.0));
+        assert_eq!(value(&text, "gpuplane_agent_processes{role=\"active\"}"), Some(3.0));
         assert_eq!(value(&text, "gpuplane_agent_processes{role=\"standby\"}"), Some(1.0));
         assert_eq!(value(&text, "gpuplane_agent_mig_instances{gpu=\"GPU-0\"}"), Some(2.0));
         assert_eq!(
@@ -198,6 +240,18 @@ mod tests {
             Some(50.0)
         );
         assert_eq!(value(&text, "gpuplane_agent_applied_version"), Some(9.0));
+        let busy = |instance: &str, service: &str, role: &str| {
+            value(
+                &text,
+                &format!(
+                    "gpuplane_agent_busy_seconds_total{{gpu=\"GPU-0\",instance=\"{instance}\",service=\"{service}\",role=\"{role}\"}}"
+                ),
+            )
+        };
+        assert_eq!(busy("0", "web", "active"), Some(2.0), "both processes of the workload keep the instance busy: {text}");
+        assert_eq!(busy("1", "chat", "active"), Some(0.25));
+        assert_eq!(busy("0", "web", "standby"), None, "no router backend, no series");
+        assert!(!text.contains("gone"), "a process no longer observed has no series: {text}");
 
         // The next scrape without the router: its series go, the switch count stays.
         let text = m.render(&AgentSnapshot { services: vec![], ..snap });
