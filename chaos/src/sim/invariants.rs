@@ -1,5 +1,6 @@
-//! The invariants checked while a run goes on: at most one leader per term, every
-//! committed plan legal, and after the faults heal, every agent holding the latest plan.
+//! The invariants checked while a run goes on: leadership within a term only moves up to
+//! higher node ids (openraft's leader ids), every committed plan legal, and after the faults
+//! heal, every agent holding the latest plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,24 +14,38 @@ use super::agents::AgentViews;
 
 /// Leaders seen per term, from every controller's Raft metrics (its own state when it
 /// leads, and whom it follows).
+///
+/// openraft (0.9, without its `single-term-leader` feature) identifies a leadership by the
+/// leader id (term, node id), totally ordered: a candidate of the same term with a higher
+/// node id may be granted votes after another won, and then supersedes it (nodes that
+/// granted the higher id refuse the lower one). So one term may see several leaders, one
+/// after the other, with rising node ids (simulation seed 1109: c1 won term 9, then c2 won
+/// term 9 with c3's second grant). What must never happen is a leader of a lower id in a term
+/// after a higher one: that would take a quorum that had already granted the higher id.
 #[derive(Default)]
 pub struct LeadersPerTerm {
-    leaders: BTreeMap<u64, u64>,
+    leaders: BTreeMap<u64, BTreeSet<u64>>,
 }
 
 impl LeadersPerTerm {
-    /// Notes what `controller` believes now; an error names the term with two leaders.
+    /// Notes what `controller` believes now; an error names the term whose leadership went
+    /// down to a lower leader id.
     pub fn observe(&mut self, controller: &Controller) -> Result<Option<(u64, u64)>, String> {
         let metrics = controller.raft.metrics().borrow().clone();
         let Some(leader) = metrics.current_leader else { return Ok(None) };
         let term = metrics.current_term;
-        match self.leaders.insert(term, leader) {
-            Some(previous) if previous != leader => {
-                Err(format!("two leaders in term {term}: {previous} and {leader} (reported by controller {})", controller.id))
-            }
-            Some(_) => Ok(None),
-            None => Ok(Some((term, leader))),
+        let seen = self.leaders.entry(term).or_default();
+        if seen.contains(&leader) {
+            return Ok(None);
         }
+        if let Some(higher) = seen.iter().rev().find(|&&l| l > leader) {
+            return Err(format!(
+                "leader id went down in term {term}: {leader} leads after {higher} did (reported by controller {})",
+                controller.id
+            ));
+        }
+        seen.insert(leader);
+        Ok(Some((term, leader)))
     }
 
     /// Terms that had a leader.

@@ -14,7 +14,7 @@ pub struct SimReport {
     /// The faults injected, in order, e.g. `at 3.20 s for 1.10 s: crash c2`.
     pub faults: Vec<String>,
     pub faults_by_kind: BTreeMap<&'static str, u64>,
-    /// Terms in which some controller saw a leader (each with exactly one).
+    /// Terms in which some controller saw a leader.
     pub terms_with_leader: usize,
     /// Committed plan revisions checked against the plan invariants.
     pub plans_checked: usize,
@@ -103,7 +103,7 @@ impl fmt::Display for Totals {
         writeln!(
             f,
             "{} seeds passed, {:.0} s simulated: {} client operations ({} acknowledged writes, {} unknown outcomes) linearizable, \
-             {} plans checked, {} terms with one leader each, {} agents converged to a plan with work",
+             {} plans checked, {} terms with a leader, {} agents converged to a plan with work",
             self.seeds,
             self.simulated.as_secs_f64(),
             self.operations,
