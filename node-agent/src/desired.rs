@@ -50,7 +50,8 @@ pub struct GpuDesired {
 pub struct NodeDesired {
     pub version: u64,
     pub gpus: BTreeMap<String, GpuDesired>,
-    /// The trace of the controller's pass that produced it (empty when not exported).
+    /// The trace of the write that committed the newest plan in it (empty when traces are
+    /// not exported): the reconcile that applies it continues that trace.
     pub trace_parent: String,
 }
 

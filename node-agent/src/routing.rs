@@ -255,13 +255,13 @@ impl Routers {
         std::mem::take(&mut *self.violations.lock().expect("violations lock"))
     }
 
-    /// Per service: the router's address and its latest closed window.
     /// Busy time of every routed process, by process id (see [`Backend::busy_time`]).
     pub fn busy_times(&self) -> BTreeMap<String, Duration> {
         let routers = self.routers.lock().expect("routers lock");
         routers.values().flat_map(|r| r.backends.iter().map(|(id, b)| (id.clone(), b.busy_time()))).collect()
     }
 
+    /// Per service: the router's address and its latest closed window.
     pub fn metrics(&self) -> Vec<proto::ServiceMetrics> {
         let routers = self.routers.lock().expect("routers lock");
         routers

@@ -38,7 +38,7 @@ impl LeadersPerTerm {
         if seen.contains(&leader) {
             return Ok(None);
         }
-        if let Some(higher) = seen.iter().rev().find(|&&l| l > leader) {
+        if let Some(higher) = seen.last().filter(|&&highest| highest > leader) {
             return Err(format!(
                 "leader id went down in term {term}: {leader} leads after {higher} did (reported by controller {})",
                 controller.id

@@ -11,7 +11,7 @@ use crate::state::ClusterState;
 pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState {
     let mut version = 0;
     let mut gpus = Vec::new();
-    // The trace of the newest plan: the pass whose work the agent is about to apply.
+    // The trace of the write that committed the newest plan, for the agent's reconcile.
     let mut newest_plan = 0;
     let mut trace_parent = String::new();
     for plan in cluster.list(Kind::Plan) {

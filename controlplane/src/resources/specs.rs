@@ -330,8 +330,7 @@ pub struct PlanSpec {
 impl PlanSpec {
     /// The same placements, shares and predictions, whichever pass produced them.
     pub fn same_placement(&self, other: &PlanSpec) -> bool {
-        let without_trace = |p: &PlanSpec| PlanSpec { trace_parent: String::new(), ..p.clone() };
-        without_trace(self) == without_trace(other)
+        PlanSpec { trace_parent: other.trace_parent.clone(), ..self.clone() } == *other
     }
 }
 
@@ -409,5 +408,14 @@ mod tests {
             .unwrap(),
             plan
         );
+    }
+
+    #[test]
+    fn plans_that_differ_only_in_their_trace_have_the_same_placement() {
+        let plan = PlanSpec { strategy: "t".into(), trace_parent: "00-aa-bb-01".into(), ..PlanSpec::default() };
+        let traced_elsewhere = PlanSpec { trace_parent: "00-cc-dd-01".into(), ..plan.clone() };
+        assert!(plan.same_placement(&traced_elsewhere));
+        assert!(plan.same_placement(&PlanSpec { trace_parent: String::new(), ..plan.clone() }));
+        assert!(!plan.same_placement(&PlanSpec { strategy: "other".into(), ..plan.clone() }));
     }
 }
