@@ -303,6 +303,13 @@ impl Agent {
             None => last.clone().unwrap_or_else(|| proto::ReportRequest { node: self.cfg.node.clone(), ..Default::default() }),
         };
         report.metrics = self.routers.metrics();
+        // The controller accepts metrics only for services the committed plan places here;
+        // a router of a service just planned away lingers until its workloads drain.
+        if let Some(desired) = rx.borrow().as_ref() {
+            let wanted: std::collections::BTreeSet<&str> =
+                desired.gpus.values().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
+            report.metrics.retain(|m| wanted.contains(m.service.as_str()));
+        }
         report
     }
 

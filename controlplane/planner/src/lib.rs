@@ -1,6 +1,7 @@
 //! The pure core of gpuplane: MIG geometry, performance models and the provisioning,
 //! scaling and scheduling algorithms. No IO, no clocks, no async: inputs in, decisions out.
 
+pub mod bounds;
 pub mod input;
 pub mod invariants;
 pub mod mig;

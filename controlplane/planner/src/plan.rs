@@ -93,6 +93,9 @@ pub enum InfeasibleReason {
     TooLarge { detail: String },
     /// Invalid demand (non-positive rate or SLO).
     InvalidDemand { detail: String },
+    /// The strategy failed on this service (a defect some input reaches); the other
+    /// services were planned without it.
+    PlannerFailure { detail: String },
 }
 
 impl fmt::Display for InfeasibleReason {
@@ -105,6 +108,7 @@ impl fmt::Display for InfeasibleReason {
             }
             InfeasibleReason::TooLarge { detail } => write!(f, "too large: {detail}"),
             InfeasibleReason::InvalidDemand { detail } => write!(f, "invalid demand: {detail}"),
+            InfeasibleReason::PlannerFailure { detail } => write!(f, "the planner failed on this service: {detail}"),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod desired;
 pub mod endpoints;
+pub mod report_check;
 mod reports;
 
 pub use desired::desired_state;

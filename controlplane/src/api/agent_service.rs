@@ -14,9 +14,10 @@ use tonic::{Request, Response, Status};
 use super::errors::ApiError;
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::desired_state;
+use crate::agents::report_check::{check_report, ReportRefusal};
 use crate::controller::Controller;
 use crate::raft::WatchSignal;
-use crate::resources::{validate_name, ErrorCode, FieldError, Kind};
+use crate::resources::{validate_name, ErrorCode, FieldError, Kind, Spec};
 use crate::security::{caller, Principal};
 use crate::state::{Command, Request as SmRequest};
 
@@ -130,18 +131,34 @@ impl Agent for AgentService {
             })
             .await;
         }
-        let (exists, current_status, desired_version) = self.controller.read(|d| {
+        let (spec, current_status, desired) = self.controller.read(|d| {
             let node = d.cluster.get(Kind::Node, &req.node);
-            (node.is_some(), node.map(|n| n.status.clone()), desired_state(&d.cluster, &req.node).version)
+            let spec = node.and_then(|n| match &n.spec {
+                Spec::Node(s) => Some(s.clone()),
+                _ => None,
+            });
+            (spec, node.map(|n| n.status.clone()), desired_state(&d.cluster, &req.node))
         });
-        if !exists {
+        let Some(spec) = spec else {
             return Err(ApiError::Field(FieldError::new(
                 ErrorCode::NotFound,
                 "node",
                 format!("node {:?} is not registered: put its Node resource first", req.node),
             ))
             .into());
+        };
+        if let Err(refusal) = check_report(&req, &spec, &desired) {
+            self.controller.telemetry.observe_report_refused(refusal.reason());
+            tracing::warn!(node = %req.node, %refusal, "agent report refused");
+            return Err(match refusal {
+                ReportRefusal::NotTheNodes(e) => {
+                    let status = Status::from(ApiError::Field(e));
+                    Status::with_metadata(tonic::Code::PermissionDenied, status.message(), status.metadata().clone())
+                }
+                ReportRefusal::Invalid(e) => ApiError::Field(e).into(),
+            });
         }
+        let desired_version = desired.version;
         // Observed state goes through Raft only when it changes; metrics stay in memory.
         let status = observed_status(&req);
         if current_status.as_ref() != Some(&status) {

@@ -26,6 +26,7 @@ impl From<ApiError> for Status {
                     ErrorCode::FailedPrecondition => Code::FailedPrecondition,
                     ErrorCode::AlreadyExists => Code::AlreadyExists,
                     ErrorCode::NotFound => Code::NotFound,
+                    ErrorCode::ResourceExhausted => Code::ResourceExhausted,
                 };
                 let mut status = Status::new(code, f.to_string());
                 if let Ok(v) = MetadataValue::try_from(f.field.as_str()) {

@@ -119,9 +119,19 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 .collect();
             (input, overrides, available, types, plan_nodes, autoscaled)
         });
-        // Plan outside the state lock.
+        // Plan outside the state lock and off the runtime's workers.
+        let strategy = settings.mig_strategy;
+        let plan = match super::off_runtime("autoscaler planning", move || plan_pools(&input, &overrides, strategy)).await {
+            Ok(plan) => plan,
+            Err(e) => {
+                controller.telemetry.observe_loop_outcome("autoscaler", true);
+                tracing::warn!(error = %e, "autoscaler: planning failed; retrying at the next tick");
+                continue;
+            }
+        };
+        controller.telemetry.observe_loop_outcome("autoscaler", false);
         let mut planned: BTreeMap<String, u32> = BTreeMap::new();
-        for g in &plan_pools(&input, &overrides, settings.mig_strategy).gpus {
+        for g in &plan.gpus {
             *planned.entry(g.gpu_type.clone()).or_default() += 1;
         }
         // A launch is in flight until its node registers, or three launch latencies pass.

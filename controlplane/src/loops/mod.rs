@@ -105,6 +105,69 @@ async fn commit_plan(
     controller.write(write).await
 }
 
+/// Runs the loop `run` until aborted; should it panic, the panic is counted as a failed
+/// pass (`gpuplane_loop_failures_total{loop}`), logged with its message, and the loop starts
+/// again after a pause: one defect never stops a loop for the rest of a leadership.
+fn supervise<F>(
+    name: &'static str,
+    controller: &Controller,
+    settings: &LoopSettings,
+    run: fn(Controller, LoopSettings) -> F,
+) -> JoinHandle<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    /// Aborts the loop when the supervisor is aborted (a dropped JoinHandle would not).
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let (controller, settings) = (controller.clone(), settings.clone());
+    tokio::spawn(async move {
+        loop {
+            let task = tokio::spawn(run(controller.clone(), settings.clone()));
+            let _guard = AbortOnDrop(task.abort_handle());
+            match task.await {
+                Err(e) if e.is_panic() => {
+                    controller.telemetry.observe_loop_outcome(name, true);
+                    tracing::error!(loop_name = name, panic = %panic_message(e.into_panic()), "a leader loop panicked; restarting it");
+                    tokio::time::sleep(RESTART_PAUSE).await;
+                }
+                // Returned or cancelled: nothing to supervise any more.
+                _ => return,
+            }
+        }
+    })
+}
+
+/// Pause before a panicked loop starts again, so a loop that panics at once cannot spin.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
+/// The message of a panic payload.
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Runs CPU-bound work (a planning pass) on tokio's blocking pool: never on the runtime's
+/// worker threads, where it would starve Raft's heartbeats and the API. Aborting the caller
+/// cannot stop it, so what runs here must be bounded (the planner's bounds see to that). A
+/// panic comes back as an error naming `what`.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, crate::api::ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        let reason = if e.is_panic() { panic_message(e.into_panic()) } else { e.to_string() };
+        crate::api::ApiError::Internal(format!("{what} failed: {reason}"))
+    })
+}
+
 /// Watches leadership and runs the loops while this node leads.
 pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -121,11 +184,11 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                         tuner = settings.tuner,
                         "leader: starting the provisioner, the failure detector, the autoscaler and the tuner"
                     );
-                    running.push(tokio::spawn(provisioner::run(controller.clone(), settings.clone())));
-                    running.push(tokio::spawn(failure_detector::run(controller.clone(), settings.clone())));
-                    running.push(tokio::spawn(autoscaler::run(controller.clone(), settings.clone())));
+                    running.push(supervise("provisioner", &controller, &settings, provisioner::run));
+                    running.push(supervise("failure_detector", &controller, &settings, failure_detector::run));
+                    running.push(supervise("autoscaler", &controller, &settings, autoscaler::run));
                     if settings.tuner {
-                        running.push(tokio::spawn(tuner::run(controller.clone(), settings.clone())));
+                        running.push(supervise("tuner", &controller, &settings, tuner::run));
                     }
                 }
                 (false, false) => {
@@ -133,6 +196,8 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                     for task in running.drain(..) {
                         task.abort();
                     }
+                    // A failure streak is this leader's: a follower has no loop to be unready for.
+                    controller.telemetry.reset_loop_outcomes();
                 }
                 _ => {}
             }

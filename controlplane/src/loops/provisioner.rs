@@ -33,6 +33,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         telemetry_otlp::continue_trace(&span, trigger.take().as_deref().unwrap_or_default());
         let result = pass(&controller, &settings).instrument(span).await;
         controller.telemetry.observe_loop_pass("provisioner", started.elapsed());
+        controller.telemetry.observe_loop_outcome("provisioner", result.is_err());
         match result {
             Ok(true) => tracing::info!("committed a new plan"),
             Ok(false) => {}
@@ -77,7 +78,8 @@ async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, 
         // Planned from these very inputs (and perhaps tuned since): nothing to do.
         return Ok(false);
     }
-    let plan = provision_from(&inputs, settings.mig_strategy);
+    let strategy = settings.mig_strategy;
+    let plan = super::off_runtime("provisioning", move || provision_from(&inputs, strategy)).await?;
     if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if p.same_placement(&plan))) {
         return Ok(false);
     }

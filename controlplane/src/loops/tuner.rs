@@ -34,6 +34,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         let pass_started = std::time::Instant::now();
         let result = pass(&controller, &settings, now_s, &mut state, &mut fed).await;
         controller.telemetry.observe_loop_pass("tuner", pass_started.elapsed());
+        controller.telemetry.observe_loop_outcome("tuner", result.is_err());
         match result {
             Ok(Some(version)) => tracing::info!(version, "tuner: committed new MPS shares"),
             Ok(None) => {}

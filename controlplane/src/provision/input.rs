@@ -73,9 +73,14 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
             .filter(|p| p.gpcs > 0)
             .filter_map(|p| p.utilisation.map(|u| UtilPoint { gpcs: p.gpcs, batch: p.batch, utilisation: u }))
             .collect();
+        // One profile per (model, GPU model) is admitted; should a log from before that rule
+        // hold two, the first by name counts (never a merge of both tables).
+        let tables = input.profiles.tables.entry(spec.gpu_model.clone()).or_default();
+        if tables.contains_key(&spec.model) {
+            continue;
+        }
         if !points.is_empty() {
-            let table = input.profiles.tables.entry(spec.gpu_model.clone()).or_default().entry(spec.model.clone()).or_default();
-            table.points.extend(points);
+            tables.entry(spec.model.clone()).or_default().points.extend(points);
         }
         if !utilisation.is_empty() {
             input

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use planner::input::{GpuType, PlanningInput};
-use planner::plan::{GpuPlan, Plan, Sharing};
+use planner::plan::{GpuPlan, Infeasible, InfeasibleReason, Plan, Sharing};
 use planner::strategy::{exact, igniter, paris, parvagpu};
 
 use super::MigStrategy;
@@ -109,11 +109,9 @@ fn choose(input: &PlanningInput, i: usize, overrides: &Overrides, mig: Pool) -> 
         (true, true) => {
             let cost = |pool: Pool| {
                 let alone = pool_input(input, pool, &[i]);
-                let plan = pool.plan(&alone);
-                if plan.infeasible.is_empty() {
-                    occupied_cost(&plan, &alone.gpu_types)
-                } else {
-                    f64::INFINITY
+                match guarded(|| pool.plan(&alone)) {
+                    Ok(plan) if plan.infeasible.is_empty() => occupied_cost(&plan, &alone.gpu_types),
+                    _ => f64::INFINITY,
                 }
             };
             if cost(Pool::Igniter) < cost(mig) {
@@ -136,7 +134,7 @@ pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: Mi
     let mut merged = Plan { strategy: String::new(), gpus: Vec::new(), predictions: Vec::new(), infeasible: Vec::new() };
     let mut names = Vec::new();
     for (pool, services) in &members {
-        let plan = pool.plan(&pool_input(input, *pool, services));
+        let plan = plan_isolated(input, *pool, services);
         names.push(plan.strategy.clone());
         for mut g in plan.gpus {
             g.slot = merged.gpus.len() as u32;
@@ -147,6 +145,53 @@ pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: Mi
     }
     merged.strategy = if names.is_empty() { mig_strategy_name(mig_strategy) } else { names.join("+") };
     merged
+}
+
+/// Runs a strategy, turning a panic into its message. The strategies guard their own
+/// arithmetic and allocations (see `planner::bounds`); this is the last line, so that a
+/// defect one service's input reaches refuses that service instead of every plan.
+fn guarded(plan: impl FnOnce() -> Plan) -> Result<Plan, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(plan)).map_err(crate::loops::panic_message)
+}
+
+/// Plans the services of one pool together. Should the strategy fail, each service is
+/// planned alone to find the ones it fails on; those are refused with the failure named and
+/// the others are planned together again.
+fn plan_isolated(input: &PlanningInput, pool: Pool, services: &[usize]) -> Plan {
+    let failure = match guarded(|| pool.plan(&pool_input(input, pool, services))) {
+        Ok(plan) => return plan,
+        Err(failure) => failure,
+    };
+    tracing::error!(?pool, services = services.len(), %failure, "a planning strategy failed; finding the services it fails on");
+    let mut healthy = Vec::new();
+    let mut refused = Vec::new();
+    for &i in services {
+        match guarded(|| pool.plan(&pool_input(input, pool, &[i]))) {
+            Ok(_) => healthy.push(i),
+            Err(detail) => {
+                refused.push(Infeasible { service: input.services[i].name.clone(), reason: InfeasibleReason::PlannerFailure { detail } })
+            }
+        }
+    }
+    let empty = || Plan { strategy: String::new(), gpus: Vec::new(), predictions: Vec::new(), infeasible: Vec::new() };
+    let mut plan = if healthy.is_empty() {
+        empty()
+    } else {
+        // Together they may still fail where each alone did not: refuse them all then.
+        guarded(|| pool.plan(&pool_input(input, pool, &healthy))).unwrap_or_else(|detail| {
+            let mut plan = empty();
+            plan.infeasible = healthy
+                .iter()
+                .map(|&i| Infeasible {
+                    service: input.services[i].name.clone(),
+                    reason: InfeasibleReason::PlannerFailure { detail: detail.clone() },
+                })
+                .collect();
+            plan
+        })
+    };
+    plan.infeasible.extend(refused);
+    plan
 }
 
 fn mig_strategy_name(s: MigStrategy) -> String {

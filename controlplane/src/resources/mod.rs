@@ -2,11 +2,13 @@
 //! and field-level validation. Pure data, no IO.
 
 mod kind;
+pub mod limits;
 mod specs;
 mod validate;
 
 pub use kind::Kind;
 pub use specs::*;
+pub(crate) use validate::{bounded_list, non_negative};
 pub use validate::{validate_name, validate_spec};
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +20,8 @@ pub enum ErrorCode {
     FailedPrecondition,
     AlreadyExists,
     NotFound,
+    /// A quota (e.g. a tenant's `max_services`) is used up.
+    ResourceExhausted,
 }
 
 /// Why a command was refused: the field path (e.g. `spec.slo.latency_ms`) and the reason.

@@ -1,15 +1,10 @@
 //! Field-level validation of a resource on its own (no references to other resources;
 //! those are checked by the state machine against the committed state).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use super::limits::*;
 use super::*;
-
-/// Largest latency SLO accepted: a minute is already far beyond interactive inference.
-pub const MAX_LATENCY_MS: f64 = 60_000.0;
-/// Largest request rate accepted for one service.
-pub const MAX_REQUEST_RATE: f64 = 10_000_000.0;
-const MAX_NAME_LEN: usize = 128;
 
 /// Names: 1-128 characters of `[A-Za-z0-9._-]`, starting with a letter or digit.
 pub fn validate_name(field: &str, name: &str) -> Result<(), FieldError> {
@@ -17,7 +12,7 @@ pub fn validate_name(field: &str, name: &str) -> Result<(), FieldError> {
         return Err(FieldError::invalid(field, "must not be empty"));
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(FieldError::invalid(field, format!("longer than {MAX_NAME_LEN} characters")));
+        return Err(FieldError::invalid(field, format!("is {} characters long; the limit is {MAX_NAME_LEN}", name.len())));
     }
     if !name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
         return Err(FieldError::invalid(field, format!("{name:?} must start with a letter or digit")));
@@ -28,26 +23,82 @@ pub fn validate_name(field: &str, name: &str) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// A finite number in `(0, max]`; NaN and infinities are named as such.
 fn positive(field: &str, value: f64, max: f64) -> Result<(), FieldError> {
-    if !value.is_finite() || value <= 0.0 {
+    finite(field, value)?;
+    if value <= 0.0 {
         return Err(FieldError::invalid(field, format!("must be > 0 (got {value})")));
     }
+    at_most(field, value, max)
+}
+
+/// A finite number in `[0, max]`.
+pub(crate) fn non_negative(field: &str, value: f64, max: f64) -> Result<(), FieldError> {
+    finite(field, value)?;
+    if value < 0.0 {
+        return Err(FieldError::invalid(field, format!("must be >= 0 (got {value})")));
+    }
+    at_most(field, value, max)
+}
+
+/// A finite number in `[min, max]`.
+fn within(field: &str, value: f64, min: f64, max: f64) -> Result<(), FieldError> {
+    finite(field, value)?;
+    if value < min || value > max {
+        return Err(FieldError::invalid(field, format!("must be in [{min}, {max}] (got {value})")));
+    }
+    Ok(())
+}
+
+fn finite(field: &str, value: f64) -> Result<(), FieldError> {
+    if !value.is_finite() {
+        return Err(FieldError::invalid(field, format!("must be a finite number (got {value})")));
+    }
+    Ok(())
+}
+
+fn at_most(field: &str, value: f64, max: f64) -> Result<(), FieldError> {
     if value > max {
         return Err(FieldError::invalid(field, format!("must be <= {max} (got {value})")));
     }
     Ok(())
 }
 
-fn non_negative(field: &str, value: f64) -> Result<(), FieldError> {
-    if !value.is_finite() || value < 0.0 {
-        return Err(FieldError::invalid(field, format!("must be >= 0 (got {value})")));
+/// An integer in `[min, max]`.
+fn int_within(field: &str, value: u64, min: u64, max: u64) -> Result<(), FieldError> {
+    if value < min || value > max {
+        return Err(FieldError::invalid(field, format!("must be {min}-{max} (got {value})")));
     }
     Ok(())
 }
 
-fn names(field: &str, list: &[String]) -> Result<(), FieldError> {
+/// A list of at most `max` entries.
+pub(crate) fn bounded_list(field: &str, len: usize, max: usize) -> Result<(), FieldError> {
+    if len > max {
+        return Err(FieldError::invalid(field, format!("lists {len} entries; the limit is {max}")));
+    }
+    Ok(())
+}
+
+fn bounded_text(field: &str, text: &str, max: usize) -> Result<(), FieldError> {
+    if text.len() > max {
+        return Err(FieldError::invalid(field, format!("is {} bytes long; the limit is {max}", text.len())));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(FieldError::invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Names, at most `max`, each once.
+fn unique_names(field: &str, list: &[String], max: usize) -> Result<(), FieldError> {
+    bounded_list(field, list.len(), max)?;
+    let mut seen = BTreeSet::new();
     for (i, name) in list.iter().enumerate() {
         validate_name(&format!("{field}[{i}]"), name)?;
+        if !seen.insert(name) {
+            return Err(FieldError::invalid(format!("{field}[{i}]"), format!("{name:?} is listed twice")));
+        }
     }
     Ok(())
 }
@@ -56,61 +107,95 @@ fn names(field: &str, list: &[String]) -> Result<(), FieldError> {
 pub fn validate_spec(spec: &Spec) -> Result<(), FieldError> {
     match spec {
         Spec::Tenant(t) => {
-            positive("spec.weight", t.weight, 1e6)?;
+            bounded_text("spec.display_name", &t.display_name, MAX_DISPLAY_NAME_LEN)?;
+            positive("spec.weight", t.weight, MAX_TENANT_WEIGHT)?;
+            if let Some(max) = t.max_services {
+                int_within("spec.max_services", u64::from(max), 0, u64::from(MAX_SERVICES_PER_TENANT))?;
+            }
         }
         Spec::GpuModel(g) => validate_gpu_model(g)?,
         Spec::InstanceType(it) => {
             validate_name("spec.gpu_model", &it.gpu_model)?;
-            if it.gpu_count == 0 || it.gpu_count > 64 {
-                return Err(FieldError::invalid("spec.gpu_count", format!("must be 1-64 (got {})", it.gpu_count)));
-            }
-            positive("spec.price_per_hour", it.price_per_hour, 10_000.0)?;
-            non_negative("spec.launch_latency_s", it.launch_latency_s)?;
-            non_negative("spec.memory_gib", it.memory_gib)?;
+            int_within("spec.gpu_count", u64::from(it.gpu_count), 1, MAX_GPUS_PER_NODE as u64)?;
+            positive("spec.price_per_hour", it.price_per_hour, MAX_PRICE_PER_HOUR)?;
+            non_negative("spec.launch_latency_s", it.launch_latency_s, MAX_LAUNCH_LATENCY_S)?;
+            int_within("spec.cpu_cores", u64::from(it.cpu_cores), 0, 4096)?;
+            non_negative("spec.memory_gib", it.memory_gib, 65_536.0)?;
         }
-        Spec::ModelProfile(p) => {
-            validate_name("spec.model", &p.model)?;
-            validate_name("spec.gpu_model", &p.gpu_model)?;
-            for (i, pt) in p.points.iter().enumerate() {
-                let f = |name: &str| format!("spec.points[{i}].{name}");
-                if pt.gpcs > 8 {
-                    return Err(FieldError::invalid(f("gpcs"), format!("must be 0-8 (got {})", pt.gpcs)));
-                }
-                if pt.batch == 0 {
-                    return Err(FieldError::invalid(f("batch"), "must be >= 1"));
-                }
-                if pt.processes == 0 {
-                    return Err(FieldError::invalid(f("processes"), "must be >= 1"));
-                }
-                if let Some(pct) = pt.mps_percent {
-                    positive(&f("mps_percent"), pct, 100.0)?;
-                }
-                non_negative(&f("throughput_rps"), pt.throughput_rps)?;
-                non_negative(&f("latency_ms"), pt.latency_ms)?;
-                if let Some(u) = pt.utilisation {
-                    positive(&f("utilisation"), u, 1.0)?;
-                }
-            }
-            if let Some(w) = &p.igniter {
-                validate_igniter_workload(w)?;
-            }
-        }
+        Spec::ModelProfile(p) => validate_model_profile(p)?,
         Spec::Service(s) => validate_service(s)?,
-        Spec::Node(n) => {
-            validate_address("spec.address", &n.address)?;
-            validate_name("spec.instance_type", &n.instance_type)?;
-            let mut seen = std::collections::BTreeSet::new();
-            for (i, gpu) in n.gpus.iter().enumerate() {
-                if gpu.uuid.is_empty() {
-                    return Err(FieldError::invalid(format!("spec.gpus[{i}].uuid"), "must not be empty"));
-                }
-                if !seen.insert(&gpu.uuid) {
-                    return Err(FieldError::invalid(format!("spec.gpus[{i}].uuid"), format!("duplicate GPU uuid {:?}", gpu.uuid)));
-                }
-                validate_name(&format!("spec.gpus[{i}].model"), &gpu.model)?;
-            }
-        }
+        Spec::Node(n) => validate_node(n)?,
         Spec::Plan(p) => validate_plan(p)?,
+    }
+    if !matches!(spec, Spec::Plan(_)) {
+        let bytes = spec.to_json().len();
+        if bytes > MAX_SPEC_BYTES {
+            return Err(FieldError::invalid("spec", format!("encodes to {bytes} bytes; the limit is {MAX_SPEC_BYTES}")));
+        }
+    }
+    Ok(())
+}
+
+fn validate_model_profile(p: &ModelProfileSpec) -> Result<(), FieldError> {
+    validate_name("spec.model", &p.model)?;
+    validate_name("spec.gpu_model", &p.gpu_model)?;
+    bounded_list("spec.points", p.points.len(), MAX_PROFILE_POINTS)?;
+    // One row per configuration: a second row for the same one would make the table
+    // ambiguous (which throughput holds?).
+    let mut seen = BTreeMap::new();
+    for (i, pt) in p.points.iter().enumerate() {
+        let f = |name: &str| format!("spec.points[{i}].{name}");
+        if !matches!(pt.gpcs, 0 | 1 | 2 | 3 | 4 | 7) {
+            return Err(FieldError::invalid(f("gpcs"), format!("must be 0 (whole GPU) or a MIG size: 1, 2, 3, 4 or 7 (got {})", pt.gpcs)));
+        }
+        int_within(&f("batch"), u64::from(pt.batch), 1, u64::from(MAX_BATCH))?;
+        int_within(&f("processes"), u64::from(pt.processes), 1, u64::from(MAX_PROCESSES))?;
+        if let Some(pct) = pt.mps_percent {
+            positive(&f("mps_percent"), pct, 100.0)?;
+        }
+        within(&f("throughput_rps"), pt.throughput_rps, MIN_THROUGHPUT_RPS, MAX_REQUEST_RATE)?;
+        positive(&f("latency_ms"), pt.latency_ms, MAX_LATENCY_MS)?;
+        if let Some(u) = pt.utilisation {
+            positive(&f("utilisation"), u, 1.0)?;
+        }
+        let key = (pt.gpcs, pt.batch, pt.processes, pt.mps_percent.map(f64::to_bits));
+        if let Some(first) = seen.insert(key, i) {
+            return Err(FieldError::invalid(
+                format!("spec.points[{i}]"),
+                format!("repeats the configuration of spec.points[{first}] (gpcs, batch, processes, mps_percent)"),
+            ));
+        }
+    }
+    if let Some(w) = &p.igniter {
+        validate_igniter_workload(w)?;
+    }
+    Ok(())
+}
+
+fn validate_node(n: &NodeSpec) -> Result<(), FieldError> {
+    bounded_text("spec.address", &n.address, MAX_ADDRESS_LEN)?;
+    validate_address("spec.address", &n.address)?;
+    validate_name("spec.instance_type", &n.instance_type)?;
+    bounded_list("spec.gpus", n.gpus.len(), MAX_GPUS_PER_NODE)?;
+    let mut seen = BTreeSet::new();
+    for (i, gpu) in n.gpus.iter().enumerate() {
+        let field = format!("spec.gpus[{i}].uuid");
+        if gpu.uuid.is_empty() {
+            return Err(FieldError::invalid(field, "must not be empty"));
+        }
+        bounded_text(&field, &gpu.uuid, MAX_UUID_LEN)?;
+        if !seen.insert(&gpu.uuid) {
+            return Err(FieldError::invalid(field, format!("duplicate GPU uuid {:?}", gpu.uuid)));
+        }
+        validate_name(&format!("spec.gpus[{i}].model"), &gpu.model)?;
+    }
+    bounded_list("spec.labels", n.labels.len(), MAX_LABELS)?;
+    for (key, value) in &n.labels {
+        if key.is_empty() {
+            return Err(FieldError::invalid("spec.labels", "a label key must not be empty"));
+        }
+        bounded_text(&format!("spec.labels.{key}"), key, MAX_LABEL_KEY_LEN)?;
+        bounded_text(&format!("spec.labels.{key}"), value, MAX_LABEL_VALUE_LEN)?;
     }
     Ok(())
 }
@@ -141,16 +226,13 @@ fn validate_igniter_hardware(g: &GpuModelSpec, hw: &IgniterHardwareSpec) -> Resu
     if g.idle_power_w >= g.max_power_w {
         return Err(FieldError::invalid("spec.idle_power_w", "must be below spec.max_power_w"));
     }
-    if !hw.alpha_f.is_finite() || hw.alpha_f > 0.0 {
-        return Err(FieldError::invalid("spec.igniter.alpha_f", format!("must be <= 0: frequency drops with power (got {})", hw.alpha_f)));
-    }
+    within("spec.igniter.alpha_f", hw.alpha_f, -MAX_COEFFICIENT_ABS, 0.0)
+        .map_err(|e| FieldError::invalid(e.field, format!("{}: frequency drops with power", e.reason)))?;
     for (field, v) in [("spec.igniter.alpha_sch", hw.alpha_sch), ("spec.igniter.beta_sch", hw.beta_sch)] {
-        if !v.is_finite() {
-            return Err(FieldError::invalid(field, format!("must be a finite number (got {v})")));
-        }
+        within(field, v, -MAX_COEFFICIENT_ABS, MAX_COEFFICIENT_ABS)?;
     }
     positive("spec.igniter.r_max_pct", hw.r_max_pct, 100.0)?;
-    positive("spec.igniter.r_unit_pct", hw.r_unit_pct, hw.r_max_pct)?;
+    within("spec.igniter.r_unit_pct", hw.r_unit_pct, MIN_IGNITER_R_UNIT_PCT, hw.r_max_pct)?;
     Ok(())
 }
 
@@ -161,11 +243,14 @@ fn validate_igniter_workload(w: &planner::perf::igniter::WorkloadCoeffs) -> Resu
         ("spec.igniter.n_kernels", w.n_kernels),
         ("spec.igniter.k_sch_ms", w.k_sch_ms),
     ] {
-        non_negative(field, v)?;
+        non_negative(field, v, MAX_COEFFICIENT_ABS)?;
     }
     // Eq. 11 divides by r + k4; shares start at 1%.
-    if !w.k[3].is_finite() || w.k[3] <= -1.0 {
-        return Err(FieldError::invalid("spec.igniter.k[3]", format!("must be > -1 so that r + k4 > 0 for shares >= 1% (got {})", w.k[3])));
+    if !w.k[3].is_finite() || w.k[3] <= -1.0 || w.k[3] > MAX_COEFFICIENT_ABS {
+        return Err(FieldError::invalid(
+            "spec.igniter.k[3]",
+            format!("must be in (-1, {MAX_COEFFICIENT_ABS}] so that r + k4 > 0 for shares >= 1% (got {})", w.k[3]),
+        ));
     }
     for (field, v) in [
         ("spec.igniter.k[0]", w.k[0]),
@@ -178,17 +263,13 @@ fn validate_igniter_workload(w: &planner::perf::igniter::WorkloadCoeffs) -> Resu
         ("spec.igniter.beta_cacheutil", w.beta_cacheutil),
         ("spec.igniter.alpha_cache", w.alpha_cache),
     ] {
-        if !v.is_finite() {
-            return Err(FieldError::invalid(field, format!("must be a finite number (got {v})")));
-        }
+        within(field, v, -MAX_COEFFICIENT_ABS, MAX_COEFFICIENT_ABS)?;
     }
     Ok(())
 }
 
 fn validate_gpu_model(g: &GpuModelSpec) -> Result<(), FieldError> {
-    if g.sm_count == 0 {
-        return Err(FieldError::invalid("spec.sm_count", "must be >= 1"));
-    }
+    int_within("spec.sm_count", u64::from(g.sm_count), 1, u64::from(MAX_SM_COUNT))?;
     positive("spec.memory_gib", g.memory_gib, 4096.0)?;
     for (field, value) in [
         ("spec.idle_power_w", g.idle_power_w),
@@ -204,36 +285,36 @@ fn validate_gpu_model(g: &GpuModelSpec) -> Result<(), FieldError> {
         validate_igniter_hardware(g, hw)?;
     }
     if let Some(mig) = &g.mig {
-        if mig.compute_slices == 0 || mig.memory_slices == 0 {
-            return Err(FieldError::invalid("spec.mig", "compute_slices and memory_slices must be >= 1"));
-        }
+        int_within("spec.mig.compute_slices", u64::from(mig.compute_slices), 1, u64::from(MAX_MIG_SLICES))?;
+        int_within("spec.mig.memory_slices", u64::from(mig.memory_slices), 1, u64::from(MAX_MIG_SLICES))?;
         if mig.profiles.is_empty() {
             return Err(FieldError::invalid("spec.mig.profiles", "must list at least one profile"));
         }
-        let mut seen = std::collections::BTreeSet::new();
+        bounded_list("spec.mig.profiles", mig.profiles.len(), MAX_MIG_PROFILES)?;
+        let mut seen = BTreeSet::new();
         for (i, p) in mig.profiles.iter().enumerate() {
             let f = |name: &str| format!("spec.mig.profiles[{i}].{name}");
+            bounded_text(&f("name"), &p.name, MAX_NAME_LEN)?;
             if !seen.insert(&p.name) {
                 return Err(FieldError::invalid(f("name"), format!("duplicate profile {:?}", p.name)));
             }
-            if p.compute_slices == 0 || p.compute_slices > mig.compute_slices {
-                return Err(FieldError::invalid(
-                    f("compute_slices"),
-                    format!("must be 1-{} (got {})", mig.compute_slices, p.compute_slices),
-                ));
-            }
-            if p.memory_slices == 0 || p.memory_slices > mig.memory_slices {
-                return Err(FieldError::invalid(f("memory_slices"), format!("must be 1-{} (got {})", mig.memory_slices, p.memory_slices)));
-            }
+            int_within(&f("compute_slices"), u64::from(p.compute_slices), 1, u64::from(mig.compute_slices))?;
+            int_within(&f("memory_slices"), u64::from(p.memory_slices), 1, u64::from(mig.memory_slices))?;
             if p.starts.is_empty() {
                 return Err(FieldError::invalid(f("starts"), "must list at least one legal start"));
             }
+            bounded_list(&f("starts"), p.starts.len(), usize::from(MAX_MIG_SLICES))?;
+            let mut starts = BTreeSet::new();
             for (j, &s) in p.starts.iter().enumerate() {
-                if s + p.memory_slices > mig.memory_slices {
+                let field = format!("spec.mig.profiles[{i}].starts[{j}]");
+                if u16::from(s) + u16::from(p.memory_slices) > u16::from(mig.memory_slices) {
                     return Err(FieldError::invalid(
-                        format!("spec.mig.profiles[{i}].starts[{j}]"),
+                        field,
                         format!("start {s} + {} memory slices exceeds {}", p.memory_slices, mig.memory_slices),
                     ));
+                }
+                if !starts.insert(s) {
+                    return Err(FieldError::invalid(field, format!("start {s} is listed twice")));
                 }
             }
         }
@@ -244,6 +325,7 @@ fn validate_gpu_model(g: &GpuModelSpec) -> Result<(), FieldError> {
 fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
     validate_name("spec.model", &s.model)?;
     positive("spec.slo.latency_ms", s.slo.latency_ms, MAX_LATENCY_MS)?;
+    finite("spec.slo.percentile", s.slo.percentile)?;
     if !(s.slo.percentile > 0.0 && s.slo.percentile <= 100.0) {
         return Err(FieldError::invalid("spec.slo.percentile", format!("must be in (0, 100] (got {})", s.slo.percentile)));
     }
@@ -264,33 +346,33 @@ fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
         }
         (None, None) => return Err(FieldError::invalid("spec.slo.request_rate", "required (or set spec.slo.autoscaling)")),
     }
-    names("spec.allowed_gpu_models", &s.allowed_gpu_models)?;
-    names("spec.allowed_instance_types", &s.allowed_instance_types)?;
+    unique_names("spec.allowed_gpu_models", &s.allowed_gpu_models, MAX_ALLOWED_GPU_MODELS)?;
+    unique_names("spec.allowed_instance_types", &s.allowed_instance_types, MAX_ALLOWED_INSTANCE_TYPES)?;
     if let Some(BatchDistribution::LogNormal { mu, sigma, max_batch }) = &s.batch_distribution {
-        if !mu.is_finite() {
-            return Err(FieldError::invalid("spec.batch_distribution.mu", "must be finite"));
-        }
-        positive("spec.batch_distribution.sigma", *sigma, 100.0)?;
-        if *max_batch == 0 {
-            return Err(FieldError::invalid("spec.batch_distribution.max_batch", "must be >= 1"));
-        }
+        within("spec.batch_distribution.mu", *mu, -MAX_LOGNORMAL_MU_ABS, MAX_LOGNORMAL_MU_ABS)?;
+        positive("spec.batch_distribution.sigma", *sigma, MAX_LOGNORMAL_SIGMA)?;
+        int_within("spec.batch_distribution.max_batch", u64::from(*max_batch), 1, u64::from(MAX_BATCH))?;
     }
     Ok(())
 }
 
 fn validate_plan(p: &PlanSpec) -> Result<(), FieldError> {
+    bounded_list("spec.gpus", p.gpus.len(), MAX_PLAN_GPUS)?;
     for (g, gpu) in p.gpus.iter().enumerate() {
         let f = |rest: &str| format!("spec.gpus[{g}].{rest}");
         validate_name(&f("node"), &gpu.node)?;
+        bounded_text(&f("gpu_uuid"), &gpu.gpu_uuid, MAX_UUID_LEN)?;
+        bounded_list(&f("mig_layout"), gpu.mig_layout.len(), usize::from(MAX_MIG_SLICES))?;
+        bounded_list(&f("workloads"), gpu.workloads.len(), MAX_WORKLOADS_PER_GPU)?;
         // Shares are summed per MIG instance (or per whole GPU when not partitioned).
         let mut share: BTreeMap<Option<usize>, f64> = BTreeMap::new();
         for (w, wl) in gpu.workloads.iter().enumerate() {
             let wf = |rest: &str| format!("spec.gpus[{g}].workloads[{w}].{rest}");
+            validate_name(&wf("service"), &wl.service)?;
             positive(&wf("mps_percent"), wl.mps_percent, 100.0)?;
-            non_negative(&wf("shadow_mps_percent"), wl.shadow_mps_percent)?;
-            if wl.batch == 0 {
-                return Err(FieldError::invalid(wf("batch"), "must be >= 1"));
-            }
+            non_negative(&wf("shadow_mps_percent"), wl.shadow_mps_percent, 100.0)?;
+            int_within(&wf("batch"), u64::from(wl.batch), 1, u64::from(MAX_BATCH))?;
+            int_within(&wf("processes"), u64::from(wl.processes), 1, u64::from(MAX_PROCESSES))?;
             if let Some(idx) = wl.mig_instance {
                 if idx >= gpu.mig_layout.len() {
                     return Err(FieldError::invalid(
@@ -307,6 +389,9 @@ fn validate_plan(p: &PlanSpec) -> Result<(), FieldError> {
                 return Err(FieldError::invalid(wf("mps_percent"), format!("MPS shares on this partition add up to {total:.1}% > 100%")));
             }
         }
+    }
+    for (i, s) in p.services.iter().enumerate() {
+        validate_name(&format!("spec.services[{i}].service"), &s.service)?;
     }
     Ok(())
 }

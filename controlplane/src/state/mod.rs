@@ -2,6 +2,7 @@
 //! No IO, no clocks: the log index is the only notion of time, so every replica computes
 //! exactly the same state from the same log.
 
+mod admission;
 mod command;
 mod references;
 
@@ -111,6 +112,7 @@ impl ClusterState {
                 validate_spec(spec)?;
                 self.check_tenant(kind, tenant)?;
                 references::check_references(self, name, tenant, spec)?;
+                admission::check_limits(self, name, tenant, spec)?;
                 let existing = self.get(kind, name);
                 match (existing, mode) {
                     (Some(_), WriteMode::Create) => {

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 type FloatGauge = Gauge<f64, AtomicU64>;
-type Labels = Vec<(String, String)>;
+use telemetry_http::{labels, Labels};
 type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// One node's Raft figures.
@@ -65,6 +65,10 @@ struct Inner {
     proposal_seconds: Histogram,
     proposals: Family<Labels, Counter>,
     loop_pass_seconds: HistogramFamily,
+    loop_failures: Family<Labels, Counter>,
+    reports_refused: Family<Labels, Counter>,
+    /// Failed passes in a row per loop (0 after a good pass), for `/readyz`.
+    loop_failure_streaks: Mutex<std::collections::BTreeMap<&'static str, u32>>,
     plan_cost: FloatGauge,
     service_p99_ms: Family<Labels, FloatGauge>,
     service_throughput: Family<Labels, FloatGauge>,
@@ -79,10 +83,6 @@ fn seconds_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-}
-
 impl Default for ControllerMetrics {
     fn default() -> Self {
         let mut r = Registry::with_prefix("gpuplane");
@@ -95,6 +95,9 @@ impl Default for ControllerMetrics {
             proposal_seconds: seconds_buckets(),
             proposals: Family::default(),
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
+            loop_failures: Family::default(),
+            reports_refused: Family::default(),
+            loop_failure_streaks: Mutex::default(),
             plan_cost: FloatGauge::default(),
             service_p99_ms: Family::default(),
             service_throughput: Family::default(),
@@ -122,6 +125,16 @@ impl Default for ControllerMetrics {
             "loop_pass_duration_seconds",
             "Duration of one pass of a leader-only loop (provisioner, tuner, autoscaler)",
             inner.loop_pass_seconds.clone(),
+        );
+        r.register(
+            "loop_failures",
+            "Passes of a leader-only loop that failed (an error or a panic caught); the next tick retries",
+            inner.loop_failures.clone(),
+        );
+        r.register(
+            "agent_reports_refused",
+            "Agent reports refused: for what is not the node's (not_the_nodes) or malformed and out of bounds (invalid)",
+            inner.reports_refused.clone(),
         );
         r.register("plan_cost_per_hour", "Whole-GPU cost per hour of the committed plan", inner.plan_cost.clone());
         r.register("service_p99_ms", "p99 latency of a service's latest window on a node (leader only)", inner.service_p99_ms.clone());
@@ -163,6 +176,34 @@ impl ControllerMetrics {
     /// Records one pass of the leader-only loop `name`.
     pub fn observe_loop_pass(&self, name: &str, elapsed: Duration) {
         self.inner.loop_pass_seconds.get_or_create(&labels(&[("loop", name)])).observe(elapsed.as_secs_f64());
+    }
+
+    /// Records the outcome of one pass of the loop `name`: a failure is counted, and a run
+    /// of them is what `/readyz` reports (see [`Self::failing_loops`]).
+    pub fn observe_loop_outcome(&self, name: &'static str, failed: bool) {
+        let mut streaks = self.inner.loop_failure_streaks.lock().unwrap_or_else(|p| p.into_inner());
+        if failed {
+            self.inner.loop_failures.get_or_create(&labels(&[("loop", name)])).inc();
+            *streaks.entry(name).or_default() += 1;
+        } else {
+            streaks.remove(name);
+        }
+    }
+
+    /// Counts an agent report refused for `reason` (see `agents::report_check`).
+    pub fn observe_report_refused(&self, reason: &str) {
+        self.inner.reports_refused.get_or_create(&labels(&[("reason", reason)])).inc();
+    }
+
+    /// Forgets every loop's failure streak (the loops stopped: leadership moved).
+    pub fn reset_loop_outcomes(&self) {
+        self.inner.loop_failure_streaks.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Loops whose last `at_least` passes or more all failed, with the length of the run.
+    pub fn failing_loops(&self, at_least: u32) -> Vec<(&'static str, u32)> {
+        let streaks = self.inner.loop_failure_streaks.lock().unwrap_or_else(|p| p.into_inner());
+        streaks.iter().filter(|(_, &n)| n >= at_least).map(|(&name, &n)| (name, n)).collect()
     }
 
     /// Times a pass of the loop `name` until the returned guard drops; for loops whose

@@ -21,10 +21,12 @@ pub async fn serve_controller(listener: tokio::net::TcpListener, controller: Con
         Arc::new(move |path: &str| match path {
             "/metrics" => Response::metrics(controller.telemetry.render(&snapshot(&controller))),
             "/healthz" => Response::text(200, "ok\n"),
-            "/readyz" => match readiness(&snapshot(&controller).raft) {
-                Ok(()) => Response::text(200, "ready\n"),
-                Err(reason) => Response::text(503, format!("not ready: {reason}\n")),
-            },
+            "/readyz" => {
+                match readiness(&snapshot(&controller).raft, &controller.telemetry.failing_loops(scrape::UNREADY_AFTER_LOOP_FAILURES)) {
+                    Ok(()) => Response::text(200, "ready\n"),
+                    Err(reason) => Response::text(503, format!("not ready: {reason}\n")),
+                }
+            }
             _ => Response::text(404, "not found (try /metrics, /healthz, /readyz)\n"),
         }),
     )

@@ -2,6 +2,10 @@
 //! Shared by the controller and the node agent (hyper directly: a web framework would be
 //! most of the code for three text endpoints).
 
+mod labels;
+
+pub use labels::{labels, LabelValue, Labels};
+
 use std::convert::Infallible;
 use std::sync::Arc;
 

@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 type FloatGauge = Gauge<f64, AtomicU64>;
-type Labels = Vec<(String, String)>;
+use telemetry_http::{labels, Labels};
 
 /// The state figures of one scrape.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -55,10 +55,6 @@ struct Inner {
     busy_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     applied_version: Gauge,
     render: Mutex<()>,
-}
-
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 impl Default for AgentMetrics {

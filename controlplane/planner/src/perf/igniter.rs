@@ -149,7 +149,8 @@ pub fn appropriate_batch(hw: &HardwareCoeffs, w: &WorkloadCoeffs, slo_ms: f64, r
     let r = rate_rps / 1000.0;
     let b = slo_ms * r * hw.pcie_bytes_per_ms / (2.0 * (hw.pcie_bytes_per_ms + r * w.d_load_bytes));
     // A tiny epsilon keeps an exact integer (e.g. 4.0000000001 from rounding) from becoming 5.
-    ((b - 1e-9).ceil() as u32).max(1)
+    // The cast saturates (NaN to 0); no plan carries a batch beyond the planner's bound.
+    ((b - 1e-9).ceil() as u32).clamp(1, crate::bounds::MAX_BATCH)
 }
 
 /// Theorem 1, Eq. 18: the resource lower bound (percent, a multiple of r_unit) for batch `b`,

@@ -137,7 +137,12 @@ impl MixSearch<'_> {
         let most = (left / t.throughput - 1e-9).ceil().max(0.0) as u32;
         for n in (0..=most).rev() {
             self.counts[i] = n;
-            self.dive(i + 1, left - f64::from(n) * t.throughput, gpcs + n * u32::from(t.gpcs), segs + n);
+            self.dive(
+                i + 1,
+                left - f64::from(n) * t.throughput,
+                gpcs.saturating_add(n.saturating_mul(u32::from(t.gpcs))),
+                segs.saturating_add(n),
+            );
         }
         self.counts[i] = 0;
     }

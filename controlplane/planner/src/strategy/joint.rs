@@ -46,7 +46,8 @@ pub fn gpus_needed(d: &Demand) -> u32 {
 }
 
 fn gpcs_of(d: &Demand) -> u32 {
-    d.iter().zip(SIZES).map(|(&n, s)| n * u32::from(s)).sum()
+    // Saturating: a sum past u32 is past every budget anyway.
+    d.iter().zip(SIZES).fold(0u32, |sum, (&n, s)| sum.saturating_add(n.saturating_mul(u32::from(s))))
 }
 
 /// One service's choice: the optimal triplet per size and the rate to cover.
@@ -89,7 +90,7 @@ fn minimal_mixes(c: &ServiceChoice<'_>, max_gpcs: u32, limit: usize) -> Vec<Dema
         let most = (left / t.throughput - 1e-9).ceil().max(0.0) as u32;
         for n in 0..=most {
             cur[k] = n;
-            if gpcs_of(cur) > max_gpcs {
+            if out.len() >= limit || gpcs_of(cur) > max_gpcs {
                 break;
             }
             walk(c, k + 1, left - f64::from(n) * t.throughput, cur, max_gpcs, out, limit);

@@ -333,6 +333,7 @@ pub fn size_service(
     }
     for d in &mut out {
         if d.ratio > 0.0 {
+            crate::bounds::check_instances(rate_qps * d.ratio, 1.0, &format!("{}g partition", d.gpcs))?;
             // ⌈λ·R_k⌉, tolerating a last-bit rounding excess.
             d.instances = ((rate_qps * d.ratio) * (1.0 - 1e-12)).ceil().max(1.0) as u32;
         }

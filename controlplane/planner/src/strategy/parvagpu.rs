@@ -77,6 +77,15 @@ pub(crate) fn configure<'a>(input: &'a PlanningInput, cfg: &ParvaConfig) -> (Vec
         for (gi, t) in types.iter().enumerate() {
             let Some(table) = input.profiles.table(&t.name, &s.model) else { continue };
             let tri = optimal_triplets(table, cfg.budget_ms(s.slo_ms), cfg.max_processes);
+            // In units of its slowest optimal segment, so every mix the strategies try
+            // (Demand Matching, the exact and joint searches) stays within the bound.
+            let slowest = tri.iter().flatten().map(|t| t.throughput).fold(f64::INFINITY, f64::min);
+            if slowest.is_finite() {
+                if let Err(too_large) = crate::bounds::check_instances(s.request_rate, slowest, "segment") {
+                    reason = too_large;
+                    continue;
+                }
+            }
             match demand_matching(&tri, s.request_rate) {
                 Some(segs) => {
                     groups[gi].services.push((i, tri, segs));

@@ -1,0 +1,233 @@
+//! What a node's report may say, checked before anything of it is used. A node certificate
+//! proves which node speaks, not that what it says is true: a compromised node could report
+//! metrics or a router endpoint for another tenant's service (a traffic hijack through
+//! `gpuctl get endpoints`, false load for the autoscaler), or numbers that break the
+//! arithmetic. Pure: the report, the node's spec and its desired state in, a verdict out.
+
+use std::collections::BTreeSet;
+
+use crate::resources::limits::*;
+use crate::resources::{bounded_list, non_negative, validate_name, FieldError, NodeSpec};
+
+/// Why a report was refused: `PermissionDenied` (it speaks for what is not the node's) or
+/// `InvalidArgument` (malformed or out of bounds). The field path names the offending entry.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReportRefusal {
+    #[error("{0}")]
+    NotTheNodes(FieldError),
+    #[error("{0}")]
+    Invalid(FieldError),
+}
+
+impl ReportRefusal {
+    /// The label of `gpuplane_agent_reports_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReportRefusal::NotTheNodes(_) => "not_the_nodes",
+            ReportRefusal::Invalid(_) => "invalid",
+        }
+    }
+}
+
+impl From<FieldError> for ReportRefusal {
+    fn from(e: FieldError) -> Self {
+        ReportRefusal::Invalid(e)
+    }
+}
+
+/// Checks `report` from the node whose spec is `node` and whose committed desired state is
+/// `desired`: metrics and endpoints only for services the plan placed on this node,
+/// endpoints on the node's own host, observed GPUs only the node's own, and every number
+/// finite, non-negative and bounded.
+pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &proto::DesiredState) -> Result<(), ReportRefusal> {
+    let planned: BTreeSet<&str> = desired.gpus.iter().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
+    let own_gpus: BTreeSet<&str> = node.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let node_host = host_of(&node.address);
+
+    bounded_list("gpus", report.gpus.len(), MAX_GPUS_PER_NODE)?;
+    for (i, gpu) in report.gpus.iter().enumerate() {
+        let f = |rest: &str| format!("gpus[{i}].{rest}");
+        if !own_gpus.contains(gpu.gpu_uuid.as_str()) {
+            return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
+                f("gpu_uuid"),
+                format!("GPU {:?} is not one of this node's GPUs", truncated(&gpu.gpu_uuid)),
+            )));
+        }
+        bounded_list(&f("instances"), gpu.instances.len(), usize::from(MAX_MIG_SLICES))?;
+        for (j, inst) in gpu.instances.iter().enumerate() {
+            bounded_str(&format!("gpus[{i}].instances[{j}].profile"), &inst.profile, MAX_NAME_LEN)?;
+        }
+        bounded_list(&f("workloads"), gpu.workloads.len(), MAX_REPORTED_WORKLOADS_PER_GPU)?;
+        for (j, w) in gpu.workloads.iter().enumerate() {
+            let wf = |rest: &str| format!("gpus[{i}].workloads[{j}].{rest}");
+            // A workload the plan no longer wants may still be draining: observed state is
+            // what runs, so it is bounded and well-formed but not matched against the plan.
+            validate_name(&wf("service"), &w.service)?;
+            non_negative(&wf("mps_percent"), w.mps_percent, 100.0)?;
+            bounded_str(&wf("state"), &w.state, 32)?;
+            bounded_str(&wf("process"), &w.process, MAX_NAME_LEN * 2)?;
+        }
+    }
+
+    bounded_list("metrics", report.metrics.len(), MAX_REPORTED_SERVICES)?;
+    let mut seen = BTreeSet::new();
+    for (i, m) in report.metrics.iter().enumerate() {
+        let f = |rest: &str| format!("metrics[{i}].{rest}");
+        validate_name(&f("service"), &m.service)?;
+        if !planned.contains(m.service.as_str()) {
+            return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
+                f("service"),
+                format!("the committed plan places no workload of service {:?} on this node", m.service),
+            )));
+        }
+        if !seen.insert(m.service.as_str()) {
+            return Err(FieldError::invalid(f("service"), format!("service {:?} is reported twice", m.service)).into());
+        }
+        non_negative(&f("p99_ms"), m.p99_ms, MAX_REPORTED_LATENCY_MS)?;
+        non_negative(&f("throughput_rps"), m.throughput_rps, MAX_REQUEST_RATE)?;
+        non_negative(&f("arrival_rps"), m.arrival_rps, MAX_REQUEST_RATE)?;
+        if m.failed > MAX_REPORTED_FAILED {
+            return Err(FieldError::invalid(f("failed"), format!("must be <= {MAX_REPORTED_FAILED} (got {})", m.failed)).into());
+        }
+        if !m.endpoint.is_empty() {
+            bounded_str(&f("endpoint"), &m.endpoint, MAX_ADDRESS_LEN)?;
+            let host = host_of(&m.endpoint);
+            if host.is_none() {
+                return Err(FieldError::invalid(f("endpoint"), format!("{:?} is not host:port", m.endpoint)).into());
+            }
+            if host != node_host {
+                return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
+                    f("endpoint"),
+                    format!("{:?} is not on this node's host (its address is {:?})", m.endpoint, node.address),
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The host of `host:port` (with a valid port), or `None`.
+fn host_of(address: &str) -> Option<&str> {
+    let (host, port) = address.rsplit_once(':')?;
+    (!host.is_empty() && port.parse::<u16>().is_ok()).then_some(host)
+}
+
+fn bounded_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
+    if value.len() > max {
+        return Err(FieldError::invalid(field, format!("is {} bytes long; the limit is {max}", value.len())));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(FieldError::invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// At most 64 characters of a value an error quotes back.
+fn truncated(value: &str) -> String {
+    value.chars().take(64).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::NodeGpu;
+
+    fn node() -> NodeSpec {
+        NodeSpec {
+            address: "10.0.0.1:7000".into(),
+            instance_type: "a100-8x".into(),
+            gpus: vec![NodeGpu { uuid: "GPU-0".into(), model: "A100-80GB".into(), mig_enabled: true }],
+            labels: Default::default(),
+        }
+    }
+
+    fn desired(services: &[&str]) -> proto::DesiredState {
+        proto::DesiredState {
+            node: "n1".into(),
+            version: 3,
+            gpus: vec![proto::AgentGpu {
+                gpu_uuid: "GPU-0".into(),
+                mig_layout: vec![],
+                workloads: services.iter().map(|s| proto::AgentWorkload { service: s.to_string(), ..Default::default() }).collect(),
+            }],
+            trace_parent: String::new(),
+        }
+    }
+
+    fn metrics(service: &str, endpoint: &str) -> proto::ServiceMetrics {
+        proto::ServiceMetrics {
+            service: service.into(),
+            p99_ms: 12.0,
+            throughput_rps: 100.0,
+            arrival_rps: 100.0,
+            failed: 0,
+            endpoint: endpoint.into(),
+        }
+    }
+
+    fn report(m: Vec<proto::ServiceMetrics>) -> proto::ReportRequest {
+        proto::ReportRequest {
+            node: "n1".into(),
+            applied_version: 3,
+            gpus: vec![proto::ObservedGpu { gpu_uuid: "GPU-0".into(), ..Default::default() }],
+            metrics: m,
+        }
+    }
+
+    fn field(r: Result<(), ReportRefusal>) -> (String, &'static str) {
+        match r.unwrap_err() {
+            ReportRefusal::NotTheNodes(e) => (e.field, "denied"),
+            ReportRefusal::Invalid(e) => (e.field, "invalid"),
+        }
+    }
+
+    #[test]
+    fn a_node_reports_for_what_the_plan_placed_on_it() {
+        assert_eq!(check_report(&report(vec![metrics("web", "10.0.0.1:7100")]), &node(), &desired(&["web"])), Ok(()));
+    }
+
+    #[test]
+    fn metrics_or_endpoints_for_a_service_not_placed_on_the_node_are_denied() {
+        let r = report(vec![metrics("web", "10.0.0.1:7100"), metrics("other-tenants", "10.0.0.1:7101")]);
+        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[1].service".into(), "denied"));
+    }
+
+    #[test]
+    fn an_endpoint_on_another_host_is_denied() {
+        let r = report(vec![metrics("web", "10.9.9.9:7100")]);
+        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[0].endpoint".into(), "denied"));
+        let r = report(vec![metrics("web", "not an address")]);
+        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[0].endpoint".into(), "invalid"));
+    }
+
+    #[test]
+    fn another_nodes_gpu_is_denied() {
+        let mut r = report(vec![]);
+        r.gpus[0].gpu_uuid = "GPU-of-n2".into();
+        assert_eq!(field(check_report(&r, &node(), &desired(&[]))), ("gpus[0].gpu_uuid".into(), "denied"));
+    }
+
+    #[test]
+    fn numbers_must_be_finite_non_negative_and_bounded() {
+        for (value, name) in [(f64::NAN, "p99_ms"), (f64::INFINITY, "throughput_rps"), (-1.0, "arrival_rps"), (1e12, "arrival_rps")] {
+            let mut m = metrics("web", "");
+            match name {
+                "p99_ms" => m.p99_ms = value,
+                "throughput_rps" => m.throughput_rps = value,
+                _ => m.arrival_rps = value,
+            }
+            let got = field(check_report(&report(vec![m]), &node(), &desired(&["web"])));
+            assert_eq!(got, (format!("metrics[0].{name}"), "invalid"), "{value}");
+        }
+    }
+
+    #[test]
+    fn names_that_could_forge_series_and_oversized_lists_are_invalid() {
+        let r = report(vec![metrics("web\"} 1\nx{a=\"", "")]);
+        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[0].service".into(), "invalid"));
+        let many: Vec<proto::ServiceMetrics> = (0..=MAX_REPORTED_SERVICES).map(|i| metrics(&format!("s{i}"), "")).collect();
+        assert_eq!(field(check_report(&report(many), &node(), &desired(&["web"]))), ("metrics".into(), "invalid"));
+        let twice = report(vec![metrics("web", ""), metrics("web", "")]);
+        assert_eq!(field(check_report(&twice, &node(), &desired(&["web"]))), ("metrics[1].service".into(), "invalid"));
+    }
+}

@@ -1,0 +1,125 @@
+//! Every bound on a number or a list that drives memory or computation, in one place.
+//! Validation checks them before anything is proposed (and `gpuctl plan` offline uses the
+//! same checks); README's "Limits" table lists [`LIMITS`] and a test keeps the two equal.
+//!
+//! The bounds are generous for real fleets and small enough that the planner's work per
+//! service stays bounded: a hostile manifest that passes them still plans in bounded time
+//! and memory (the planner guards its own arithmetic too, see `planner::bounds`).
+
+/// Longest resource or field name.
+pub const MAX_NAME_LEN: usize = 128;
+/// Largest latency SLO and profiled latency, ms: a minute is far beyond interactive inference.
+pub const MAX_LATENCY_MS: f64 = 60_000.0;
+/// Largest request rate of one service (and profiled throughput of one process), req/s.
+pub const MAX_REQUEST_RATE: f64 = 10_000_000.0;
+/// Smallest profiled throughput of one process, req/s. The planner divides rates by
+/// throughputs; at 10^7 req/s over 10^-2 req/s a service would want 10^9 processes, which
+/// the planner refuses as too large rather than allocating for.
+pub const MIN_THROUGHPUT_RPS: f64 = 0.01;
+/// Largest batch size anywhere (profile points, batch distributions, plans). Inference
+/// servers batch tens to a few hundred requests; PARIS tabulates its distribution per batch.
+pub const MAX_BATCH: u32 = planner::bounds::MAX_BATCH;
+/// Most MPS client processes of one workload (NVIDIA MPS serves up to 48 clients per GPU).
+pub const MAX_PROCESSES: u32 = 48;
+/// Bounds of a log-normal batch distribution's µ and σ (of ln batch): beyond them the
+/// distribution is all at batch 1 or all at `max_batch`.
+pub const MAX_LOGNORMAL_MU_ABS: f64 = 20.0;
+pub const MAX_LOGNORMAL_SIGMA: f64 = 10.0;
+/// Points of one ModelProfile.
+pub const MAX_PROFILE_POINTS: usize = 1024;
+/// GPU models a service may be restricted to, and instance types it may scale on.
+pub const MAX_ALLOWED_GPU_MODELS: usize = 32;
+pub const MAX_ALLOWED_INSTANCE_TYPES: usize = 64;
+/// GPUs of one node and of one instance type (the largest servers carry 16).
+pub const MAX_GPUS_PER_NODE: usize = 64;
+/// Labels of one node, and the length of a label key and value (Kubernetes' figures).
+pub const MAX_LABELS: usize = 64;
+pub const MAX_LABEL_KEY_LEN: usize = 63;
+pub const MAX_LABEL_VALUE_LEN: usize = 256;
+/// Length of a node agent's `host:port` and of a GPU uuid.
+pub const MAX_ADDRESS_LEN: usize = 261;
+pub const MAX_UUID_LEN: usize = 128;
+/// Free text (a tenant's display name).
+pub const MAX_DISPLAY_NAME_LEN: usize = 256;
+/// Services one tenant may declare (`max_services` may be set lower, not higher).
+pub const MAX_SERVICES_PER_TENANT: u32 = 10_000;
+/// Streaming multiprocessors of a GPU model (an H100 has 132).
+pub const MAX_SM_COUNT: u32 = 1024;
+/// MIG geometry: slices per GPU, profiles per GPU model, legal starts per profile.
+pub const MAX_MIG_SLICES: u8 = 8;
+pub const MAX_MIG_PROFILES: usize = 16;
+/// iGniter's allocation unit, percent: the search steps from r_unit to r_max one unit at a
+/// time, so a tiny unit would make it take unbounded time (the planner refuses below 1%).
+pub const MIN_IGNITER_R_UNIT_PCT: f64 = 1.0;
+/// Magnitude of any fitted iGniter coefficient.
+pub const MAX_COEFFICIENT_ABS: f64 = 1e9;
+/// Launch latency of an instance type, s (a day).
+pub const MAX_LAUNCH_LATENCY_S: f64 = 86_400.0;
+/// Price of an instance type per hour.
+pub const MAX_PRICE_PER_HOUR: f64 = 10_000.0;
+/// Tenant weight in fair sharing.
+pub const MAX_TENANT_WEIGHT: f64 = 1e6;
+/// Encoded size of one resource's spec (a Plan is the provisioner's and may be larger), so
+/// that a page of a list and a watch event always fit a gRPC message.
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+/// GPUs of one Plan (the fleet design point is 10,000 hosts of 8 GPUs) and workloads or MIG
+/// instances on one GPU.
+pub const MAX_PLAN_GPUS: usize = 200_000;
+pub const MAX_WORKLOADS_PER_GPU: usize = 128;
+/// A node's report: metrics rows (one per service it serves) and observed workloads per GPU.
+pub const MAX_REPORTED_SERVICES: usize = 1024;
+pub const MAX_REPORTED_WORKLOADS_PER_GPU: usize = 256;
+/// Largest reported latency (ms), rate (req/s) and failure count per report.
+pub const MAX_REPORTED_LATENCY_MS: f64 = 3_600_000.0;
+pub const MAX_REPORTED_FAILED: u64 = 1_000_000_000;
+
+/// One row of README's "Limits" table.
+pub struct Limit {
+    pub name: &'static str,
+    pub value: String,
+    pub why: &'static str,
+}
+
+fn row(name: &'static str, value: impl ToString, why: &'static str) -> Limit {
+    Limit { name, value: value.to_string(), why }
+}
+
+/// Every bound above, as README's "Limits" table lists it.
+pub fn limits() -> Vec<Limit> {
+    vec![
+        row("MAX_NAME_LEN", MAX_NAME_LEN, "resource and referenced names"),
+        row("MAX_LATENCY_MS", MAX_LATENCY_MS, "SLO and profiled latency; a minute is far beyond interactive inference"),
+        row("MAX_REQUEST_RATE", MAX_REQUEST_RATE, "request rate of a service, profiled throughput of a process"),
+        row("MIN_THROUGHPUT_RPS", MIN_THROUGHPUT_RPS, "the planner divides rates by throughputs"),
+        row("MAX_BATCH", MAX_BATCH, "batch sizes; PARIS tabulates its distribution per batch"),
+        row("MAX_PROCESSES", MAX_PROCESSES, "MPS serves up to 48 clients per GPU"),
+        row("MAX_LOGNORMAL_MU_ABS", MAX_LOGNORMAL_MU_ABS, "beyond it the distribution is all at one end"),
+        row("MAX_LOGNORMAL_SIGMA", MAX_LOGNORMAL_SIGMA, "beyond it the distribution is all at the ends"),
+        row("MAX_PROFILE_POINTS", MAX_PROFILE_POINTS, "points of one ModelProfile"),
+        row("MAX_ALLOWED_GPU_MODELS", MAX_ALLOWED_GPU_MODELS, "a service's GPU model restriction (no duplicates)"),
+        row("MAX_ALLOWED_INSTANCE_TYPES", MAX_ALLOWED_INSTANCE_TYPES, "a service's instance type restriction (no duplicates)"),
+        row("MAX_GPUS_PER_NODE", MAX_GPUS_PER_NODE, "GPUs of a node and of an instance type"),
+        row("MAX_LABELS", MAX_LABELS, "labels of a node"),
+        row("MAX_LABEL_KEY_LEN", MAX_LABEL_KEY_LEN, "Kubernetes' label name length"),
+        row("MAX_LABEL_VALUE_LEN", MAX_LABEL_VALUE_LEN, "label values"),
+        row("MAX_ADDRESS_LEN", MAX_ADDRESS_LEN, "host:port of an agent or a router"),
+        row("MAX_UUID_LEN", MAX_UUID_LEN, "GPU uuids"),
+        row("MAX_DISPLAY_NAME_LEN", MAX_DISPLAY_NAME_LEN, "a tenant's display name"),
+        row("MAX_SERVICES_PER_TENANT", MAX_SERVICES_PER_TENANT, "services of one tenant; `max_services` may only lower it"),
+        row("MAX_SM_COUNT", MAX_SM_COUNT, "streaming multiprocessors of a GPU model"),
+        row("MAX_MIG_SLICES", MAX_MIG_SLICES, "MIG compute and memory slices of a GPU"),
+        row("MAX_MIG_PROFILES", MAX_MIG_PROFILES, "MIG profiles of a GPU model"),
+        row("MIN_IGNITER_R_UNIT_PCT", MIN_IGNITER_R_UNIT_PCT, "iGniter steps shares by r_unit up to r_max"),
+        row("MAX_COEFFICIENT_ABS", MAX_COEFFICIENT_ABS, "any fitted iGniter coefficient"),
+        row("MAX_LAUNCH_LATENCY_S", MAX_LAUNCH_LATENCY_S, "an instance type's launch latency"),
+        row("MAX_PRICE_PER_HOUR", MAX_PRICE_PER_HOUR, "an instance type's price"),
+        row("MAX_TENANT_WEIGHT", MAX_TENANT_WEIGHT, "a tenant's fair-share weight"),
+        row("MAX_SPEC_BYTES", MAX_SPEC_BYTES, "encoded spec of a resource other than a Plan"),
+        row("MAX_PLAN_GPUS", MAX_PLAN_GPUS, "GPUs of one Plan"),
+        row("MAX_WORKLOADS_PER_GPU", MAX_WORKLOADS_PER_GPU, "workloads and MIG instances on one planned GPU"),
+        row("MAX_REPORTED_SERVICES", MAX_REPORTED_SERVICES, "metrics rows of one agent report"),
+        row("MAX_REPORTED_WORKLOADS_PER_GPU", MAX_REPORTED_WORKLOADS_PER_GPU, "observed workloads per GPU in a report"),
+        row("MAX_REPORTED_LATENCY_MS", MAX_REPORTED_LATENCY_MS, "a reported p99"),
+        row("MAX_REPORTED_FAILED", MAX_REPORTED_FAILED, "failed requests in one report"),
+    ]
+}
