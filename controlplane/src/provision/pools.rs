@@ -143,6 +143,20 @@ pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: Mi
         merged.predictions.extend(plan.predictions);
         merged.infeasible.extend(plan.infeasible);
     }
+    // A strategy must place or refuse every service it was given; one it lost is named here
+    // rather than left out of the plan without a word.
+    let accounted: std::collections::BTreeSet<&str> =
+        merged.predictions.iter().map(|p| p.service.as_str()).chain(merged.infeasible.iter().map(|i| i.service.as_str())).collect();
+    let lost: Vec<Infeasible> = input
+        .services
+        .iter()
+        .filter(|s| !accounted.contains(s.name.as_str()))
+        .map(|s| Infeasible {
+            service: s.name.clone(),
+            reason: InfeasibleReason::PlannerFailure { detail: "the strategy returned neither a placement nor a reason".into() },
+        })
+        .collect();
+    merged.infeasible.extend(lost);
     merged.strategy = if names.is_empty() { mig_strategy_name(mig_strategy) } else { names.join("+") };
     merged
 }

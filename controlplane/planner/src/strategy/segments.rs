@@ -75,10 +75,9 @@ pub fn last_seg(tri: &OptimalTriplets, rate: f64) -> Option<Triplet> {
 /// has no feasible triplet at all.
 pub fn demand_matching(tri: &OptimalTriplets, rate: f64) -> Option<Vec<Triplet>> {
     let opt = opt_seg(tri)?;
-    // The callers refuse a service beyond the bound first; this keeps the allocation bounded
-    // should one not.
-    let slowest = tri.iter().flatten().map(|t| t.throughput).fold(f64::INFINITY, f64::min);
-    crate::bounds::check_instances(rate, slowest, "segment").ok()?;
+    // The callers refuse a service beyond the bound first; this keeps the allocation below
+    // bounded should one not.
+    crate::bounds::check_instances(rate, opt.throughput, "segment").ok()?;
     let n = (rate / opt.throughput).floor() as usize;
     let mut segs = vec![opt; n];
     let left = rate - n as f64 * opt.throughput;

@@ -195,6 +195,7 @@ impl Row {
                 InfeasibleReason::SloTooTight { .. } => "SLO too tight",
                 InfeasibleReason::TooLarge { .. } => "too large",
                 InfeasibleReason::InvalidDemand { .. } => "invalid demand",
+                InfeasibleReason::PlannerFailure { .. } => "planner failure",
             };
             *reasons.entry(kind).or_default() += 1;
         }
