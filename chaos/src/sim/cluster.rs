@@ -94,6 +94,8 @@ pub fn loop_settings() -> LoopSettings {
         heartbeat_interval: Duration::from_secs(1),
         missed_heartbeats: 5,
         tuner: false,
+        // Inline, so that a seed replays (a blocking-pool thread is outside turmoil's clock).
+        plan_off_runtime: false,
         ..LoopSettings::default()
     }
 }

@@ -47,6 +47,10 @@ pub struct LoopSettings {
     /// The tuner's latency target (a fraction of the SLO) and Algorithm 1's parameters
     /// (hold-down included).
     pub tuning: TuningSettings,
+    /// Run planning passes on tokio's blocking pool (true everywhere but the deterministic
+    /// simulation, whose replay needs every step on its own scheduler: a blocking-pool
+    /// thread runs outside it).
+    pub plan_off_runtime: bool,
 }
 
 impl std::fmt::Debug for LoopSettings {
@@ -64,6 +68,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("tuner", &self.tuner)
             .field("tune_interval", &self.tune_interval)
             .field("tuning", &self.tuning)
+            .field("plan_off_runtime", &self.plan_off_runtime)
             .finish()
     }
 }
@@ -83,6 +88,7 @@ impl Default for LoopSettings {
             tuner: true,
             tune_interval: Duration::from_secs(5),
             tuning: TuningSettings::default(),
+            plan_off_runtime: true,
         }
     }
 }
@@ -159,13 +165,15 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 /// cannot stop it, so what runs here must be bounded (the planner's bounds see to that). A
 /// panic comes back as an error naming `what`.
 pub(crate) async fn off_runtime<T: Send + 'static>(
+    settings: &LoopSettings,
     what: &str,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, crate::api::ApiError> {
-    tokio::task::spawn_blocking(work).await.map_err(|e| {
-        let reason = if e.is_panic() { panic_message(e.into_panic()) } else { e.to_string() };
-        crate::api::ApiError::Internal(format!("{what} failed: {reason}"))
-    })
+    let failed = |reason: String| crate::api::ApiError::Internal(format!("{what} failed: {reason}"));
+    if !settings.plan_off_runtime {
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|p| failed(panic_message(p)));
+    }
+    tokio::task::spawn_blocking(work).await.map_err(|e| failed(if e.is_panic() { panic_message(e.into_panic()) } else { e.to_string() }))
 }
 
 /// Watches leadership and runs the loops while this node leads.

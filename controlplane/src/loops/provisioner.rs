@@ -79,7 +79,7 @@ async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, 
         return Ok(false);
     }
     let strategy = settings.mig_strategy;
-    let plan = super::off_runtime("provisioning", move || provision_from(&inputs, strategy)).await?;
+    let plan = super::off_runtime(settings, "provisioning", move || provision_from(&inputs, strategy)).await?;
     if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if p.same_placement(&plan))) {
         return Ok(false);
     }

@@ -151,6 +151,21 @@ spec: {model: resnet50, slo: {latency_ms: 100, request_rate: 500}}
     }
 
     #[test]
+    fn a_hostile_manifest_is_refused_offline_as_the_controllers_refuse_it() {
+        // `gpuctl plan -f` on this manifest aborted the process on a huge allocation.
+        let mut all = resources(FLEET);
+        all.push(resource(
+            "Service",
+            "bomb",
+            "acme",
+            serde_json::json!({"model": "resnet50", "slo": {"latency_ms": 100, "request_rate": 10}, "strategy": "paris",
+                               "batch_distribution": {"type": "log-normal", "mu": 1.0, "sigma": 0.5, "max_batch": 4_000_000_000u32}}),
+        ));
+        let err = state_from_resources(&all).unwrap_err();
+        assert!(err.contains("Service \"bomb\": spec.batch_distribution.max_batch: must be 1-1024 (got 4000000000)"), "{err}");
+    }
+
+    #[test]
     fn a_dangling_reference_is_refused_with_the_resource() {
         let text = FLEET.replace("model: resnet50, slo", "model: vgg19, slo");
         let err = state_from_resources(&resources(&text)).unwrap_err();

@@ -123,3 +123,18 @@ pub fn limits() -> Vec<Limit> {
         row("MAX_REPORTED_FAILED", MAX_REPORTED_FAILED, "failed requests in one report"),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// README's "Limits" table must list every bound with its value.
+    #[test]
+    fn readme_lists_every_limit_with_its_value() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        for limit in limits() {
+            let row = format!("| `{}` | {} | {} |", limit.name, limit.value, limit.why);
+            assert!(readme.contains(&row), "README.md lacks the row {row}");
+        }
+    }
+}
