@@ -148,9 +148,14 @@ enum Command {
 enum ClusterCommand {
     /// Members, leader, term, commit and applied index (as each reachable member sees it).
     Status,
-    /// Add a controller: as learner, then promoted to voter once caught up.
+    /// Add a controller: as learner, then promoted to voter once caught up (within 30 s;
+    /// else it stays a learner). Refused: node id 0, an id that is a member at another
+    /// address, an address another member uses, and an address that does not answer (3 s)
+    /// or answers as another node id. Adding a member again at its address only promotes it.
     Add {
+        /// The new controller's node id (>= 1), as it was started with.
         node_id: u64,
+        /// host:port the new controller serves on; it must answer before it is added.
         address: String,
         /// Keep it a non-voting learner.
         #[arg(long)]
