@@ -147,7 +147,7 @@ impl Controller {
         })
     }
 
-    /// Adds node `id` at `addr` (README, "Membership"): refuses id 0, an id that is a member
+    /// Adds node `id` at `addr` (README, "gpuctl", `cluster add`): refuses id 0, an id that is a member
     /// at another address and an address another member uses; then checks that `addr`
     /// answers the Admin `ClusterStatus` call as node `id`. The node joins as a learner; with
     /// `promote` it becomes a voter once caught up (within `CATCH_UP_LAG` entries of the
@@ -192,7 +192,8 @@ impl Controller {
                     format!("node {id} is already a voter at {addr}; a voter cannot be made a learner again"),
                 ))
             }
-            Some(false) => {}
+            // A learner to promote must still answer: its matched index may be old.
+            Some(false) => self.probe_member(id, &addr).await?,
             None => {
                 self.probe_member(id, &addr).await?;
                 self.raft.add_learner(id, Node::new(addr.clone()), false).await.map_err(membership_error)?;
@@ -247,7 +248,9 @@ impl Controller {
         loop {
             let (leading, matched, last) = {
                 let m = self.raft.metrics().borrow().clone();
-                let matched = m.replication.as_ref().and_then(|r| r.get(&id).copied()).map(|l| l.map_or(0, |l| l.index));
+                // None until the learner has acknowledged an entry: one that never answered
+                // again after the probe is not caught up, however short the log.
+                let matched = m.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map(|l| l.index);
                 (m.current_leader == Some(self.id), matched, m.last_log_index.unwrap_or(0))
             };
             if !leading {
@@ -270,7 +273,7 @@ impl Controller {
                     ),
                 ));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

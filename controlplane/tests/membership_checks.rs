@@ -87,6 +87,18 @@ async fn a_new_node_joins_as_learner_and_is_promoted_once_caught_up() {
     let err = client.add_member(4, &addr4, false).await.unwrap_err();
     assert_eq!((err.code(), field_of(&err)), (Code::FailedPrecondition, "node_id"), "{err:?}");
 
+    // A learner that stopped answering is not promoted (its matched index is recent).
+    cluster.start_node(6, "127.0.0.1:0".parse().unwrap(), None).await;
+    let addr6 = cluster.addrs[&6].to_string();
+    client.add_member(6, &addr6, false).await.unwrap();
+    cluster.stop(6).await;
+    let before = members(&client).await;
+    assert!(before.contains(&(6, addr6.clone(), false)));
+    let err = client.add_member(6, &addr6, true).await.unwrap_err();
+    assert_eq!((err.code(), field_of(&err)), (Code::FailedPrecondition, "address"), "{err:?}");
+    assert_eq!(members(&client).await, before);
+    client.remove_member(6).await.unwrap();
+
     // A fresh node promoted in one call.
     cluster.start_node(5, "127.0.0.1:0".parse().unwrap(), None).await;
     let addr5 = cluster.addrs[&5].to_string();
