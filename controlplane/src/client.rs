@@ -176,8 +176,40 @@ impl Client {
         .await
     }
 
+    /// Every resource of `kind` (of `tenant`, if not empty), following the pages of the
+    /// server's default size. The revision is the first page's: a Watch from it sees every
+    /// change made while the pages were read (pages are not a snapshot).
     pub async fn list(&self, kind: &str, tenant: &str, stale: bool) -> Result<proto::ListResponse, Status> {
-        let req = proto::ListRequest { kind: kind.into(), tenant: tenant.into(), stale };
+        self.list_in_pages(kind, tenant, stale, 0).await
+    }
+
+    /// As `list`, reading pages of at most `page_size` resources (0 = the server default).
+    pub async fn list_in_pages(&self, kind: &str, tenant: &str, stale: bool, page_size: u32) -> Result<proto::ListResponse, Status> {
+        let mut all = self.list_page(kind, tenant, stale, page_size, "").await?;
+        let mut token = std::mem::take(&mut all.continue_token);
+        while !token.is_empty() {
+            let page = self.list_page(kind, tenant, stale, page_size, &token).await?;
+            if page.continue_token == token {
+                return Err(Status::internal(format!("continue_token: the server returned the same token {token:?} again")));
+            }
+            all.resources.extend(page.resources);
+            token = page.continue_token;
+        }
+        Ok(all)
+    }
+
+    /// One page of a listing: at most `limit` resources (0 = the server default) after the
+    /// position of `continue_token` (empty = from the start). The response's token, when not
+    /// empty, reads the next page.
+    pub async fn list_page(
+        &self,
+        kind: &str,
+        tenant: &str,
+        stale: bool,
+        limit: u32,
+        continue_token: &str,
+    ) -> Result<proto::ListResponse, Status> {
+        let req = proto::ListRequest { kind: kind.into(), tenant: tenant.into(), stale, limit, continue_token: continue_token.into() };
         self.call(|ch, t| {
             let r = self.request(req.clone(), Some(t));
             async move { ControlPlaneClient::new(ch).list(r).await.map(|r| r.into_inner()) }

@@ -1,18 +1,28 @@
 //! One controller node: the Raft handle plus what the API needs from it (leader lookup,
 //! proposing a checked command, linearizable read barriers, status).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::error::{ClientWriteError as CWE, RaftError as RE};
+use proto::admin_client::AdminClient;
 use tracing::Instrument;
 
 use crate::agents::AgentReports;
 use crate::api::ApiError;
 use crate::raft::{ChangeMembers, Node, NodeId, PeerChannels, Raft, SmData, SmShared};
+use crate::resources::{ErrorCode, FieldError};
 use crate::state::{CommandOutcome, Request};
 use crate::telemetry::ControllerMetrics;
+
+/// How long a node being added has to answer the Admin `ClusterStatus` call.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// A learner whose matched log index is this close to the leader's last one is caught up.
+pub const CATCH_UP_LAG: u64 = 100;
+/// How long a new learner has to catch up before it would be promoted to voter.
+pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct Controller {
@@ -137,13 +147,134 @@ impl Controller {
         })
     }
 
-    /// Adds a node as learner (waiting until it has caught up), then optionally promotes it.
+    /// Adds node `id` at `addr` (README, "gpuctl", `cluster add`): refuses id 0, an id that is a member
+    /// at another address and an address another member uses; then checks that `addr`
+    /// answers the Admin `ClusterStatus` call as node `id`. The node joins as a learner; with
+    /// `promote` it becomes a voter once caught up (within `CATCH_UP_LAG` entries of the
+    /// leader's log, in `CATCH_UP_TIMEOUT`), else it stays a learner and this fails.
+    /// Adding a member again at its own address only does what is still missing.
     pub async fn add_member(&self, id: NodeId, addr: String, promote: bool) -> Result<(), ApiError> {
-        self.raft.add_learner(id, Node::new(addr), true).await.map_err(membership_error)?;
+        if id == 0 {
+            return Err(field_error(ErrorCode::InvalidArgument, "node_id", "0 is not a node id (node ids start at 1)"));
+        }
+        if !self.is_leader() {
+            return Err(ApiError::NotLeader { leader: self.leader() });
+        }
+        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let role = |n: &NodeId| if voters.contains(n) { "voter" } else { "learner" };
+        let mut existing = None;
+        for (member, node) in membership.nodes() {
+            if *member == id && node.addr != addr {
+                return Err(field_error(
+                    ErrorCode::AlreadyExists,
+                    "node_id",
+                    format!("node {id} is already a member ({}) at {}; remove it before adding it at {addr}", role(member), node.addr),
+                ));
+            }
+            if *member != id && node.addr == addr {
+                return Err(field_error(
+                    ErrorCode::AlreadyExists,
+                    "address",
+                    format!("{addr} is already the address of node {member} ({})", role(member)),
+                ));
+            }
+            if *member == id {
+                existing = Some(voters.contains(member));
+            }
+        }
+        match existing {
+            Some(true) if promote => return Ok(()),
+            Some(true) => {
+                return Err(field_error(
+                    ErrorCode::FailedPrecondition,
+                    "node_id",
+                    format!("node {id} is already a voter at {addr}; a voter cannot be made a learner again"),
+                ))
+            }
+            // A learner to promote must still answer: its matched index may be old.
+            Some(false) => self.probe_member(id, &addr).await?,
+            None => {
+                self.probe_member(id, &addr).await?;
+                self.raft.add_learner(id, Node::new(addr.clone()), false).await.map_err(membership_error)?;
+            }
+        }
         if promote {
+            self.wait_caught_up(id, &addr).await?;
             self.raft.change_membership(ChangeMembers::AddVoterIds([id].into()), false).await.map_err(membership_error)?;
         }
         Ok(())
+    }
+
+    /// Checks that `addr` answers the Admin `ClusterStatus` call, as node `id`.
+    async fn probe_member(&self, id: NodeId, addr: &str) -> Result<(), ApiError> {
+        let no_answer = |why: &str| {
+            field_error(
+                ErrorCode::FailedPrecondition,
+                "address",
+                format!("{addr} did not answer (Admin.ClusterStatus within {}s): {why}; nothing was changed", PROBE_TIMEOUT.as_secs()),
+            )
+        };
+        let channel = self.channels.get(addr).map_err(|e| no_answer(&e))?;
+        // A node that is still starting refuses connections: try again until the deadline.
+        let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT;
+        let status = loop {
+            let mut request = tonic::Request::new(proto::ClusterStatusRequest {});
+            request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let why = match tokio::time::timeout_at(deadline, AdminClient::new(channel.clone()).cluster_status(request)).await {
+                Err(_) => "timed out".to_string(),
+                Ok(Ok(r)) => break r.into_inner(),
+                Ok(Err(e)) if e.code() == tonic::Code::Unavailable => e.message().to_string(),
+                Ok(Err(e)) => return Err(no_answer(&format!("{:?}: {}", e.code(), e.message()))),
+            };
+            if tokio::time::Instant::now() + Duration::from_millis(200) >= deadline {
+                return Err(no_answer(&why));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        if status.node_id != id {
+            return Err(field_error(
+                ErrorCode::InvalidArgument,
+                "node_id",
+                format!("the node at {addr} says it is node {}, not node {id}; nothing was changed", status.node_id),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits until learner `id` has matched the leader's log up to `CATCH_UP_LAG` entries.
+    async fn wait_caught_up(&self, id: NodeId, addr: &str) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
+        loop {
+            let (leading, matched, last) = {
+                let m = self.raft.metrics().borrow().clone();
+                // None until the learner has acknowledged an entry: one that never answered
+                // again after the probe is not caught up, however short the log.
+                let matched = m.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map(|l| l.index);
+                (m.current_leader == Some(self.id), matched, m.last_log_index.unwrap_or(0))
+            };
+            if !leading {
+                return Err(ApiError::Unavailable(format!(
+                    "this controller lost leadership while node {id} was catching up; it stays a learner, retry to promote it"
+                )));
+            }
+            if matched.is_some_and(|m| m + CATCH_UP_LAG >= last) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(field_error(
+                    ErrorCode::FailedPrecondition,
+                    "node_id",
+                    format!(
+                        "node {id} at {addr} did not catch up within {}s (matched log index {}, the leader's last is {last}); \
+                         it stays a learner: check the node, then add it again to promote it",
+                        CATCH_UP_TIMEOUT.as_secs(),
+                        matched.unwrap_or(0)
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
@@ -152,6 +283,10 @@ impl Controller {
         self.raft.change_membership(change, false).await.map_err(membership_error)?;
         Ok(())
     }
+}
+
+fn field_error(code: ErrorCode, field: &str, reason: impl Into<String>) -> ApiError {
+    ApiError::Field(FieldError::new(code, field, reason))
 }
 
 fn membership_error(e: RE<NodeId, crate::raft::ClientWriteError>) -> ApiError {

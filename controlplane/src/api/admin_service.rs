@@ -13,6 +13,11 @@ use crate::raft::Node;
 use crate::resources::{ErrorCode, FieldError};
 use crate::security::caller;
 
+/// How long a forwarded AddMember may take at the leader: the probe of the new node and
+/// its catch-up (`controller::PROBE_TIMEOUT`, `controller::CATCH_UP_TIMEOUT`), with room.
+const ADD_MEMBER_FORWARD_TIMEOUT: Duration =
+    Duration::from_secs(crate::controller::PROBE_TIMEOUT.as_secs() + crate::controller::CATCH_UP_TIMEOUT.as_secs() + 10);
+
 /// Membership administration: bootstrap, add / remove members, leader transfer.
 pub struct AdminService {
     controller: Controller,
@@ -75,7 +80,10 @@ impl Admin for AdminService {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
                 to_leader(&self.controller, forwarded, leader, |ch| async move {
-                    AdminClient::new(ch).add_member(forwarded_request(req, &caller)).await
+                    // The leader probes the node and may wait for it to catch up.
+                    let mut forwarded = forwarded_request(req, &caller);
+                    forwarded.set_timeout(ADD_MEMBER_FORWARD_TIMEOUT);
+                    AdminClient::new(ch).add_member(forwarded).await
                 })
                 .await
             }

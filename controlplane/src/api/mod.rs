@@ -7,6 +7,7 @@ mod agent_service;
 mod convert;
 mod errors;
 mod forward;
+mod paging;
 mod resource_service;
 mod watch;
 
@@ -14,4 +15,5 @@ pub use admin_service::AdminService;
 pub use agent_service::AgentService;
 pub use convert::{resource_to_proto, spec_from_proto};
 pub use errors::ApiError;
+pub use paging::{DEFAULT_LIMIT, MAX_LIMIT, PAGE_BYTES};
 pub use resource_service::ResourceService;

@@ -9,6 +9,7 @@ use super::access::{self, may_read_kind};
 use super::convert::{parse_kind, resource_to_proto, spec_from_proto};
 use super::errors::ApiError;
 use super::forward::{forwarded_request, to_leader, was_forwarded};
+use super::paging;
 use super::watch;
 use crate::controller::Controller;
 use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind};
@@ -190,6 +191,8 @@ impl ControlPlane for ResourceService {
                 return Err(Status::permission_denied(format!("tenant: {caller} may list only its own tenant's resources")));
             }
         }
+        let limit = paging::page_limit(req.limit).map_err(ApiError::from)?;
+        let after = paging::decode_token(&req.continue_token, kind, &req.tenant).map_err(ApiError::from)?;
         if !req.stale {
             if let Err(e) = self.controller.read_barrier().await {
                 return match e {
@@ -203,14 +206,18 @@ impl ControlPlane for ResourceService {
                 };
             }
         }
-        let response = self.controller.read(|d| proto::ListResponse {
-            resources: d
+        // One page in name order, resuming after the token's name (a range query).
+        let response = self.controller.read(|d| {
+            let candidates = d
                 .cluster
-                .list(kind)
-                .filter(|r| (req.tenant.is_empty() || r.tenant == req.tenant) && visible.allows(r))
-                .map(resource_to_proto)
-                .collect(),
-            revision: d.cluster.revision(),
+                .list_after(kind, after.as_deref())
+                .filter(|r| (req.tenant.is_empty() || r.tenant == req.tenant) && visible.allows(r));
+            let (resources, more) = paging::page(candidates, limit, paging::RESOURCE_BYTES);
+            let continue_token = match resources.last() {
+                Some(last) if more => paging::encode_token(kind, &req.tenant, &last.name),
+                _ => String::new(),
+            };
+            proto::ListResponse { resources, revision: d.cluster.revision(), continue_token }
         });
         Ok(Response::new(response))
     }

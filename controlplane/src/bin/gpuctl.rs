@@ -62,6 +62,10 @@ enum Command {
         /// Read from the contacted node without a read-index round (may be stale).
         #[arg(long)]
         stale: bool,
+        /// Page size: list in requests of at most N resources each (0 = the server's default
+        /// of 500; at most 1000). All pages are read and shown.
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
     },
     /// Show one resource in full, spec and status.
     Describe { kind: String, name: String },
@@ -144,9 +148,14 @@ enum Command {
 enum ClusterCommand {
     /// Members, leader, term, commit and applied index (as each reachable member sees it).
     Status,
-    /// Add a controller: as learner, then promoted to voter once caught up.
+    /// Add a controller: as learner, then promoted to voter once caught up (within 30 s;
+    /// else it stays a learner). Refused: node id 0, an id that is a member at another
+    /// address, an address another member uses, and an address that does not answer (3 s)
+    /// or answers as another node id. Adding a member again at its address only promotes it.
     Add {
+        /// The new controller's node id (>= 1), as it was started with.
         node_id: u64,
+        /// host:port the new controller serves on; it must answer before it is added.
         address: String,
         /// Keep it a non-voting learner.
         #[arg(long)]
@@ -254,17 +263,23 @@ async fn run(args: Args) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Get { kind, name, stale, .. } if kind == "endpoints" || kind == "endpoint" => {
+        Command::Get { kind, name, stale, limit, .. } if kind == "endpoints" || kind == "endpoint" => {
             let client = connect()?;
-            let nodes = client.list("Node", "", stale).await.map_err(describe_status)?.resources;
+            let nodes = client.list_in_pages("Node", "", stale, limit).await.map_err(describe_status)?.resources;
             print_endpoints(&nodes, name.as_deref(), args.output)
         }
-        Command::Get { kind, name, tenant, stale } => {
+        Command::Get { kind, name, tenant, stale, limit } => {
             let client = connect()?;
             let kind = parse_kind(&kind)?;
             let resources = match name {
                 Some(name) => vec![client.get(kind.as_str(), &name, stale).await.map_err(describe_status)?],
-                None => client.list(kind.as_str(), tenant.as_deref().unwrap_or(""), stale).await.map_err(describe_status)?.resources,
+                None => {
+                    client
+                        .list_in_pages(kind.as_str(), tenant.as_deref().unwrap_or(""), stale, limit)
+                        .await
+                        .map_err(describe_status)?
+                        .resources
+                }
             };
             print_resources(kind, &resources, args.output)
         }

@@ -203,6 +203,14 @@ impl ClusterState {
         let event = ChangeEvent { revision: index, change_type, resource: resource.clone(), trace_parent: None };
         (CommandOutcome { resource, deduplicated: false }, event)
     }
+
+    /// The resources of `kind` in name order, starting after the name `after` (from the
+    /// first when `None`): a range query, O(log n) to the start, for paged listings.
+    pub fn list_after<'a>(&'a self, kind: Kind, after: Option<&str>) -> impl Iterator<Item = &'a StoredResource> + 'a {
+        use std::ops::Bound;
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.resources.get(&kind).map(|m| m.range::<str, _>((start, Bound::Unbounded))).into_iter().flatten().map(|(_, r)| r)
+    }
 }
 
 enum PlannedChange {
