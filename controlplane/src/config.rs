@@ -182,6 +182,7 @@ impl LoopsConfig {
                 },
             )
             .map_err(|e| format!("loops.tune_{}: {}", e.field, e.reason))?,
+            plan_off_runtime: d.plan_off_runtime,
         })
     }
 }

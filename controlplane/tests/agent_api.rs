@@ -87,6 +87,11 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
     let client = cluster.client();
     seed(&client).await;
     client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
+    // The plan puts web on n1: a node reports metrics only for what is placed on it.
+    let plan = serde_json::json!({"strategy": "test", "gpus": [{"node": "n1", "gpu_uuid": "GPU-n1",
+        "mig_layout": [{"profile": "7g", "start": 0}],
+        "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 8}]}]});
+    client.put(resource("Plan", "current", "", plan), proto::WriteMode::Create).await.unwrap();
     let leader = cluster.wait_leader().await;
     let follower = (1..=3).find(|&id| id != leader).unwrap();
     let mut agent = agent_client(&cluster.node(follower).addr.to_string()).await;

@@ -138,17 +138,23 @@ pub(crate) fn allocation_optimization(alloc: &mut Allocator, tris: &HashMap<usiz
         let n_before = alloc.gpus.len();
         let freed = alloc.free_gpu(i);
         let mut queue = Vec::new();
+        // Small segments that cannot cover a freed rate (e.g. beyond the planner's bound per
+        // service) undo the step: emptying the GPU then would drop the service's capacity.
+        let mut covered = true;
         for (_, seg) in &freed {
             let r = freed_rate.entry(seg.service).or_insert(0.0);
             *r += seg.triplet.throughput;
-            let small = small_segments(&tris[&seg.service], *r).unwrap_or_default();
+            let Some(small) = small_segments(&tris[&seg.service], *r) else {
+                covered = false;
+                break;
+            };
             for t in small {
                 *r -= t.throughput;
                 queue.push(Segment { service: seg.service, triplet: t });
             }
         }
         let placed = alloc.allocate(queue);
-        let ok = alloc.gpus[i].segments.is_empty() && alloc.gpus.len() == n_before;
+        let ok = covered && alloc.gpus[i].segments.is_empty() && alloc.gpus.len() == n_before;
         if !ok {
             for (g, p) in placed {
                 alloc.remove(g, p);
