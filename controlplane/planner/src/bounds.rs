@@ -18,7 +18,7 @@ pub const MAX_BATCH: u32 = 1024;
 /// `per_instance` req/s each (or whose throughput is not a positive finite number).
 pub fn check_instances(rate: f64, per_instance: f64, what: &str) -> Result<(), InfeasibleReason> {
     let needed = rate / per_instance;
-    if !(per_instance.is_finite() && per_instance > 0.0) || !needed.is_finite() || needed > f64::from(MAX_INSTANCES_PER_SERVICE) {
+    if !(per_instance.is_finite() && per_instance > 0.0 && needed.is_finite()) || needed > f64::from(MAX_INSTANCES_PER_SERVICE) {
         return Err(InfeasibleReason::TooLarge {
             detail: format!(
                 "{rate} req/s at {per_instance} req/s per {what} needs more than {MAX_INSTANCES_PER_SERVICE} instances (the planner's bound per service)"

@@ -68,8 +68,7 @@ impl Grid {
         let max_units = (hw.r_max_pct.min(100.0) / hw.r_unit_pct + 1e-9).floor();
         // The allocation steps one unit at a time (and a GPU holds at most one workload
         // per unit): a unit below 1% of the GPU is not evaluable in bounded time.
-        (max_units >= 1.0 && max_units <= 100.0)
-            .then(|| Grid { unit_pct: hw.r_unit_pct, max_units: max_units.min(f64::from(u32::MAX)) as u32 })
+        (1.0..=100.0).contains(&max_units).then(|| Grid { unit_pct: hw.r_unit_pct, max_units: max_units.min(f64::from(u32::MAX)) as u32 })
     }
     pub fn pct(&self, units: u32) -> f64 {
         f64::from(units) * self.unit_pct
