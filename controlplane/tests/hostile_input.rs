@@ -12,15 +12,6 @@ use proto::WriteMode;
 use serde_json::{json, Value};
 use tonic::Code;
 
-fn mig() -> Value {
-    json!({"compute_slices": 7, "memory_slices": 8, "profiles": [
-        {"name": "1g", "compute_slices": 1, "memory_slices": 1, "starts": [0,1,2,3,4,5,6]},
-        {"name": "2g", "compute_slices": 2, "memory_slices": 2, "starts": [0,2,4]},
-        {"name": "3g", "compute_slices": 3, "memory_slices": 4, "starts": [0,4]},
-        {"name": "4g", "compute_slices": 4, "memory_slices": 4, "starts": [0]},
-        {"name": "7g", "compute_slices": 7, "memory_slices": 8, "starts": [0]}]})
-}
-
 /// Two tenants, an A100 node with two GPUs, resnet50 profiled normally and `slowmodel`
 /// profiled (validly) at the slowest throughput the bounds allow.
 fn fleet() -> Vec<proto::Resource> {
@@ -31,7 +22,7 @@ fn fleet() -> Vec<proto::Resource> {
     vec![
         resource("Tenant", "acme", "", json!({})),
         resource("Tenant", "mallory", "", json!({"max_services": 3})),
-        resource("GpuModel", "A100-80GB", "", json!({"sm_count": 108, "memory_gib": 80, "mig": mig()})),
+        resource("GpuModel", "A100-80GB", "", json!({"sm_count": 108, "memory_gib": 80, "mig": a100_mig()})),
         resource("InstanceType", "a2", "", json!({"gpu_model": "A100-80GB", "gpu_count": 2, "price_per_hour": 8, "launch_latency_s": 60})),
         resource("ModelProfile", "resnet50-a100", "", json!({"model": "resnet50", "gpu_model": "A100-80GB", "points": points})),
         resource(

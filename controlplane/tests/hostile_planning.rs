@@ -8,8 +8,8 @@
 //! each MIG strategy. Properties: no strategy panicked (a panic would be caught per service
 //! and reported as "the planner failed on this service"), every service is planned or
 //! refused with a reason, the plan passes validation, the pass allocates at most 1 GiB at
-//! its peak (measured by this binary's counting allocator), and it ends within 60 s (a
-//! hang detector, not a speed check: speed lives in plan-bench).
+//! its peak (measured by this binary's counting allocator). Speed is plan-bench's, not this
+//! test's.
 //!
 //! Cases: `PROPTEST_CASES` (default 200 here; the issue note gives a longer run). Seed:
 //! `PROPTEST_RNG_SEED` (default 1, so that CI runs the same cases every time; longer runs
@@ -17,8 +17,10 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
+mod common;
+
+use common::a100_mig;
 use controlplane::provision::{provision, MigStrategy};
 use controlplane::resources::{validate_spec, Kind, Spec};
 use controlplane::state::{ClusterState, Command, Request, WriteMode};
@@ -50,7 +52,6 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 const MAX_PASS_BYTES: usize = 1 << 30;
-const MAX_PASS_TIME: Duration = Duration::from_secs(60);
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200)
@@ -63,15 +64,6 @@ fn edge(min: f64, max: f64) -> impl Strategy<Value = f64> {
 
 fn edge_u32(min: u32, max: u32) -> impl Strategy<Value = u32> {
     prop_oneof![Just(min), Just(max), min..=max]
-}
-
-fn mig() -> Value {
-    json!({"compute_slices": 7, "memory_slices": 8, "profiles": [
-        {"name": "1g", "compute_slices": 1, "memory_slices": 1, "starts": [0,1,2,3,4,5,6]},
-        {"name": "2g", "compute_slices": 2, "memory_slices": 2, "starts": [0,2,4]},
-        {"name": "3g", "compute_slices": 3, "memory_slices": 4, "starts": [0,4]},
-        {"name": "4g", "compute_slices": 4, "memory_slices": 4, "starts": [0]},
-        {"name": "7g", "compute_slices": 7, "memory_slices": 8, "starts": [0]}]})
 }
 
 fn point() -> impl Strategy<Value = Value> {
@@ -171,7 +163,7 @@ fn build(fleet: &Fleet) -> ClusterState {
     let mut state = ClusterState::default();
     let mut i = 0;
     put(&mut state, &mut i, "t", "", Kind::Tenant, json!({}));
-    assert!(put(&mut state, &mut i, "A100-80GB", "", Kind::GpuModel, json!({"sm_count": 108, "memory_gib": 80, "mig": mig()})));
+    assert!(put(&mut state, &mut i, "A100-80GB", "", Kind::GpuModel, json!({"sm_count": 108, "memory_gib": 80, "mig": a100_mig()})));
     let t4 = json!({"sm_count": 40, "memory_gib": 16, "idle_power_w": 30, "max_power_w": 70, "max_frequency_mhz": 1590, "pcie_gbps": 16,
                     "igniter": {"alpha_f": -1.0, "alpha_sch": 0.005, "beta_sch": 0.01, "r_unit_pct": r_unit.min(*r_max), "r_max_pct": r_max}});
     assert!(put(&mut state, &mut i, "T4", "", Kind::GpuModel, t4));
@@ -218,7 +210,7 @@ fn build(fleet: &Fleet) -> ClusterState {
 }
 
 #[test]
-fn hostile_but_valid_inputs_plan_without_panic_in_bounded_memory_and_time() {
+fn hostile_but_valid_inputs_plan_without_panic_in_bounded_memory() {
     let seed = std::env::var("PROPTEST_RNG_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     let config = ProptestConfig {
         cases: cases(),
@@ -232,11 +224,8 @@ fn hostile_but_valid_inputs_plan_without_panic_in_bounded_memory_and_time() {
         for strategy in [MigStrategy::Parvagpu, MigStrategy::ExactMig] {
             let base = LIVE.load(Ordering::Relaxed);
             PEAK.store(base, Ordering::Relaxed);
-            let started = Instant::now();
             let plan = provision(&state, strategy);
-            let elapsed = started.elapsed();
             let peak = PEAK.load(Ordering::Relaxed).saturating_sub(base);
-            prop_assert!(elapsed < MAX_PASS_TIME, "{strategy:?}: a pass took {elapsed:?}");
             prop_assert!(peak < MAX_PASS_BYTES, "{strategy:?}: a pass allocated {peak} bytes at its peak");
             for s in &plan.services {
                 let reason = s.infeasible_reason.as_deref().unwrap_or_default();

@@ -11,12 +11,7 @@ use controlplane::loops::LoopSettings;
 use serde_json::{json, Value};
 
 fn fleet_resources() -> Vec<proto::Resource> {
-    let mig = json!({"compute_slices": 7, "memory_slices": 8, "profiles": [
-        {"name": "1g", "compute_slices": 1, "memory_slices": 1, "starts": [0,1,2,3,4,5,6]},
-        {"name": "2g", "compute_slices": 2, "memory_slices": 2, "starts": [0,2,4]},
-        {"name": "3g", "compute_slices": 3, "memory_slices": 4, "starts": [0,4]},
-        {"name": "4g", "compute_slices": 4, "memory_slices": 4, "starts": [0]},
-        {"name": "7g", "compute_slices": 7, "memory_slices": 8, "starts": [0]}]});
+    let mig = a100_mig();
     // Illustrative round figures: throughput per process grows with the instance.
     let points: Vec<Value> = [(1, 100.0), (2, 210.0), (3, 330.0), (4, 430.0), (7, 760.0)]
         .iter()

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::resources::limits::*;
-use crate::resources::{bounded_list, non_negative, validate_name, FieldError, NodeSpec};
+use crate::resources::{bounded_list, bounded_text, host_of, non_negative, validate_name, FieldError, NodeSpec};
 
 /// Why a report was refused: `PermissionDenied` (it speaks for what is not the node's) or
 /// `InvalidArgument` (malformed or out of bounds). The field path names the offending entry.
@@ -55,7 +55,7 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
         }
         bounded_list(&f("instances"), gpu.instances.len(), usize::from(MAX_MIG_SLICES))?;
         for (j, inst) in gpu.instances.iter().enumerate() {
-            bounded_str(&format!("gpus[{i}].instances[{j}].profile"), &inst.profile, MAX_NAME_LEN)?;
+            bounded_text(&format!("gpus[{i}].instances[{j}].profile"), &inst.profile, MAX_NAME_LEN)?;
         }
         bounded_list(&f("workloads"), gpu.workloads.len(), MAX_REPORTED_WORKLOADS_PER_GPU)?;
         for (j, w) in gpu.workloads.iter().enumerate() {
@@ -64,8 +64,8 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
             // what runs, so it is bounded and well-formed but not matched against the plan.
             validate_name(&wf("service"), &w.service)?;
             non_negative(&wf("mps_percent"), w.mps_percent, 100.0)?;
-            bounded_str(&wf("state"), &w.state, 32)?;
-            bounded_str(&wf("process"), &w.process, MAX_NAME_LEN * 2)?;
+            bounded_text(&wf("state"), &w.state, 32)?;
+            bounded_text(&wf("process"), &w.process, MAX_NAME_LEN * 2)?;
         }
     }
 
@@ -90,7 +90,7 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
             return Err(FieldError::invalid(f("failed"), format!("must be <= {MAX_REPORTED_FAILED} (got {})", m.failed)).into());
         }
         if !m.endpoint.is_empty() {
-            bounded_str(&f("endpoint"), &m.endpoint, MAX_ADDRESS_LEN)?;
+            bounded_text(&f("endpoint"), &m.endpoint, MAX_ADDRESS_LEN)?;
             let host = host_of(&m.endpoint);
             if host.is_none() {
                 return Err(FieldError::invalid(f("endpoint"), format!("{:?} is not host:port", m.endpoint)).into());
@@ -102,22 +102,6 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
                 )));
             }
         }
-    }
-    Ok(())
-}
-
-/// The host of `host:port` (with a valid port), or `None`.
-fn host_of(address: &str) -> Option<&str> {
-    let (host, port) = address.rsplit_once(':')?;
-    (!host.is_empty() && port.parse::<u16>().is_ok()).then_some(host)
-}
-
-fn bounded_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
-    if value.len() > max {
-        return Err(FieldError::invalid(field, format!("is {} bytes long; the limit is {max}", value.len())));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(FieldError::invalid(field, "must not contain control characters"));
     }
     Ok(())
 }

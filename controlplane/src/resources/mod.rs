@@ -8,7 +8,7 @@ mod validate;
 
 pub use kind::Kind;
 pub use specs::*;
-pub(crate) use validate::{bounded_list, non_negative};
+pub(crate) use validate::{bounded_list, bounded_text, host_of, non_negative};
 pub use validate::{validate_name, validate_spec};
 
 use serde::{Deserialize, Serialize};

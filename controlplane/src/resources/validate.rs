@@ -80,7 +80,7 @@ pub(crate) fn bounded_list(field: &str, len: usize, max: usize) -> Result<(), Fi
     Ok(())
 }
 
-fn bounded_text(field: &str, text: &str, max: usize) -> Result<(), FieldError> {
+pub(crate) fn bounded_text(field: &str, text: &str, max: usize) -> Result<(), FieldError> {
     if text.len() > max {
         return Err(FieldError::invalid(field, format!("is {} bytes long; the limit is {max}", text.len())));
     }
@@ -201,13 +201,13 @@ fn validate_node(n: &NodeSpec) -> Result<(), FieldError> {
 }
 
 fn validate_address(field: &str, address: &str) -> Result<(), FieldError> {
-    let Some((host, port)) = address.rsplit_once(':') else {
-        return Err(FieldError::invalid(field, format!("{address:?} is not host:port")));
-    };
-    if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(FieldError::invalid(field, format!("{address:?} is not host:port")));
-    }
-    Ok(())
+    host_of(address).map(|_| ()).ok_or_else(|| FieldError::invalid(field, format!("{address:?} is not host:port")))
+}
+
+/// The host of `host:port` (with a valid port), or `None`.
+pub(crate) fn host_of(address: &str) -> Option<&str> {
+    let (host, port) = address.rsplit_once(':')?;
+    (!host.is_empty() && port.parse::<u16>().is_ok()).then_some(host)
 }
 
 /// iGniter's model needs the power, frequency and bandwidth figures along with the fitted

@@ -193,3 +193,13 @@ pub async fn seed(client: &Client) {
         client.put(r, proto::WriteMode::Unspecified).await.unwrap();
     }
 }
+
+/// The A100/H100 MIG geometry as a GpuModel's `spec.mig` (NVIDIA's profiles and starts).
+pub fn a100_mig() -> serde_json::Value {
+    serde_json::json!({"compute_slices": 7, "memory_slices": 8, "profiles": [
+        {"name": "1g", "compute_slices": 1, "memory_slices": 1, "starts": [0,1,2,3,4,5,6]},
+        {"name": "2g", "compute_slices": 2, "memory_slices": 2, "starts": [0,2,4]},
+        {"name": "3g", "compute_slices": 3, "memory_slices": 4, "starts": [0,4]},
+        {"name": "4g", "compute_slices": 4, "memory_slices": 4, "starts": [0]},
+        {"name": "7g", "compute_slices": 7, "memory_slices": 8, "starts": [0]}]})
+}
