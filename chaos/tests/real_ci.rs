@@ -3,38 +3,11 @@
 //! the history linearizable, inject every fault kind, see every storage fault end in a clear
 //! stop (never a panic, never reset state) and a rejoin, and the agents converge.
 
-use std::process::Command;
-
-use serde_json::Value;
+mod common;
 
 #[test]
 fn bounded_chaos_run_loses_nothing_and_stays_linearizable() {
-    if let Err(why) = chaos::real::net::available() {
-        // CI runs as root; elsewhere the run must be skipped explicitly, never silently.
-        if std::env::var_os("GPUPLANE_SKIP_PRIVILEGED_TESTS").is_some() {
-            eprintln!("skipped (GPUPLANE_SKIP_PRIVILEGED_TESTS is set): {why}");
-            return;
-        }
-        panic!("the chaos run needs network namespaces: {why}; set GPUPLANE_SKIP_PRIVILEGED_TESTS=1 to skip it explicitly");
-    }
-    // Builds the controller, agent and sim-infer binaries next to the `chaos` binary.
-    tests::binary("controlplane");
-    tests::binary("sim-infer");
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_chaos"))
-        .args(["real", "--scenario", "ci", "--settle-seconds", "1", "--report-json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the chaos run failed:\n{printed}");
-    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-
-    assert_eq!(report["lost"], 0, "{printed}");
-    assert_eq!(report["linearizable"], true, "{printed}");
-    assert!(report["acknowledged_writes"].as_u64().unwrap() > 0, "{printed}");
-    assert_eq!(report["problems"].as_array().unwrap().len(), 0, "{printed}");
+    let Some((report, printed)) = common::run_scenario("ci") else { return };
     for kind in [
         "kill -9",
         "SIGSTOP/SIGCONT",

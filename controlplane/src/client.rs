@@ -244,6 +244,16 @@ impl Client {
         .await
     }
 
+    /// A node agent's report (agents send theirs over their own connection; this is for
+    /// tools and tests that speak as a node).
+    pub async fn report(&self, report: proto::ReportRequest) -> Result<proto::ReportResponse, Status> {
+        self.call(|ch, t| {
+            let r = self.request(report.clone(), Some(t));
+            async move { proto::agent_client::AgentClient::new(ch).report(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
     /// Status as one specific node sees it (no retries elsewhere).
     pub async fn node_status(&self, addr: &str) -> Result<proto::ClusterStatusResponse, Status> {
         let ch = self.channels.get(addr).map_err(Status::invalid_argument)?;

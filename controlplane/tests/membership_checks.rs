@@ -95,7 +95,10 @@ async fn a_new_node_joins_as_learner_and_is_promoted_once_caught_up() {
     let before = members(&client).await;
     assert!(before.contains(&(6, addr6.clone(), false)));
     let err = client.add_member(6, &addr6, true).await.unwrap_err();
-    assert_eq!((err.code(), field_of(&err)), (Code::FailedPrecondition, "address"), "{err:?}");
+    // Refused either way: its address no longer answers the probe, or (when the probe
+    // raced the stop and got an answer) it never catches up within the wait.
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(["address", "node_id"].contains(&field_of(&err)), "{err:?}");
     assert_eq!(members(&client).await, before);
     client.remove_member(6).await.unwrap();
 

@@ -1,7 +1,7 @@
 //! The chaos runner.
 //!
 //!   chaos sim [--seeds 200] [--from 0] | --seed S [--trace] [--soak]
-//!   chaos real --scenario ci|kills [--kills 50] [--settle-seconds 2] [--report-json FILE]
+//!   chaos real --scenario ci|kills|hostile [--kills 50] [--settle-seconds 2] [--report-json FILE]
 //!
 //! `sim` runs seeded deterministic simulations (turmoil) of 3 or 5 controllers, agents and
 //! clients under faults; a failing seed is printed with the command that replays it.
@@ -151,6 +151,7 @@ fn real(args: RealArgs) -> Result<bool, String> {
     let keys = args.keys.unwrap_or(match args.scenario {
         Scenario::Ci => 4,
         Scenario::Kills => 256,
+        Scenario::Hostile => 16,
     });
     if args.clients == 0 || keys == 0 {
         return Err("--clients and --keys: must be at least 1".into());

@@ -47,6 +47,7 @@ pub struct Cluster {
     certs: PathBuf,
     /// The runner's own identity (an admin certificate).
     pub credentials: ClientCredentials,
+    hostile_token: String,
 }
 
 /// Where the workload and the observers reach the cluster, and as whom.
@@ -63,9 +64,12 @@ impl Access {
 }
 
 const RUNNER: &str = "chaos-runner";
+/// The tenant the `hostile` scenario plays, with a bearer token like any tenant.
+pub const HOSTILE_TENANT: &str = "mallory";
+const TOKENS_FILE: &str = "tokens.toml";
 
 /// Generates the CA and the certificates of controllers 1..=3, the agents and the runner.
-fn issue_certs(dir: &Path, net: &Network, ids: &[u64], agents: u8) -> Result<ClientCredentials, String> {
+fn issue_certs(dir: &Path, net: &Network, ids: &[u64], agents: u8, hostile_token: &str) -> Result<ClientCredentials, String> {
     let plan = CertPlan {
         controllers: ids.to_vec(),
         nodes: (1..=agents).map(agent_name).collect(),
@@ -74,6 +78,8 @@ fn issue_certs(dir: &Path, net: &Network, ids: &[u64], agents: u8) -> Result<Cli
         force: false,
     };
     certs::generate(dir, &plan).map_err(|e| format!("certificates: {e:#}"))?;
+    let tokens = format!("[tenants]\n{HOSTILE_TENANT} = {:?}\n", controlplane::security::hash_token(hostile_token));
+    std::fs::write(dir.join(TOKENS_FILE), tokens).map_err(|e| format!("tokens file: {e}"))?;
     let (cert, key) = certs::leaf_files(dir, &Principal::Admin(RUNNER.into()));
     let tls = TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).map_err(|e| format!("certificates: {e:#}"))?;
     Ok(ClientCredentials { tls: Some(tls), token: None })
@@ -107,7 +113,9 @@ impl Cluster {
         let ids = [1u64, 2, 3];
         let net = Network::create(&ids, agents)?;
         let certs = dir.join("certs");
-        let credentials = issue_certs(&certs, &net, &ids, agents)?;
+        // The hostile tenant's bearer token: random per run, known only to the runner.
+        let hostile_token = uuid::Uuid::new_v4().to_string();
+        let credentials = issue_certs(&certs, &net, &ids, agents, &hostile_token)?;
         let mut cluster = Cluster {
             dir: dir.to_path_buf(),
             net,
@@ -117,6 +125,7 @@ impl Cluster {
             mounts: Vec::new(),
             certs,
             credentials,
+            hostile_token,
         };
         for id in ids {
             let addr = format!("{}:{CONTROLLER_PORT}", cluster.net.ip(Host::Controller(id)));
@@ -162,6 +171,20 @@ impl Cluster {
         self.access().client()
     }
 
+    /// A client of the hostile tenant: its bearer token over TLS, no client certificate.
+    pub fn tenant_client(&self) -> Result<Client, String> {
+        let tls = TlsMaterial::load(&self.certs.join(certs::CA_CERT), None, None).map_err(|e| format!("certificates: {e:#}"))?;
+        Client::with_credentials(self.servers(), ClientCredentials { tls: Some(tls), token: Some(self.hostile_token.clone()) })
+    }
+
+    /// A client holding agent `index`'s node certificate: a compromised node.
+    pub fn node_client(&self, index: u8) -> Result<Client, String> {
+        let (cert, key) = certs::leaf_files(&self.certs, &Principal::Node(agent_name(index)));
+        let tls =
+            TlsMaterial::load(&self.certs.join(certs::CA_CERT), Some(&cert), Some(&key)).map_err(|e| format!("certificates: {e:#}"))?;
+        Client::with_credentials(self.servers(), ClientCredentials { tls: Some(tls), token: None })
+    }
+
     /// Starts controller `id` from its data dir; the log of each start is kept apart.
     pub fn start_controller(&mut self, id: u64, bootstrap: bool) -> Result<PathBuf, String> {
         let ns = self.net.namespace(Host::Controller(id)).expect("a controller's namespace");
@@ -178,6 +201,7 @@ impl Cluster {
         }
         let (cert, key) = certs::leaf_files(&self.certs, &Principal::Controller(id));
         cmd.arg("--ca").arg(self.certs.join(certs::CA_CERT)).arg("--cert").arg(cert).arg("--key").arg(key);
+        cmd.arg("--tokens").arg(self.certs.join(TOKENS_FILE));
         cmd.env("RUST_LOG", "info,openraft=warn");
         enter_namespace(&mut cmd, &ns)?;
         let log = self.dir.join(format!("controller-{id}.start-{}.log", c.starts));

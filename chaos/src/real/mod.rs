@@ -19,6 +19,7 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod hostile;
 pub mod net;
 pub mod observe;
 pub mod report;

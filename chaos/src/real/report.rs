@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 use super::faults::{Injection, StorageOutcome};
+use super::hostile::Attempt;
 use super::workload::{Ack, Counts};
 use crate::history::Verdict;
 
@@ -29,6 +30,8 @@ pub struct Report {
     /// From the final heal until every agent runs the latest plan.
     pub agent_convergence_ms: Option<f64>,
     pub storage_faults: Vec<StorageOutcome>,
+    /// The `hostile` scenario's attacks and what became of each.
+    pub hostile: Vec<Attempt>,
     /// Anything that fails the run besides lost or non-linearizable operations.
     pub problems: Vec<String>,
 }
@@ -78,6 +81,7 @@ pub struct Inputs<'a> {
     pub leader_changes: u64,
     pub agent_convergence: Option<Duration>,
     pub storage_faults: Vec<StorageOutcome>,
+    pub hostile: Vec<Attempt>,
     pub problems: Vec<String>,
 }
 
@@ -109,7 +113,11 @@ impl Report {
                 problems.push(format!("controller {} did not rejoin after {}", s.node, s.how));
             }
         }
+        for a in i.hostile.iter().filter(|a| !a.refused_as_expected()) {
+            problems.push(format!("{} attack \"{}\": expected {}, got {}", a.who, a.what, a.expected, a.got));
+        }
         Report {
+            hostile: i.hostile,
             scenario: i.scenario.to_string(),
             seconds: (i.ended - i.started).as_secs_f64().round(),
             operations: i.counts,
@@ -171,6 +179,13 @@ impl Report {
                 let _ = writeln!(s, "  {n}");
             }
             let _ = writeln!(s, "  {}", if f.rejoined { &f.recovery } else { "did NOT rejoin" });
+        }
+        if !self.hostile.is_empty() {
+            let ok = self.hostile.iter().filter(|a| a.refused_as_expected()).count();
+            let _ = writeln!(s, "hostile attempts: {ok} of {} answered as expected", self.hostile.len());
+            for a in &self.hostile {
+                let _ = writeln!(s, "  {:<8} {:<66} {}", a.who, a.what, a.got);
+            }
         }
         for p in &self.problems {
             let _ = writeln!(s, "PROBLEM: {p}");

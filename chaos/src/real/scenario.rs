@@ -22,6 +22,8 @@ pub enum Scenario {
     Ci,
     /// The leader killed `--kills` times under continuous writes.
     Kills,
+    /// A hostile tenant, operator and compromised node attack while clients write.
+    Hostile,
 }
 
 #[derive(Clone, Debug)]
@@ -176,7 +178,12 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     let dir = opts.dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ci = opts.scenario == Scenario::Ci;
-    let (agent_count, small_disk) = if ci { (2, Some(SMALL_DISK_NODE)) } else { (0, None) };
+    let hostile = opts.scenario == Scenario::Hostile;
+    let (agent_count, small_disk) = match opts.scenario {
+        Scenario::Ci => (2, Some(SMALL_DISK_NODE)),
+        Scenario::Hostile => (2, None),
+        Scenario::Kills => (0, None),
+    };
     let cluster = Cluster::start(&dir, bins, agent_count, small_disk)?;
     let client = cluster.client();
     let mut run = Run { cluster, client, injections: Vec::new(), storage: Vec::new(), settle: Duration::from_secs_f64(opts.settle_s) };
@@ -185,8 +192,11 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         run.client.put(r, proto::WriteMode::Unspecified).await.map_err(|e| format!("seeding the cluster: {e}"))?;
     }
     let agents: Vec<String> = run.cluster.agents.iter().map(|a| a.name.clone()).collect();
-    if ci {
+    if ci || hostile {
         wait_agents(&run.client, &agents, "chaos-web", PATIENCE).await?;
+    }
+    if hostile {
+        super::hostile::prepare(&run.client).await?;
     }
 
     let history = History::new();
@@ -196,7 +206,16 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     let started = workload.started;
     let mut problems = Vec::new();
     let mut convergence = None;
-    let outcome = if ci { ci_faults(&mut run, &workload, &agents).await } else { kills(&mut run, &workload, opts.kills).await };
+    let mut attempts = Vec::new();
+    let outcome = match opts.scenario {
+        Scenario::Ci => ci_faults(&mut run, &workload, &agents).await,
+        Scenario::Kills => kills(&mut run, &workload, opts.kills).await,
+        Scenario::Hostile => hostile_attacks(&mut run, &agents).await.map(|(a, p)| {
+            attempts = a;
+            problems.extend(p);
+            None
+        }),
+    };
     match outcome {
         Ok(c) => convergence = c,
         Err(e) => problems.push(e),
@@ -213,7 +232,11 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     let verdict = check(&history);
     let acks = acks.lock().unwrap().clone();
     let report = Report::build(Inputs {
-        scenario: if ci { "ci" } else { "kills" },
+        scenario: match opts.scenario {
+            Scenario::Ci => "ci",
+            Scenario::Kills => "kills",
+            Scenario::Hostile => "hostile",
+        },
         started,
         ended,
         counts,
@@ -223,6 +246,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         leader_changes,
         agent_convergence: convergence,
         storage_faults: run.storage,
+        hostile: attempts,
         problems,
     });
     if !report.passed() && opts.dir.is_none() {
@@ -274,6 +298,27 @@ async fn ci_faults(run: &mut Run, w: &Workload, agents: &[String]) -> Result<Opt
     run.injections.push(Injection { kind: FaultKind::AgentsCutOff, node: 0, at });
     let converged = wait_agents(&run.client, agents, "chaos-thumbs", PATIENCE).await?;
     Ok(Some(converged))
+}
+
+/// The hostile scenario: attacks against the node that serves `chaos-web` (acme's service),
+/// then the checks of what must have survived them.
+async fn hostile_attacks(run: &mut Run, agents: &[String]) -> Result<(Vec<super::hostile::Attempt>, Vec<String>), String> {
+    run.pause_between().await;
+    let plans = run.client.list("Plan", "", false).await.map_err(|e| format!("reading the plan: {e}"))?;
+    let (plan, _) = controlplane::demo::show::plan_of(&plans.resources).ok_or("no plan before the attacks")?;
+    let node = plan
+        .gpus
+        .iter()
+        .find(|g| g.workloads.iter().any(|w| w.service == "chaos-web"))
+        .map(|g| g.node.clone())
+        .ok_or("chaos-web is not planned before the attacks")?;
+    let index = run.cluster.agents.iter().find(|a| a.name == node).map(|a| a.index).ok_or(format!("{node} is no agent of the run"))?;
+    let other = agents.iter().find(|a| **a != node).cloned().ok_or("the scenario needs two agents")?;
+    let attempts = super::hostile::attack(&run.cluster, &run.client, index, &node, &other, "chaos-web").await?;
+    let hosts: Vec<String> = run.cluster.agents.iter().map(|a| run.cluster.net.ip(Host::Agent(a.index)).to_string()).collect();
+    let problems = super::hostile::check_aftermath(&run.cluster, &run.client, "chaos-web", &hosts, PATIENCE).await;
+    run.pause_between().await;
+    Ok((attempts, problems))
 }
 
 async fn kills(run: &mut Run, w: &Workload, kills: usize) -> Result<Option<Duration>, String> {

@@ -3,6 +3,7 @@
 //! model profiles); agents see the catalogue and their own Node; Nodes and Plans (which
 //! show every tenant's placements) and status writes are for admins.
 
+use super::errors::permission_denied;
 use tonic::Status;
 
 use crate::resources::{Kind, StoredResource};
@@ -44,7 +45,7 @@ impl Visibility {
 /// Refuses a kind the principal may not see at all.
 pub fn may_read_kind(principal: &Principal, kind: Kind) -> Result<Visibility, Status> {
     match Visibility::of(principal, kind) {
-        Visibility::Nothing => Err(Status::permission_denied(format!("kind: {principal} may not read {kind} resources"))),
+        Visibility::Nothing => Err(permission_denied("kind", format!("{principal} may not read {kind} resources"))),
         v => Ok(v),
     }
 }
@@ -63,25 +64,25 @@ pub fn may_write(
         return Ok(());
     }
     if status_only {
-        return Err(Status::permission_denied(format!("status_only: {principal} may not write the status of resources")));
+        return Err(permission_denied("status_only", format!("{principal} may not write the status of resources")));
     }
     match principal {
         Principal::Tenant(t) if kind == Kind::Service => {
             if tenant != t {
-                return Err(Status::permission_denied(format!("tenant: {principal} may write only its own tenant's services")));
+                return Err(permission_denied("tenant", format!("{principal} may write only its own tenant's services")));
             }
             if existing.is_some_and(|r| r.tenant != *t) {
-                return Err(Status::permission_denied(format!("name: Service {name:?} belongs to another tenant")));
+                return Err(permission_denied("name", format!("Service {name:?} belongs to another tenant")));
             }
             Ok(())
         }
         Principal::Node(n) if kind == Kind::Node => {
             if name != n {
-                return Err(Status::permission_denied(format!("name: {principal} may write only its own Node, not {name:?}")));
+                return Err(permission_denied("name", format!("{principal} may write only its own Node, not {name:?}")));
             }
             Ok(())
         }
-        _ => Err(Status::permission_denied(format!("kind: {principal} may not write {kind} resources"))),
+        _ => Err(permission_denied("kind", format!("{principal} may not write {kind} resources"))),
     }
 }
 

@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::errors::ApiError;
+use super::errors::{permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::desired_state;
 use crate::agents::report_check::{check_report, ReportRefusal};
@@ -36,10 +36,8 @@ fn check_node(caller: &Principal, node: &str) -> Result<(), Status> {
     match caller {
         p if p.is_admin() => Ok(()),
         Principal::Node(own) if own == node => Ok(()),
-        Principal::Node(own) => {
-            Err(Status::permission_denied(format!("node: the certificate of node {own:?} does not speak for node {node:?}")))
-        }
-        other => Err(Status::permission_denied(format!("node: {other} is not a node agent"))),
+        Principal::Node(own) => Err(permission_denied("node", format!("the certificate of node {own:?} does not speak for node {node:?}"))),
+        other => Err(permission_denied("node", format!("{other} is not a node agent"))),
     }
 }
 
@@ -151,10 +149,7 @@ impl Agent for AgentService {
             self.controller.telemetry.observe_report_refused(refusal.reason());
             tracing::warn!(node = %req.node, %refusal, "agent report refused");
             return Err(match refusal {
-                ReportRefusal::NotTheNodes(e) => {
-                    let status = Status::from(ApiError::Field(e));
-                    Status::with_metadata(tonic::Code::PermissionDenied, status.message(), status.metadata().clone())
-                }
+                ReportRefusal::NotTheNodes(e) => permission_denied(&e.field, e.reason),
                 ReportRefusal::Invalid(e) => ApiError::Field(e).into(),
             });
         }

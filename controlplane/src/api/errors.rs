@@ -41,6 +41,16 @@ impl From<ApiError> for Status {
     }
 }
 
+/// `PermissionDenied` naming `field` in the message and in the field metadata, like every
+/// other refusal.
+pub fn permission_denied(field: &str, reason: impl std::fmt::Display) -> Status {
+    let mut status = Status::permission_denied(format!("{field}: {reason}"));
+    if let Ok(v) = MetadataValue::try_from(field) {
+        status.metadata_mut().insert(proto::meta::FIELD, v);
+    }
+    status
+}
+
 /// `Unavailable` carrying the leader's id and address (when known) so clients can retry there.
 pub fn not_leader_status(leader: Option<(NodeId, String)>) -> Status {
     match leader {

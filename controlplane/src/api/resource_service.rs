@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::access::{self, may_read_kind};
 use super::convert::{parse_kind, resource_to_proto, spec_from_proto};
-use super::errors::ApiError;
+use super::errors::{permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use super::paging;
 use super::watch;
@@ -98,8 +98,9 @@ impl ControlPlane for ResourceService {
             }
             // The service changed hands between the check above and the write: the state
             // machine's message names the owner, which only admins may see.
-            Err(ApiError::Field(f)) if f.field == "tenant" && !caller.is_admin() => {
-                Err(Status::permission_denied("name: this Service belongs to another tenant"))
+            // (Only that refusal: a quota refusal on `tenant` is about the caller's own tenant.)
+            Err(ApiError::Field(f)) if f.field == "tenant" && f.code == ErrorCode::InvalidArgument && !caller.is_admin() => {
+                Err(permission_denied("name", "this Service belongs to another tenant"))
             }
             Err(e) => Err(e.into()),
         }
@@ -114,10 +115,10 @@ impl ControlPlane for ResourceService {
         req.request_id = request_id(&req.request_id);
         if !caller.is_admin() {
             let Principal::Tenant(t) = &caller else {
-                return Err(Status::permission_denied(format!("kind: {caller} may not delete {kind} resources")));
+                return Err(permission_denied("kind", format!("{caller} may not delete {kind} resources")));
             };
             if kind != Kind::Service {
-                return Err(Status::permission_denied(format!("kind: {caller} may not delete {kind} resources")));
+                return Err(permission_denied("kind", format!("{caller} may not delete {kind} resources")));
             }
             // Ownership is checked where the delete is written: a follower may not have
             // applied the tenant's own latest writes yet.
@@ -188,7 +189,7 @@ impl ControlPlane for ResourceService {
         let visible = may_read_kind(&caller, kind)?;
         if let (Principal::Tenant(t), false) = (&caller, req.tenant.is_empty()) {
             if req.tenant != *t {
-                return Err(Status::permission_denied(format!("tenant: {caller} may list only its own tenant's resources")));
+                return Err(permission_denied("tenant", format!("{caller} may list only its own tenant's resources")));
             }
         }
         let limit = paging::page_limit(req.limit).map_err(ApiError::from)?;
