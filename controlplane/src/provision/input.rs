@@ -53,6 +53,7 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
                 .insert(r.name.clone(), BatchDistribution::LogNormal { mu: *mu, sigma: *sigma, max_batch: *max_batch });
         }
     }
+    let mut profiled = std::collections::BTreeSet::new();
     for r in cluster.list(Kind::ModelProfile) {
         let Spec::ModelProfile(spec) = &r.spec else { continue };
         let points: Vec<ProfilePoint> = spec
@@ -74,13 +75,12 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
             .filter_map(|p| p.utilisation.map(|u| UtilPoint { gpcs: p.gpcs, batch: p.batch, utilisation: u }))
             .collect();
         // One profile per (model, GPU model) is admitted; should a log from before that rule
-        // hold two, the first by name counts (never a merge of both tables).
-        let tables = input.profiles.tables.entry(spec.gpu_model.clone()).or_default();
-        if tables.contains_key(&spec.model) {
+        // hold two, the first by name counts (never a merge of both).
+        if !profiled.insert((spec.gpu_model.as_str(), spec.model.as_str())) {
             continue;
         }
         if !points.is_empty() {
-            tables.entry(spec.model.clone()).or_default().points.extend(points);
+            input.profiles.tables.entry(spec.gpu_model.clone()).or_default().entry(spec.model.clone()).or_default().points.extend(points);
         }
         if !utilisation.is_empty() {
             input
