@@ -68,40 +68,62 @@ pub struct JointMixes {
 }
 
 /// Minimal covering mixes of one service (no segment can be dropped) with at most
-/// `max_gpcs` GPCs, cheapest first; at most `limit` of them.
-fn minimal_mixes(c: &ServiceChoice<'_>, max_gpcs: u32, limit: usize) -> Vec<Demand> {
-    fn walk(c: &ServiceChoice<'_>, k: usize, left: f64, cur: &mut Demand, max_gpcs: u32, out: &mut Vec<Demand>, limit: usize) {
-        if out.len() >= limit {
-            return;
-        }
-        if left <= 1e-9 {
-            // Minimal: dropping any one segment uncovers the rate.
-            let total: f64 = (0..5).filter_map(|i| c.triplets[i].map(|t| f64::from(cur[i]) * t.throughput)).sum();
-            let minimal = (0..5).all(|i| cur[i] == 0 || c.triplets[i].is_none_or(|t| total - t.throughput < c.rate - 1e-9));
-            if minimal {
-                out.push(*cur);
-            }
-            return;
-        }
-        if k == 5 {
-            return;
-        }
-        let Some(t) = c.triplets[k] else { return walk(c, k + 1, left, cur, max_gpcs, out, limit) };
-        let most = (left / t.throughput - 1e-9).ceil().max(0.0) as u32;
-        for n in 0..=most {
-            cur[k] = n;
-            if out.len() >= limit || gpcs_of(cur) > max_gpcs {
-                break;
-            }
-            walk(c, k + 1, left - f64::from(n) * t.throughput, cur, max_gpcs, out, limit);
-        }
-        cur[k] = 0;
+/// `max_gpcs` GPCs, cheapest first; at most `limit` of them. The walk takes at most
+/// [`WALK_STEPS_PER_SERVICE`] steps (the mix space is a product over the five sizes, vast
+/// for a large rate over slow segments); `false` when it stopped there, so the caller knows
+/// the list may lack mixes.
+fn minimal_mixes(c: &ServiceChoice<'_>, max_gpcs: u32, limit: usize) -> (Vec<Demand>, bool) {
+    struct Walk<'a, 'b> {
+        c: &'a ServiceChoice<'b>,
+        max_gpcs: u32,
+        limit: usize,
+        out: Vec<Demand>,
+        steps: u64,
     }
-    let mut out = Vec::new();
-    walk(c, 0, c.rate, &mut [0; 5], max_gpcs, &mut out, limit);
+    impl Walk<'_, '_> {
+        fn done(&self) -> bool {
+            self.out.len() >= self.limit || self.steps >= WALK_STEPS_PER_SERVICE
+        }
+        fn walk(&mut self, k: usize, left: f64, cur: &mut Demand) {
+            self.steps += 1;
+            if self.done() {
+                return;
+            }
+            let c = self.c;
+            if left <= 1e-9 {
+                // Minimal: dropping any one segment uncovers the rate.
+                let total: f64 = (0..5).filter_map(|i| c.triplets[i].map(|t| f64::from(cur[i]) * t.throughput)).sum();
+                let minimal = (0..5).all(|i| cur[i] == 0 || c.triplets[i].is_none_or(|t| total - t.throughput < c.rate - 1e-9));
+                if minimal {
+                    self.out.push(*cur);
+                }
+                return;
+            }
+            if k == 5 {
+                return;
+            }
+            let Some(t) = c.triplets[k] else { return self.walk(k + 1, left, cur) };
+            let most = (left / t.throughput - 1e-9).ceil().max(0.0) as u32;
+            for n in 0..=most {
+                cur[k] = n;
+                if self.done() || gpcs_of(cur) > self.max_gpcs {
+                    break;
+                }
+                self.walk(k + 1, left - f64::from(n) * t.throughput, cur);
+            }
+            cur[k] = 0;
+        }
+    }
+    let mut w = Walk { c, max_gpcs, limit, out: Vec::new(), steps: 0 };
+    w.walk(0, c.rate, &mut [0; 5]);
+    let complete = w.steps < WALK_STEPS_PER_SERVICE;
+    let mut out = w.out;
     out.sort_by_key(|d| (gpcs_of(d), d.iter().sum::<u32>()));
-    out
+    (out, complete)
 }
+
+/// Steps of one service's mix walk (a hostile-input property run found a walk of hours).
+const WALK_STEPS_PER_SERVICE: u64 = 200_000;
 
 /// Most minimal mixes considered per service; beyond it the search is marked incomplete.
 const MIXES_PER_SERVICE: usize = 4096;
@@ -147,7 +169,7 @@ impl Search<'_> {
 /// `incumbent` = (GPUs, GPCs) of a plan already in hand. `node_budget` bounds the search.
 pub fn best_mixes(services: &[ServiceChoice<'_>], incumbent: (u32, u32), node_budget: u64) -> Option<JointMixes> {
     // A mix can exceed its service's minimum by at most the slack of the incumbent.
-    let mins: Vec<u32> = services.iter().map(|c| minimal_mixes(c, u32::MAX, 1).first().map_or(0, gpcs_of)).collect();
+    let mins: Vec<u32> = services.iter().map(|c| minimal_mixes(c, u32::MAX, 1).0.first().map_or(0, gpcs_of)).collect();
     let total_min: u32 = mins.iter().sum();
     let slack = (7 * incumbent.0).saturating_sub(total_min);
     let mut complete = true;
@@ -157,8 +179,8 @@ pub fn best_mixes(services: &[ServiceChoice<'_>], incumbent: (u32, u32), node_bu
     let mixes: Vec<Vec<Demand>> = order
         .iter()
         .map(|&i| {
-            let m = minimal_mixes(&services[i], mins[i].saturating_add(slack), MIXES_PER_SERVICE);
-            complete &= m.len() < MIXES_PER_SERVICE;
+            let (m, walked) = minimal_mixes(&services[i], mins[i].saturating_add(slack), MIXES_PER_SERVICE);
+            complete &= walked && m.len() < MIXES_PER_SERVICE;
             m
         })
         .collect();
@@ -255,7 +277,7 @@ mod tests {
         let a: OptimalTriplets = [Some(t(1, 30.0)), None, Some(t(3, 90.0)), None, None];
         let b: OptimalTriplets = [Some(t(1, 20.0)), Some(t(2, 50.0)), Some(t(3, 100.0)), Some(t(4, 120.0)), None];
         let services = [ServiceChoice { triplets: &a, rate: 250.0 }, ServiceChoice { triplets: &b, rate: 150.0 }];
-        let per_service: Vec<Demand> = services.iter().map(|s| minimal_mixes(s, u32::MAX, 100)[0]).collect();
+        let per_service: Vec<Demand> = services.iter().map(|s| minimal_mixes(s, u32::MAX, 100).0[0]).collect();
         assert_eq!(per_service, vec![[0, 0, 3, 0, 0], [0, 1, 1, 0, 0]]);
         assert_eq!(gpus_needed(&[0, 1, 4, 0, 0]), 3);
         let best = best_mixes(&services, (3, 14), 1_000_000).expect("a 2-GPU choice exists");
@@ -281,7 +303,7 @@ mod tests {
                 o
             }).collect();
             let services: Vec<ServiceChoice<'_>> = options.iter().zip(&rates).map(|(o, &r)| ServiceChoice { triplets: o, rate: f64::from(r) }).collect();
-            let all: Vec<Vec<Demand>> = services.iter().map(|s| minimal_mixes(s, u32::MAX, 100_000)).collect();
+            let all: Vec<Vec<Demand>> = services.iter().map(|s| minimal_mixes(s, u32::MAX, 100_000).0).collect();
             let mut brute = (u32::MAX, u32::MAX);
             let mut idx = vec![0usize; all.len()];
             loop {
