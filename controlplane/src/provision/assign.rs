@@ -5,7 +5,7 @@
 
 use crate::resources::{GpuAssignment, MigPlacement, PlanSpec, WorkloadAssignment};
 use planner::plan::{GpuPlan, Plan, Sharing};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One physical GPU of the fleet.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -38,50 +38,126 @@ fn assignment(g: &GpuPlan, fleet: &FleetGpu) -> GpuAssignment {
     GpuAssignment { node: fleet.node.clone(), gpu_uuid: fleet.uuid.clone(), mig_layout, workloads }
 }
 
-/// How well a physical GPU's current assignment matches a planned one: identical (2),
-/// same MIG layout (1), anything else (0).
-fn affinity(planned: &GpuAssignment, current: Option<&GpuAssignment>) -> u8 {
-    match current {
-        Some(c) if c.mig_layout == planned.mig_layout && c.workloads == planned.workloads => 2,
-        Some(c) if c.mig_layout == planned.mig_layout => 1,
-        _ => 0,
+/// What a GPU runs, as a hashable key: its MIG layout alone, or the layout with every
+/// workload (shares by their bits, so equal keys mean equal assignments).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct LayoutKey(Vec<(String, u8)>);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ContentKey(LayoutKey, Vec<(String, Option<usize>, u64, u32, u32, u64)>);
+
+fn layout_key(layout: &[MigPlacement]) -> LayoutKey {
+    LayoutKey(layout.iter().map(|p| (p.profile.clone(), p.start)).collect())
+}
+
+fn content_key(a: &GpuAssignment) -> ContentKey {
+    let workloads = a
+        .workloads
+        .iter()
+        .map(|w| (w.service.clone(), w.mig_instance, w.mps_percent.to_bits(), w.batch, w.processes, w.shadow_mps_percent.to_bits()))
+        .collect();
+    ContentKey(layout_key(&a.mig_layout), workloads)
+}
+
+/// Free physical GPUs in the order they are taken: nodes the operator runs before nodes the
+/// autoscaler launched (so those can empty and go), then fleet order.
+type FreeSet = BTreeSet<(bool, usize)>;
+
+/// The free GPUs of the fleet, indexed three ways: by model, by (model, current MIG layout)
+/// and by (model, current assignment). Taking a GPU removes it from all three, so each
+/// lookup and removal is O(log n) and a whole assignment O(n log n) in the plan's and the
+/// fleet's size.
+struct FreeGpus<'a> {
+    fleet: &'a [FleetGpu],
+    by_model: HashMap<&'a str, FreeSet>,
+    by_layout: HashMap<(&'a str, LayoutKey), FreeSet>,
+    by_content: HashMap<(&'a str, ContentKey), FreeSet>,
+    current: Vec<Option<(LayoutKey, ContentKey)>>,
+}
+
+impl<'a> FreeGpus<'a> {
+    fn new(fleet: &'a [FleetGpu], current: Option<&PlanSpec>) -> Self {
+        let now: HashMap<&str, &GpuAssignment> =
+            current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
+        let mut free =
+            FreeGpus { fleet, by_model: HashMap::new(), by_layout: HashMap::new(), by_content: HashMap::new(), current: Vec::new() };
+        for (k, f) in fleet.iter().enumerate() {
+            let slot = (f.autoscaled, k);
+            free.by_model.entry(f.model.as_str()).or_default().insert(slot);
+            let keys = now.get(f.uuid.as_str()).map(|a| (layout_key(&a.mig_layout), content_key(a)));
+            if let Some((layout, content)) = &keys {
+                free.by_layout.entry((f.model.as_str(), layout.clone())).or_default().insert(slot);
+                free.by_content.entry((f.model.as_str(), content.clone())).or_default().insert(slot);
+            }
+            free.current.push(keys);
+        }
+        free
+    }
+
+    fn first(set: Option<&FreeSet>) -> Option<usize> {
+        set.and_then(|s| s.first()).map(|&(_, k)| k)
+    }
+
+    fn take(&mut self, k: usize) {
+        let f = &self.fleet[k];
+        let slot = (f.autoscaled, k);
+        if let Some(s) = self.by_model.get_mut(f.model.as_str()) {
+            s.remove(&slot);
+        }
+        if let Some((layout, content)) = self.current[k].take() {
+            if let Some(s) = self.by_layout.get_mut(&(f.model.as_str(), layout)) {
+                s.remove(&slot);
+            }
+            if let Some(s) = self.by_content.get_mut(&(f.model.as_str(), content)) {
+                s.remove(&slot);
+            }
+        }
     }
 }
 
 /// The plan's GPUs on the fleet, and the services (with the reason) that lost GPUs for
 /// want of a physical one.
+///
+/// In three rounds over the planned GPUs, so that a GPU's current work moves as little as
+/// possible: first each planned GPU takes a free physical GPU that already runs exactly it
+/// (no reconfiguration), then one with the same MIG layout (no repartitioning), then any
+/// free GPU of its model. Within a round, planned GPUs go in plan order.
 pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpec>) -> (Vec<GpuAssignment>, BTreeMap<String, String>) {
-    let now: BTreeMap<&str, &GpuAssignment> =
-        current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
-    let mut free: BTreeSet<usize> = (0..fleet.len()).collect();
-    let mut out = Vec::new();
+    let mut free = FreeGpus::new(fleet, current);
+    // The planned content of each GPU, placed on no GPU yet (node and uuid are filled in).
+    let planned: Vec<GpuAssignment> = plan.gpus.iter().map(|g| assignment(g, &FleetGpu::unplaced(&g.gpu_type))).collect();
+    let mut picked: Vec<Option<usize>> = vec![None; planned.len()];
+    for (i, p) in planned.iter().enumerate() {
+        let model = plan.gpus[i].gpu_type.as_str();
+        if let Some(k) = FreeGpus::first(free.by_content.get(&(model, content_key(p)))) {
+            free.take(k);
+            picked[i] = Some(k);
+        }
+    }
+    for (i, p) in planned.iter().enumerate() {
+        if picked[i].is_some() {
+            continue;
+        }
+        let model = plan.gpus[i].gpu_type.as_str();
+        if let Some(k) = FreeGpus::first(free.by_layout.get(&(model, layout_key(&p.mig_layout)))) {
+            free.take(k);
+            picked[i] = Some(k);
+        }
+    }
+    let mut out = Vec::with_capacity(planned.len());
     let mut unplaced: BTreeMap<String, String> = BTreeMap::new();
-    // Most constrained first: GPUs whose exact current match exists keep it.
-    let mut order: Vec<(u8, usize)> = plan
-        .gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let best = fleet
-                .iter()
-                .filter(|f| f.model == g.gpu_type)
-                .map(|f| affinity(&assignment(g, f), now.get(f.uuid.as_str()).copied()))
-                .max()
-                .unwrap_or(0);
-            (best, i)
-        })
-        .collect();
-    order.sort_by_key(|&(best, i)| (std::cmp::Reverse(best), i));
-    for (_, i) in order {
+    for (i, mut p) in planned.into_iter().enumerate() {
         let g = &plan.gpus[i];
-        let pick = free.iter().copied().filter(|&k| fleet[k].model == g.gpu_type).max_by_key(|&k| {
-            let kept = affinity(&assignment(g, &fleet[k]), now.get(fleet[k].uuid.as_str()).copied());
-            (kept, !fleet[k].autoscaled, std::cmp::Reverse(k))
+        let k = picked[i].or_else(|| {
+            let k = FreeGpus::first(free.by_model.get(g.gpu_type.as_str()))?;
+            free.take(k);
+            Some(k)
         });
-        match pick {
+        match k {
             Some(k) => {
-                free.remove(&k);
-                out.push(assignment(g, &fleet[k]));
+                p.node.clone_from(&fleet[k].node);
+                p.gpu_uuid.clone_from(&fleet[k].uuid);
+                out.push(p);
             }
             None => {
                 for w in &g.workloads {
@@ -95,6 +171,12 @@ pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpe
     }
     out.sort_by(|a, b| (a.node.as_str(), a.gpu_uuid.as_str()).cmp(&(b.node.as_str(), b.gpu_uuid.as_str())));
     (out, unplaced)
+}
+
+impl FleetGpu {
+    fn unplaced(model: &str) -> FleetGpu {
+        FleetGpu { node: String::new(), uuid: String::new(), model: model.to_string(), autoscaled: false }
+    }
 }
 
 #[cfg(test)]
@@ -138,8 +220,8 @@ mod tests {
         assert!(unplaced.is_empty());
         let current = PlanSpec {
             strategy: "t".into(),
-            gpus: now.clone(),
-            services: vec![],
+            gpus: now.clone().into(),
+            services: Default::default(),
             inputs_digest: String::new(),
             trace_parent: String::new(),
         };
@@ -147,6 +229,26 @@ mod tests {
         let again = plan(vec![gpu(0, &[(MigProfile::G4, 0), (MigProfile::G3, 4)], "b"), gpu(1, &[(MigProfile::G7, 0)], "a")]);
         let (next, _) = assign_to_nodes(&again, &fleet(3), Some(&current));
         assert_eq!(next, now);
+    }
+
+    #[test]
+    fn a_change_to_one_gpu_of_a_large_plan_moves_only_that_gpu() {
+        let layout = [(MigProfile::G4, 0), (MigProfile::G3, 4)];
+        let gpus: Vec<GpuPlan> = (0..400).map(|i| gpu(i, &layout, &format!("s{}", i % 37))).collect();
+        let f = fleet(600);
+        let (now, _) = assign_to_nodes(&plan(gpus.clone()), &f, None);
+        let current = PlanSpec { strategy: "t".into(), gpus: now.clone().into(), ..PlanSpec::default() };
+        // The same plan, reordered, with one GPU's batch changed: 399 GPUs stay exactly where
+        // they are and the changed one keeps its MIG layout (no repartitioning anywhere).
+        let mut next_gpus: Vec<GpuPlan> = gpus.into_iter().rev().collect();
+        next_gpus[17].workloads[0].batch_size = 16;
+        let (next, unplaced) = assign_to_nodes(&plan(next_gpus), &f, Some(&current));
+        assert!(unplaced.is_empty());
+        let before: BTreeSet<_> = now.iter().map(|a| (a.gpu_uuid.clone(), format!("{a:?}"))).collect();
+        let changed: Vec<_> = next.iter().filter(|a| !before.contains(&(a.gpu_uuid.clone(), format!("{a:?}")))).collect();
+        assert_eq!(changed.len(), 1, "{changed:?}");
+        let was = now.iter().find(|a| a.gpu_uuid == changed[0].gpu_uuid).expect("the changed GPU was in use");
+        assert_eq!(was.mig_layout, changed[0].mig_layout);
     }
 
     #[test]
