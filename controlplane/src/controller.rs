@@ -32,6 +32,8 @@ pub struct Controller {
     pub raft: Raft,
     pub sm: Arc<SmShared>,
     pub committed: Arc<AtomicU64>,
+    /// Bytes appended to this node's Raft log since it started.
+    pub log_bytes: Arc<AtomicU64>,
     /// Shared with the Raft network: also used to forward client requests to the leader.
     pub channels: PeerChannels,
     /// Latest agent reports; meaningful on the leader only.

@@ -180,6 +180,7 @@ where
         raft: handle.raft.clone(),
         sm: handle.state.clone(),
         committed: handle.committed.clone(),
+        log_bytes: handle.appended_bytes.clone(),
         channels,
         reports: AgentReports::default(),
         telemetry: ControllerMetrics::default(),

@@ -354,8 +354,9 @@ mod tests {
     fn plan(gpus: Vec<GpuAssignment>) -> PlanSpec {
         PlanSpec {
             strategy: "igniter".into(),
-            gpus,
-            services: vec![ServicePrediction { service: "web".into(), capacity_rps: 100.0, latency_ms: 30.0, infeasible_reason: None }],
+            gpus: gpus.into(),
+            services: vec![ServicePrediction { service: "web".into(), capacity_rps: 100.0, latency_ms: 30.0, infeasible_reason: None }]
+                .into(),
             inputs_digest: "fnv1a64:0123456789abcdef".into(),
             trace_parent: String::new(),
         }

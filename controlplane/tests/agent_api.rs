@@ -81,6 +81,69 @@ async fn desired_state_is_the_plan_projected_on_the_node_and_resumes_by_version(
     assert!(third.version > second.version);
 }
 
+fn plan_batches(n1: u32, n2: u32) -> proto::Resource {
+    resource(
+        "Plan",
+        "current",
+        "",
+        json!({"strategy": "parvagpu", "gpus": [
+            {"node": "n1", "gpu_uuid": "GPU-n1", "mig_layout": [{"profile": "7g", "start": 0}],
+             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": n1}]},
+            {"node": "n2", "gpu_uuid": "GPU-n2", "mig_layout": [{"profile": "7g", "start": 0}],
+             "workloads": [{"service": "api", "mig_instance": 0, "mps_percent": 100, "batch": n2}]}
+        ]}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_reaches_only_the_watchers_of_the_nodes_it_changes() {
+    let cluster = TestCluster::start(3, fast_settings()).await;
+    let client = cluster.client();
+    seed(&client).await;
+    client.put(service("web", 100.0, 40.0), proto::WriteMode::Create).await.unwrap();
+    client.put(service("api", 100.0, 40.0), proto::WriteMode::Create).await.unwrap();
+    for n in ["n1", "n2", "n3"] {
+        client.put(node(n), proto::WriteMode::Create).await.unwrap();
+    }
+    client.put(plan_batches(8, 8), proto::WriteMode::Create).await.unwrap();
+    let endpoints = cluster.endpoints();
+    let mut agent = agent_client(&endpoints[1]).await;
+    let watch = |n: &str| {
+        let req = proto::WatchDesiredRequest { node: n.into(), from_version: 0 };
+        let mut agent = agent.clone();
+        async move { agent.watch_desired(req).await.unwrap().into_inner() }
+    };
+    let (mut n1, mut n2, mut n3) = (watch("n1").await, watch("n2").await, watch("n3").await);
+    let (first1, first2) = (next(&mut n1).await, next(&mut n2).await);
+    assert_eq!(first1.version, first2.version, "both placed by the same commit");
+
+    // Only n1's batch changes: n1 gets it; n2 (untouched) and n3 (no work) get nothing, which
+    // shows below as their next message being the later change that does concern them.
+    client.put(plan_batches(16, 8), proto::WriteMode::Update).await.unwrap();
+    let second1 = next(&mut n1).await;
+    assert_eq!(second1.gpus[0].workloads[0].batch, 16);
+    assert!(second1.version > first1.version);
+    // api's SLO concerns n2 alone.
+    client.put(service("api", 100.0, 60.0), proto::WriteMode::Update).await.unwrap();
+    let second2 = next(&mut n2).await;
+    assert_eq!(second2.gpus[0].workloads[0].slo_ms, 60.0, "n2's next message is api's change, not n1's");
+    assert!(second2.version > second1.version);
+    // The Plan's own version is not the node's: n2 is still at the version of its last change.
+    let resumed = agent.watch_desired(proto::WatchDesiredRequest { node: "n2".into(), from_version: second2.version }).await;
+    let mut resumed = resumed.unwrap().into_inner();
+    // n3 receives its first state when work is placed on it.
+    let with_n3 = json!({"strategy": "parvagpu", "gpus": [
+        {"node": "n3", "gpu_uuid": "GPU-n3", "mig_layout": [{"profile": "7g", "start": 0}],
+         "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 4}]}]});
+    client.put(resource("Plan", "extra", "", with_n3), proto::WriteMode::Create).await.unwrap();
+    let first3 = next(&mut n3).await;
+    assert_eq!(first3.gpus[0].gpu_uuid, "GPU-n3");
+    assert!(first3.version > second2.version);
+    // The watcher resumed at n2's version got nothing from n3's change: its next is api's.
+    client.put(service("api", 100.0, 70.0), proto::WriteMode::Update).await.unwrap();
+    assert_eq!(next(&mut resumed).await.gpus[0].workloads[0].slo_ms, 70.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reports_reach_the_leader_and_write_observed_state_once() {
     let cluster = TestCluster::start(3, fast_settings()).await;

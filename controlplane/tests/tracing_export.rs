@@ -65,7 +65,9 @@ async fn a_write_is_one_trace_from_the_client_to_the_raft_proposal() {
     }
     let root = tracing::info_span!("test.client");
     async {
-        for r in base_resources() {
+        // A Service, so the plan changes (a pass whose plan places the same as the committed
+        // one commits nothing).
+        for r in base_resources().into_iter().chain([service("web", 100.0, 50.0)]) {
             client.put(r, proto::WriteMode::Unspecified).await.unwrap();
         }
     }

@@ -2,7 +2,7 @@
 //! failover and rebuilt from the next round of reports (ARCHITECTURE.md, "Controller
 //! internals"), so it never goes through Raft.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
@@ -13,23 +13,31 @@ pub struct NodeReport {
     pub received: Instant,
 }
 
+/// Reports are kept behind `Arc`s: the loops and `/metrics` copy pointers, never the
+/// reports, under the lock every Report call takes.
 #[derive(Clone, Default)]
 pub struct AgentReports {
-    inner: Arc<Mutex<BTreeMap<String, NodeReport>>>,
+    inner: Arc<Mutex<HashMap<String, Arc<NodeReport>>>>,
 }
 
 impl AgentReports {
     /// Records `report`; returns the previous one of the same node.
-    pub fn record(&self, report: proto::ReportRequest, now: Instant) -> Option<NodeReport> {
+    pub fn record(&self, report: proto::ReportRequest, now: Instant) -> Option<Arc<NodeReport>> {
         let node = report.node.clone();
-        self.inner.lock().expect("reports lock").insert(node, NodeReport { report, received: now })
+        self.inner.lock().expect("reports lock").insert(node, Arc::new(NodeReport { report, received: now }))
     }
 
-    pub fn get(&self, node: &str) -> Option<NodeReport> {
+    pub fn get(&self, node: &str) -> Option<Arc<NodeReport>> {
         self.inner.lock().expect("reports lock").get(node).cloned()
     }
 
-    pub fn all(&self) -> BTreeMap<String, NodeReport> {
-        self.inner.lock().expect("reports lock").clone()
+    /// Every node's latest report, in node order.
+    pub fn all(&self) -> BTreeMap<String, Arc<NodeReport>> {
+        self.inner.lock().expect("reports lock").iter().map(|(n, r)| (n.clone(), r.clone())).collect()
+    }
+
+    /// When each node last reported.
+    pub fn last_heard(&self) -> HashMap<String, Instant> {
+        self.inner.lock().expect("reports lock").iter().map(|(n, r)| (n.clone(), r.received)).collect()
     }
 }

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 use proto::agent_client::AgentClient;
 use proto::agent_server::Agent;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -16,7 +16,6 @@ use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::desired_state;
 use crate::agents::report_check::{check_report, ReportRefusal};
 use crate::controller::Controller;
-use crate::raft::WatchSignal;
 use crate::resources::{validate_name, ErrorCode, FieldError, Kind, Spec};
 use crate::security::{caller, Principal};
 use crate::state::{Command, Request as SmRequest};
@@ -85,31 +84,25 @@ impl Agent for AgentService {
         check_node(&caller, &req.node)?;
         let sm = self.controller.sm.clone();
         // Subscribe before the first projection so that no change falls between the two.
-        let mut signals = sm.subscribe();
+        // Only this node's changes wake the stream (`state::DesiredIndex` knows which nodes
+        // an entry changed), so a fleet of watchers costs nothing for a change elsewhere.
+        let mut wake = sm.node_wakers.subscribe(&req.node);
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
+            // Versions only go up, on every controller alike: send what is newer than what
+            // the agent holds (`from_version` when it resumes from another controller).
             let mut last_sent = req.from_version;
-            let mut last_content: Option<proto::DesiredState> = None;
             loop {
                 let desired = desired_state(&sm.data.read().expect("state lock").cluster, &req.node);
-                // A version can only go down when Plans are deleted; send that too, since
-                // the content changed.
-                let changed = last_content.as_ref().is_none_or(|c| *c != desired);
-                if changed && (desired.version > last_sent || last_content.is_some()) {
+                if desired.version > last_sent {
                     last_sent = desired.version;
-                    if tx.send(Ok(desired.clone())).await.is_err() {
+                    if tx.send(Ok(desired)).await.is_err() {
                         return;
                     }
                 }
-                last_content = Some(desired);
-                // Wait for a change that can alter the projection.
-                loop {
-                    match signals.recv().await {
-                        Ok(WatchSignal::Change(ev)) if matches!(ev.resource.kind(), Kind::Plan | Kind::Service) => break,
-                        Ok(WatchSignal::Change(_)) => continue,
-                        Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    }
+                tokio::select! {
+                    woken = wake.changed() => if woken.is_err() { return },
+                    () = tx.closed() => return,
                 }
             }
         });
@@ -129,6 +122,7 @@ impl Agent for AgentService {
             })
             .await;
         }
+        // One node's entry of the desired-state index, not a scan of the plan.
         let (spec, current_status, desired) = self.controller.read(|d| {
             let node = d.cluster.get(Kind::Node, &req.node);
             let spec = node.and_then(|n| match &n.spec {

@@ -79,7 +79,7 @@ fn initial(data: &SmData, filter: &Filter, from: u64) -> (Vec<proto::WatchEvent>
     if from < data.history_floor {
         return full_state(data, filter, true);
     }
-    let events = data.history.iter().filter(|e| e.revision > from && filter.matches(&e.resource)).map(change).collect();
+    let events = data.history.iter().filter(|e| e.revision > from && filter.matches(&e.resource)).map(|e| change(e)).collect();
     (events, from.max(data.history.back().map_or(from, |e| e.revision)))
 }
 

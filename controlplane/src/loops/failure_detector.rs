@@ -3,7 +3,7 @@
 //! marks it healthy again. Heartbeats are the agents' reports, kept in the leader's memory,
 //! so a new leader first gives every node a full timeout from the moment it took over.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,7 +17,7 @@ use crate::state::{Command, Request};
 pub const UNHEALTHY: &str = "unhealthy";
 
 /// Nodes overdue at `now`: last heard of (or `since`, when never) more than `timeout` ago.
-pub fn overdue(nodes: &[String], last_report: &BTreeMap<String, Instant>, since: Instant, now: Instant, timeout: Duration) -> Vec<String> {
+pub fn overdue(nodes: &[String], last_report: &HashMap<String, Instant>, since: Instant, now: Instant, timeout: Duration) -> Vec<String> {
     nodes
         .iter()
         .filter(|n| now.saturating_duration_since(last_report.get(*n).copied().unwrap_or(since).max(since)) > timeout)
@@ -32,12 +32,11 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
     loop {
         tick.tick().await;
         let _pass = controller.telemetry.time_loop_pass("failure_detector");
-        let reports: BTreeMap<String, Instant> = controller.reports.all().into_iter().map(|(n, r)| (n, r.received)).collect();
-        let nodes: Vec<(String, serde_json::Value)> =
-            controller.read(|d| d.cluster.list(Kind::Node).map(|n| (n.name.clone(), n.status.clone())).collect());
-        let names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
+        let reports = controller.reports.last_heard();
+        // Names only: statuses are copied for the overdue nodes alone.
+        let names: Vec<String> = controller.read(|d| d.cluster.list(Kind::Node).map(|n| n.name.clone()).collect());
         for name in overdue(&names, &reports, since, Instant::now(), timeout) {
-            let status = nodes.iter().find(|(n, _)| *n == name).map(|(_, s)| s.clone()).unwrap_or_default();
+            let status = controller.read(|d| d.cluster.get(Kind::Node, &name).map(|n| n.status.clone())).unwrap_or_default();
             if status.get("health").and_then(|h| h.as_str()) == Some(UNHEALTHY) {
                 continue;
             }
@@ -67,7 +66,7 @@ mod tests {
         let t0 = Instant::now();
         let timeout = Duration::from_secs(5);
         let nodes = vec!["a".to_string(), "b".to_string(), "c".to_string()];
-        let mut last = BTreeMap::new();
+        let mut last = HashMap::new();
         last.insert("a".to_string(), t0 + Duration::from_secs(8));
         last.insert("b".to_string(), t0 + Duration::from_secs(1));
         // c never reported to this leader: it gets the full timeout from the takeover at t0.

@@ -95,20 +95,44 @@ impl Default for LoopSettings {
 
 /// Validates `plan` and writes it as the Plan named `current`, compare-and-set on
 /// `expected_version`: a plan computed from an older state never overwrites a newer one.
-async fn commit_plan(
-    controller: &Controller,
-    plan: crate::resources::PlanSpec,
-    mode: crate::state::WriteMode,
-    expected_version: u64,
-) -> Result<crate::state::CommandOutcome, crate::api::ApiError> {
-    let spec = crate::resources::Spec::Plan(plan);
-    crate::resources::validate_spec(&spec)?;
-    let write = crate::state::Request {
-        request_id: uuid::Uuid::new_v4().to_string(),
-        command: crate::state::Command::Put { name: "current".into(), tenant: String::new(), spec, mode, expected_version },
-        trace_parent: None,
+async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crate::state::CommandOutcome, crate::api::ApiError> {
+    let command = match change {
+        PlanChange::First(plan) => {
+            let spec = crate::resources::Spec::Plan(plan);
+            crate::resources::validate_spec(&spec)?;
+            crate::state::Command::Put {
+                name: "current".into(),
+                tenant: String::new(),
+                spec,
+                mode: crate::state::WriteMode::Create,
+                expected_version: 0,
+            }
+        }
+        PlanChange::Patch { patch, base_version } => {
+            crate::state::Command::PatchPlan { name: "current".into(), patch, expected_version: base_version }
+        }
     };
+    let write = crate::state::Request { request_id: uuid::Uuid::new_v4().to_string(), command, trace_parent: None };
     controller.write(write).await
+}
+
+/// A new plan, as proposed: whole when there is none yet, else as the patch from the
+/// committed one (which the proposal must still find at `base_version`).
+pub(crate) enum PlanChange {
+    First(crate::resources::PlanSpec),
+    Patch { patch: crate::resources::PlanPatch, base_version: u64 },
+}
+
+impl PlanChange {
+    /// From the committed plan (`base`, at its resource version) to `next`. O(both plans):
+    /// call it where CPU work belongs (`off_runtime`).
+    pub(crate) fn between(base: Option<(u64, &crate::resources::PlanSpec)>, mut next: crate::resources::PlanSpec) -> PlanChange {
+        next.normalise();
+        match base {
+            None => PlanChange::First(next),
+            Some((base_version, current)) => PlanChange::Patch { patch: current.diff(&next), base_version },
+        }
+    }
 }
 
 /// Runs the loop `run` until aborted; should it panic, the panic is counted as a failed

@@ -7,31 +7,38 @@
 //! them on every pass. When the inputs change the plan is recomputed as before and tuning
 //! starts again from the new plan.
 
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
 use tracing::Instrument;
 
 use super::LoopSettings;
+use super::PlanChange;
 use crate::api::ApiError;
 use crate::controller::Controller;
 use crate::provision::{gather, inputs_digest, provision_from};
 use crate::raft::WatchSignal;
-use crate::resources::{Kind, Spec};
-use crate::state::WriteMode;
+use crate::resources::Kind;
+use crate::state::{ChangeEvent, ChangeType};
 
 /// Changes settle this long before a pass, so one `apply` of many resources costs one plan.
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut signals = controller.sm.subscribe();
+    let mut fleet_seen = FleetFingerprints::default();
+    // The digest of the inputs the last pass planned from, when that pass found the committed
+    // placement already right: the same inputs are not planned again (leader memory only).
+    let mut planned_digest: Option<String> = None;
     // The trace of the change that triggered the pass; none for a periodic pass.
     let mut trigger: Option<String> = None;
     loop {
         let started = std::time::Instant::now();
         let span = tracing::info_span!("provision.pass");
         telemetry_otlp::continue_trace(&span, trigger.take().as_deref().unwrap_or_default());
-        let result = pass(&controller, &settings).instrument(span).await;
+        let result = pass(&controller, &settings, &mut planned_digest).instrument(span).await;
         controller.telemetry.observe_loop_pass("provisioner", started.elapsed());
         controller.telemetry.observe_loop_outcome("provisioner", result.is_err());
         match result {
@@ -41,23 +48,51 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         }
         tokio::select! {
             _ = tokio::time::sleep(settings.provision_interval) => {}
-            change = relevant_change(&mut signals) => {
+            change = relevant_change(&mut signals, &mut fleet_seen) => {
                 trigger = change;
                 tokio::time::sleep(DEBOUNCE).await;
+                // Everything that arrived while settling is covered by the one pass to come.
+                drain(&mut signals, &mut fleet_seen);
             }
         }
     }
 }
 
-/// Resolves on a change the plan may depend on (not the Plan itself, which this loop
-/// writes, nor tenants), with the trace of the write that made it. Node status reports
-/// count too: a pass that changes nothing writes nothing.
-async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) -> Option<String> {
+/// What of each Node the plan depends on (its GPUs, whether the autoscaler launched it, its
+/// health), as a fingerprint: a report that changes only what the agent applied or serves
+/// does not wake the provisioner.
+#[derive(Default)]
+struct FleetFingerprints(HashMap<String, u64>);
+
+impl FleetFingerprints {
+    /// Whether `event` may change the plan's inputs.
+    fn is_relevant(&mut self, event: &ChangeEvent) -> bool {
+        match event.resource.kind() {
+            Kind::Plan | Kind::Tenant => false,
+            Kind::Node if event.change_type == ChangeType::Deleted => {
+                self.0.remove(&event.resource.name);
+                true
+            }
+            Kind::Node => {
+                let r = &event.resource;
+                let mut hasher = std::hash::DefaultHasher::new();
+                serde_json::to_string(&r.spec).unwrap_or_default().hash(&mut hasher);
+                r.status.get("health").map(ToString::to_string).hash(&mut hasher);
+                let print = hasher.finish();
+                self.0.insert(r.name.clone(), print) != Some(print)
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Resolves on a change the plan may depend on, with the trace of the write that made it.
+async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) -> Option<String> {
     loop {
         match signals.recv().await {
             Ok(WatchSignal::Change(ev)) => {
-                if !matches!(ev.resource.kind(), Kind::Plan | Kind::Tenant) {
-                    return ev.trace_parent;
+                if seen.is_relevant(&ev) {
+                    return ev.trace_parent.clone();
                 }
             }
             Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => return None,
@@ -66,23 +101,70 @@ async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>) -> Opti
     }
 }
 
+/// Consumes the changes already queued, keeping the fingerprints current.
+fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) {
+    loop {
+        match signals.try_recv() {
+            Ok(WatchSignal::Change(ev)) => {
+                seen.is_relevant(&ev);
+            }
+            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// What a pass decided, off the async workers.
+enum Decision {
+    /// Planned from these very inputs already (the committed plan, or the last pass).
+    Unchanged,
+    /// New inputs that move nothing: remember their digest, commit nothing.
+    SamePlacement(String),
+    NewPlan(PlanChange),
+}
+
 /// One pass; `Ok(true)` when a new plan was committed.
-async fn pass(controller: &Controller, settings: &LoopSettings) -> Result<bool, ApiError> {
+async fn pass(controller: &Controller, settings: &LoopSettings, planned_digest: &mut Option<String>) -> Result<bool, ApiError> {
     // Plan from everything committed so far.
     controller.read_barrier().await?;
-    // Copy the inputs under the state lock; plan without it.
-    let (inputs, current) =
-        controller.read(|d| (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map(|r| (r.resource_version, r.spec.clone()))));
-    let digest = inputs_digest(&inputs, settings.mig_strategy);
-    if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if p.inputs_digest == digest)) {
-        // Planned from these very inputs (and perhaps tuned since): nothing to do.
-        return Ok(false);
-    }
+    // Copy the inputs under the state lock; digest and plan without it, on the blocking pool
+    // (at fleet scale the digest alone encodes every GPU of the fleet).
+    let (inputs, version) =
+        controller.read(|d| (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version)));
     let strategy = settings.mig_strategy;
-    let plan = super::off_runtime(settings, "provisioning", move || provision_from(&inputs, strategy)).await?;
-    if current.as_ref().is_some_and(|(_, s)| matches!(s, Spec::Plan(p) if p.same_placement(&plan))) {
-        return Ok(false);
+    let last = planned_digest.clone();
+    let decision = super::off_runtime(settings, "provisioning", move || {
+        let digest = inputs_digest(&inputs, strategy);
+        let current = inputs.current.as_ref();
+        if current.is_some_and(|p| p.inputs_digest == digest) || last.as_deref() == Some(digest.as_str()) {
+            // Planned from these very inputs (and perhaps tuned since): nothing to do.
+            return Decision::Unchanged;
+        }
+        let planning = std::time::Instant::now();
+        let plan = provision_from(&inputs, strategy);
+        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), gpus = plan.gpus.len(), "planned");
+        if inputs.current.as_ref().is_some_and(|p| p.same_placement(&plan)) {
+            // New inputs (a node joined, a node's health came back) that move nothing: no
+            // commit, so no agent is woken.
+            return Decision::SamePlacement(digest);
+        }
+        // The patch from the committed plan, so the proposal carries only what moved.
+        Decision::NewPlan(PlanChange::between(inputs.current.as_ref().map(|c| (version, c)), plan))
+    });
+    let started = std::time::Instant::now();
+    let decision = decision.await?;
+    match decision {
+        Decision::Unchanged => Ok(false),
+        Decision::SamePlacement(digest) => {
+            controller.telemetry.observe_planning(started.elapsed());
+            *planned_digest = Some(digest);
+            Ok(false)
+        }
+        Decision::NewPlan(change) => {
+            controller.telemetry.observe_planning(started.elapsed());
+            *planned_digest = None;
+            super::commit_plan(controller, change).await?;
+            Ok(true)
+        }
     }
-    super::commit_plan(controller, plan, WriteMode::Upsert, current.map_or(0, |(v, _)| v)).await?;
-    Ok(true)
 }

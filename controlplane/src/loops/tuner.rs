@@ -6,6 +6,7 @@
 //! leader's soft state: a new leader starts them afresh, one hold-down after it took over.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, MissedTickBehavior};
@@ -15,7 +16,6 @@ use crate::agents::NodeReport;
 use crate::api::ApiError;
 use crate::controller::Controller;
 use crate::resources::{Kind, Spec};
-use crate::state::WriteMode;
 use crate::tuning::{tune_shares, Measurement, Measurements, ShareOutcome, TunerState};
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
@@ -55,7 +55,7 @@ async fn pass(
     // Copy what the pass needs under the state lock; tune without it.
     let (current, slos_ms) = controller.read(|d| {
         let current = d.cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
-            Spec::Plan(p) => Some((r.resource_version, r.mod_revision, p.clone())),
+            Spec::Plan(p) => Some((r.resource_version, p.clone())),
             _ => None,
         });
         let slos_ms: BTreeMap<String, f64> = d
@@ -68,9 +68,12 @@ async fn pass(
             .collect();
         (current, slos_ms)
     });
-    let Some((version, revision, plan)) = current else { return Ok(None) };
+    let Some((version, plan)) = current else { return Ok(None) };
     let max_age = settings.heartbeat_interval * settings.missed_heartbeats;
-    let measured = fresh_measurements(&controller.reports.all(), revision, Instant::now(), max_age, fed);
+    let reports = controller.reports.all();
+    // Each reporting node's desired version, to tell converged agents from lagging ones.
+    let desired: BTreeMap<String, u64> = controller.read(|d| reports.keys().map(|n| (n.clone(), d.cluster.desired().version(n))).collect());
+    let measured = fresh_measurements(&reports, &desired, Instant::now(), max_age, fed);
 
     // Tune a copy: the tuners move on only with the plan they decided.
     let mut next = state.clone();
@@ -95,7 +98,7 @@ async fn pass(
         return Ok(None);
     };
     // Compare-and-set: shares tuned on an older plan never overwrite a newer one.
-    let outcome = super::commit_plan(controller, tuned, WriteMode::Update, version).await?;
+    let outcome = super::commit_plan(controller, super::PlanChange::between(Some((version, &plan)), tuned)).await?;
     *state = next;
     Ok(Some(outcome.resource.resource_version))
 }
@@ -103,13 +106,13 @@ async fn pass(
 /// The windows worth feeding to the tuners, by (node, service): from reports that arrived
 /// within `max_age` (the failure detector's timeout: an older one describes a node that is
 /// being planned around), that are newer than the last one fed from the same node (each
-/// window counts once in the EWMAs), and whose agent has converged to the plan committed at
-/// `plan_revision` (`applied_version` is the desired version it runs, and a desired version
-/// is the highest revision it was projected from, so an agent still running an older plan
-/// reports less: its window measured the old shares).
+/// window counts once in the EWMAs), and whose agent has converged to its node's current
+/// desired state (`applied_version` is the desired version it runs, and a node's desired
+/// version is the index of the last change to it, so an agent still running an older
+/// assignment reports less: its window measured the old shares).
 fn fresh_measurements(
-    reports: &BTreeMap<String, NodeReport>,
-    plan_revision: u64,
+    reports: &BTreeMap<String, Arc<NodeReport>>,
+    desired: &BTreeMap<String, u64>,
     now: Instant,
     max_age: Duration,
     fed: &mut BTreeMap<String, Instant>,
@@ -118,7 +121,7 @@ fn fresh_measurements(
     for (node, r) in reports {
         let stale = now.saturating_duration_since(r.received) > max_age;
         let seen = fed.get(node).is_some_and(|&at| r.received <= at);
-        if stale || seen || r.report.applied_version < plan_revision {
+        if stale || seen || r.report.applied_version < desired.get(node).copied().unwrap_or(0) {
             continue;
         }
         fed.insert(node.clone(), r.received);
@@ -135,12 +138,15 @@ fn fresh_measurements(
 mod tests {
     use super::*;
 
-    fn report(node: &str, applied_version: u64, received: Instant, p99_ms: f64) -> (String, NodeReport) {
+    fn report(node: &str, applied_version: u64, received: Instant, p99_ms: f64) -> (String, Arc<NodeReport>) {
         let metrics =
             vec![proto::ServiceMetrics { service: "web".into(), p99_ms, throughput_rps: 90.0, arrival_rps: 100.0, ..Default::default() }];
         (
             node.to_string(),
-            NodeReport { report: proto::ReportRequest { node: node.into(), applied_version, metrics, ..Default::default() }, received },
+            Arc::new(NodeReport {
+                report: proto::ReportRequest { node: node.into(), applied_version, metrics, ..Default::default() },
+                received,
+            }),
         )
     }
 
@@ -149,27 +155,34 @@ mod tests {
         let t0 = Instant::now();
         let now = t0 + Duration::from_secs(10);
         let max_age = Duration::from_secs(5);
-        let reports: BTreeMap<String, NodeReport> = [
+        let reports: BTreeMap<String, Arc<NodeReport>> = [
             report("fresh", 7, now - Duration::from_secs(1), 80.0),
             report("stale", 7, now - Duration::from_secs(6), 80.0),
             report("behind", 6, now - Duration::from_secs(1), 80.0),
             report("ahead", 9, now - Duration::from_secs(1), 70.0),
+            report("elsewhere", 3, now - Duration::from_secs(1), 75.0),
         ]
         .into_iter()
         .collect();
         let mut fed = BTreeMap::new();
-        let measured = fresh_measurements(&reports, 7, now, max_age, &mut fed);
+        // Every node's desired state is at version 7, except "elsewhere"'s, which is at 3.
+        let desired: BTreeMap<String, u64> = ["fresh", "stale", "behind", "ahead", "elsewhere"]
+            .iter()
+            .map(|n| (n.to_string(), if *n == "elsewhere" { 3 } else { 7 }))
+            .collect();
+        let measured = fresh_measurements(&reports, &desired, now, max_age, &mut fed);
         let nodes: Vec<&str> = measured.keys().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(nodes, vec!["ahead", "fresh"]);
+        // Converged is per node: "elsewhere" runs its own node's version 3 although others are at 7.
+        assert_eq!(nodes, vec!["ahead", "elsewhere", "fresh"]);
         assert_eq!(
             measured[&("fresh".to_string(), "web".to_string())],
             Measurement { p99_ms: 80.0, throughput_rps: 90.0, arrival_rps: 100.0 }
         );
         // The same reports again: already fed, nothing new.
-        assert!(fresh_measurements(&reports, 7, now, max_age, &mut fed).is_empty());
+        assert!(fresh_measurements(&reports, &desired, now, max_age, &mut fed).is_empty());
         // A newer report from one node is fed; a node that stopped reporting is forgotten.
-        let newer: BTreeMap<String, NodeReport> = [report("fresh", 7, now, 60.0)].into_iter().collect();
-        let measured = fresh_measurements(&newer, 7, now, max_age, &mut fed);
+        let newer: BTreeMap<String, Arc<NodeReport>> = [report("fresh", 7, now, 60.0)].into_iter().collect();
+        let measured = fresh_measurements(&newer, &desired, now, max_age, &mut fed);
         assert_eq!(measured[&("fresh".to_string(), "web".to_string())].p99_ms, 60.0);
         assert_eq!(fed.keys().collect::<Vec<_>>(), vec!["fresh"]);
     }

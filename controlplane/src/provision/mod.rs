@@ -140,7 +140,13 @@ pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSp
         });
     }
     services.sort_by(|a, b| a.service.cmp(&b.service));
-    PlanSpec { strategy: plan.strategy, gpus, services, inputs_digest: inputs_digest(inputs, strategy), trace_parent: String::new() }
+    PlanSpec {
+        strategy: plan.strategy,
+        gpus: gpus.into(),
+        services: services.into(),
+        inputs_digest: inputs_digest(inputs, strategy),
+        trace_parent: String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -196,7 +202,8 @@ mod tests {
                     processes: 1,
                     shadow_mps_percent: 10.0,
                 }],
-            }],
+            }]
+            .into(),
             ..PlanSpec::default()
         });
         assert_eq!(inputs_digest(&tuned, MigStrategy::Parvagpu), inputs_digest(&inputs(100.0), MigStrategy::Parvagpu));

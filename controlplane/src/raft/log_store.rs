@@ -20,11 +20,17 @@ pub struct LogStore<B> {
     watermark: Arc<Watermark>,
     /// Latest committed index openraft reported, for status pages.
     committed: Arc<AtomicU64>,
+    appended_bytes: Arc<AtomicU64>,
 }
 
 impl<B> Clone for LogStore<B> {
     fn clone(&self) -> Self {
-        Self { backend: self.backend.clone(), watermark: self.watermark.clone(), committed: self.committed.clone() }
+        Self {
+            backend: self.backend.clone(),
+            watermark: self.watermark.clone(),
+            committed: self.committed.clone(),
+            appended_bytes: self.appended_bytes.clone(),
+        }
     }
 }
 
@@ -42,7 +48,7 @@ fn io_write(e: impl ToString) -> StorageError {
 impl<B: KvBackend> LogStore<B> {
     /// Opens the log; refuses a log that ends before the recorded durable watermark.
     pub fn open(backend: Arc<B>, watermark: Watermark) -> anyhow::Result<Self> {
-        let store = Self { backend, watermark: Arc::new(watermark), committed: Arc::default() };
+        let store = Self { backend, watermark: Arc::new(watermark), committed: Arc::default(), appended_bytes: Arc::default() };
         let recorded = store.watermark.read().map_err(|e| anyhow::anyhow!(e))?;
         let last = store.last_index().map_err(|e| anyhow::anyhow!("reading the Raft log: {e}"))?;
         if last < recorded {
@@ -82,14 +88,24 @@ impl<B: KvBackend> LogStore<B> {
         self.committed.clone()
     }
 
+    /// Bytes of log entries appended to this node's log since it started (Raft's own traffic
+    /// is of the same order: each entry goes to each follower once).
+    pub fn appended_bytes(&self) -> Arc<AtomicU64> {
+        self.appended_bytes.clone()
+    }
+
     /// Writes `entries` and returns once they are durable (flushed, watermark advanced).
     pub fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StorageError> {
         let mut batch = Vec::new();
         let mut last = None;
+        let mut bytes = 0;
         for entry in entries {
             last = Some(entry.log_id.index);
-            batch.push((key(entry.log_id.index).to_vec(), serde_json::to_vec(&entry).map_err(io_write)?));
+            let encoded = serde_json::to_vec(&entry).map_err(io_write)?;
+            bytes += encoded.len() as u64;
+            batch.push((key(entry.log_id.index).to_vec(), encoded));
         }
+        self.appended_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.backend.insert_batch(Tree::Logs, batch).and_then(|_| self.backend.flush()).map_err(io_write)?;
         if let Some(last) = last {
             self.watermark.advance(last).map_err(|e| io_write(format!("writing the log watermark: {e}")))?;

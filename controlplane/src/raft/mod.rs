@@ -4,6 +4,7 @@
 
 mod log_store;
 mod network;
+mod node_wakers;
 mod peer_service;
 mod state_machine;
 mod types;
@@ -66,6 +67,7 @@ pub struct RaftHandle {
     pub raft: Raft,
     pub state: Arc<state_machine::SmShared>,
     pub committed: Arc<std::sync::atomic::AtomicU64>,
+    pub appended_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Starts the Raft node `id` over `backend`. Fails (without touching the data) when the
@@ -80,8 +82,9 @@ pub async fn start<B: KvBackend>(
     let config = Arc::new(settings.openraft_config().map_err(|e| anyhow::anyhow!("raft settings: {e}"))?);
     let log_store = LogStore::open(backend.clone(), watermark)?;
     let committed = log_store.committed_index();
+    let appended_bytes = log_store.appended_bytes();
     let sm = StateMachineStore::open(backend)?;
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
-    Ok(RaftHandle { raft, state, committed })
+    Ok(RaftHandle { raft, state, committed, appended_bytes })
 }

@@ -8,6 +8,7 @@ use openraft::{OptionalSend, RaftLogId, StorageIOError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use super::node_wakers::NodeWakers;
 use super::types::*;
 use crate::resources::Spec;
 use crate::state::{ChangeEvent, ClusterState, Command};
@@ -21,11 +22,10 @@ pub const WATCH_HISTORY: usize = 10_000;
 /// What watchers are told after each apply.
 #[derive(Clone, Debug)]
 pub enum WatchSignal {
-    Change(Box<ChangeEvent>),
+    /// Shared by every subscriber: a plan's event is not deep-copied per watcher.
+    Change(Arc<ChangeEvent>),
     /// The whole state was replaced (snapshot installed): watchers must resync.
-    Reset {
-        revision: u64,
-    },
+    Reset { revision: u64 },
 }
 
 /// The applied state, shared between the Raft state machine and the API readers.
@@ -35,7 +35,7 @@ pub struct SmData {
     pub membership: StoredMembership,
     pub cluster: ClusterState,
     /// Recent changes, oldest first, for watch resumption.
-    pub history: VecDeque<ChangeEvent>,
+    pub history: VecDeque<Arc<ChangeEvent>>,
     /// Watchers can resume from any revision >= this one without a resync.
     pub history_floor: u64,
 }
@@ -43,6 +43,8 @@ pub struct SmData {
 pub struct SmShared {
     pub data: RwLock<SmData>,
     pub signals: broadcast::Sender<WatchSignal>,
+    /// The agents' desired-state watchers, woken per node.
+    pub node_wakers: NodeWakers,
     /// Makes snapshot ids unique even for two snapshots at the same log id.
     snapshot_seq: AtomicU64,
 }
@@ -87,7 +89,7 @@ impl<B: KvBackend> StateMachineStore<B> {
             data.cluster = payload.cluster;
             data.history_floor = data.cluster.revision();
         }
-        let shared = SmShared { data: RwLock::new(data), signals, snapshot_seq: AtomicU64::new(0) };
+        let shared = SmShared { data: RwLock::new(data), signals, node_wakers: NodeWakers::default(), snapshot_seq: AtomicU64::new(0) };
         Ok(Self { shared: Arc::new(shared), backend })
     }
 
@@ -151,7 +153,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
     {
         let mut responses = Vec::new();
         let mut events = Vec::new();
-        {
+        let touched = {
             let mut data = self.shared.data.write().unwrap();
             for entry in entries {
                 let log_id = *entry.get_log_id();
@@ -169,8 +171,12 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                     EntryPayload::Normal(mut request) => {
                         // A Plan remembers the trace of the write that committed it, for the
                         // agents that apply it (the same on every controller: it is in the entry).
-                        if let Command::Put { spec: Spec::Plan(plan), .. } = &mut request.command {
-                            plan.trace_parent = request.trace_parent.clone().unwrap_or_default();
+                        match &mut request.command {
+                            Command::Put { spec: Spec::Plan(plan), .. } => {
+                                plan.trace_parent = request.trace_parent.clone().unwrap_or_default()
+                            }
+                            Command::PatchPlan { patch, .. } => patch.trace_parent = request.trace_parent.clone().unwrap_or_default(),
+                            _ => {}
                         }
                         // Continues the proposer's trace on every controller.
                         let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
@@ -179,6 +185,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                         let (result, event) = data.cluster.apply(log_id.index, &request);
                         if let Some(mut event) = event {
                             event.trace_parent = telemetry_otlp::current_traceparent();
+                            let event = Arc::new(event);
                             data.history.push_back(event.clone());
                             if data.history.len() > WATCH_HISTORY {
                                 if let Some(evicted) = data.history.pop_front() {
@@ -191,10 +198,12 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                     }
                 }
             }
-        }
+            data.cluster.take_touched_nodes()
+        };
+        self.shared.node_wakers.wake(&touched);
         for event in events {
             // No receiver is fine: nobody is watching.
-            let _ = self.shared.signals.send(WatchSignal::Change(Box::new(event)));
+            let _ = self.shared.signals.send(WatchSignal::Change(event));
         }
         Ok(responses)
     }
@@ -221,6 +230,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
             data.history_floor = data.cluster.revision();
             data.cluster.revision()
         };
+        self.shared.node_wakers.wake_all();
         let _ = self.shared.signals.send(WatchSignal::Reset { revision });
         Ok(())
     }

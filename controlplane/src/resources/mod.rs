@@ -3,13 +3,15 @@
 
 mod kind;
 pub mod limits;
+mod plan_patch;
 mod specs;
 mod validate;
 
 pub use kind::Kind;
+pub use plan_patch::PlanPatch;
 pub use specs::*;
 pub(crate) use validate::{bounded_list, bounded_text, host_of, non_negative};
-pub use validate::{validate_name, validate_spec};
+pub use validate::{validate_name, validate_plan_patch, validate_spec};
 
 use serde::{Deserialize, Serialize};
 

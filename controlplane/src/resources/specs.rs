@@ -310,10 +310,12 @@ pub struct NodeGpu {
 pub struct PlanSpec {
     /// Strategy that produced the plan, e.g. `parvagpu`.
     pub strategy: String,
+    /// In (node, gpu_uuid) order (the state machine keeps it so), one entry per GPU.
     #[serde(default)]
-    pub gpus: Vec<GpuAssignment>,
+    pub gpus: imbl::Vector<GpuAssignment>,
+    /// In service order, one entry per service.
     #[serde(default)]
-    pub services: Vec<ServicePrediction>,
+    pub services: imbl::Vector<ServicePrediction>,
     /// Digest of the planning inputs and fleet the provisioner computed this plan from
     /// (`crate::provision::inputs_digest`); empty for plans written otherwise. While it
     /// matches the current inputs the provisioner leaves the plan alone, so the shares the
@@ -328,9 +330,10 @@ pub struct PlanSpec {
 }
 
 impl PlanSpec {
-    /// The same placements, shares and predictions, whichever pass produced them.
+    /// The same placements, shares and predictions, whichever pass produced them and from
+    /// whichever inputs (a node that joined but took no work changes the inputs only).
     pub fn same_placement(&self, other: &PlanSpec) -> bool {
-        PlanSpec { trace_parent: other.trace_parent.clone(), ..self.clone() } == *other
+        self.strategy == other.strategy && self.gpus == other.gpus && self.services == other.services
     }
 }
 
@@ -389,13 +392,14 @@ mod tests {
     fn floats_survive_json_exactly() {
         let plan = Spec::Plan(PlanSpec {
             strategy: "t".into(),
-            gpus: vec![],
+            gpus: Default::default(),
             services: vec![ServicePrediction {
                 service: "s".into(),
                 capacity_rps: 45.220681740555044,
                 latency_ms: 66.36955023678524,
                 infeasible_reason: None,
-            }],
+            }]
+            .into(),
             inputs_digest: String::new(),
             trace_parent: String::new(),
         });
@@ -411,11 +415,12 @@ mod tests {
     }
 
     #[test]
-    fn plans_that_differ_only_in_their_trace_have_the_same_placement() {
+    fn plans_that_differ_only_in_their_trace_or_inputs_have_the_same_placement() {
         let plan = PlanSpec { strategy: "t".into(), trace_parent: "00-aa-bb-01".into(), ..PlanSpec::default() };
         let traced_elsewhere = PlanSpec { trace_parent: "00-cc-dd-01".into(), ..plan.clone() };
         assert!(plan.same_placement(&traced_elsewhere));
         assert!(plan.same_placement(&PlanSpec { trace_parent: String::new(), ..plan.clone() }));
+        assert!(plan.same_placement(&PlanSpec { inputs_digest: "fnv1a64:1".into(), ..plan.clone() }));
         assert!(!plan.same_placement(&PlanSpec { strategy: "other".into(), ..plan.clone() }));
     }
 }

@@ -358,8 +358,55 @@ fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
 
 fn validate_plan(p: &PlanSpec) -> Result<(), FieldError> {
     bounded_list("spec.gpus", p.gpus.len(), MAX_PLAN_GPUS)?;
+    let mut seen = std::collections::HashSet::new();
     for (g, gpu) in p.gpus.iter().enumerate() {
-        let f = |rest: &str| format!("spec.gpus[{g}].{rest}");
+        if !seen.insert((gpu.node.as_str(), gpu.gpu_uuid.as_str())) {
+            return Err(FieldError::invalid(
+                format!("spec.gpus[{g}].gpu_uuid"),
+                format!("GPU {:?} of node {:?} is planned twice", gpu.gpu_uuid, gpu.node),
+            ));
+        }
+        validate_gpu_assignment(&format!("spec.gpus[{g}]"), gpu)?;
+    }
+    for (i, s) in p.services.iter().enumerate() {
+        validate_name(&format!("spec.services[{i}].service"), &s.service)?;
+    }
+    Ok(())
+}
+
+/// Checks a patch to `plan`: each GPU it sets as in a whole plan, and the size of the plan
+/// it gives. O(the patch), so a small change is checked in proportion to its size.
+pub fn validate_plan_patch(plan: &PlanSpec, patch: &PlanPatch) -> Result<(), FieldError> {
+    bounded_list("patch.set_gpus", patch.set_gpus.len(), MAX_PLAN_GPUS)?;
+    bounded_list("patch.remove_gpus", patch.remove_gpus.len(), MAX_PLAN_GPUS)?;
+    if plan.gpus.len() + patch.set_gpus.len() > MAX_PLAN_GPUS + patch.remove_gpus.len() {
+        return Err(FieldError::invalid("patch.set_gpus", format!("the patched plan could exceed {MAX_PLAN_GPUS} GPUs")));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (g, gpu) in patch.set_gpus.iter().enumerate() {
+        if !seen.insert((gpu.node.as_str(), gpu.gpu_uuid.as_str())) {
+            return Err(FieldError::invalid(format!("patch.set_gpus[{g}].gpu_uuid"), format!("GPU {:?} is set twice", gpu.gpu_uuid)));
+        }
+        validate_gpu_assignment(&format!("patch.set_gpus[{g}]"), gpu)?;
+    }
+    for (i, (node, uuid)) in patch.remove_gpus.iter().enumerate() {
+        validate_name(&format!("patch.remove_gpus[{i}].node"), node)?;
+        bounded_text(&format!("patch.remove_gpus[{i}].gpu_uuid"), uuid, MAX_UUID_LEN)?;
+    }
+    bounded_list("patch.set_services", patch.set_services.len(), MAX_PLAN_GPUS)?;
+    for (i, s) in patch.set_services.iter().enumerate() {
+        validate_name(&format!("patch.set_services[{i}].service"), &s.service)?;
+    }
+    for (i, s) in patch.remove_services.iter().enumerate() {
+        validate_name(&format!("patch.remove_services[{i}]"), s)?;
+    }
+    Ok(())
+}
+
+/// One GPU of a plan (`at` is its field path, e.g. `spec.gpus[3]`).
+fn validate_gpu_assignment(at: &str, gpu: &GpuAssignment) -> Result<(), FieldError> {
+    {
+        let f = |rest: &str| format!("{at}.{rest}");
         validate_name(&f("node"), &gpu.node)?;
         bounded_text(&f("gpu_uuid"), &gpu.gpu_uuid, MAX_UUID_LEN)?;
         bounded_list(&f("mig_layout"), gpu.mig_layout.len(), usize::from(MAX_MIG_SLICES))?;
@@ -367,7 +414,7 @@ fn validate_plan(p: &PlanSpec) -> Result<(), FieldError> {
         // Shares are summed per MIG instance (or per whole GPU when not partitioned).
         let mut share: BTreeMap<Option<usize>, f64> = BTreeMap::new();
         for (w, wl) in gpu.workloads.iter().enumerate() {
-            let wf = |rest: &str| format!("spec.gpus[{g}].workloads[{w}].{rest}");
+            let wf = |rest: &str| format!("{at}.workloads[{w}].{rest}");
             validate_name(&wf("service"), &wl.service)?;
             positive(&wf("mps_percent"), wl.mps_percent, 100.0)?;
             non_negative(&wf("shadow_mps_percent"), wl.shadow_mps_percent, 100.0)?;
@@ -389,9 +436,6 @@ fn validate_plan(p: &PlanSpec) -> Result<(), FieldError> {
                 return Err(FieldError::invalid(wf("mps_percent"), format!("MPS shares on this partition add up to {total:.1}% > 100%")));
             }
         }
-    }
-    for (i, s) in p.services.iter().enumerate() {
-        validate_name(&format!("spec.services[{i}].service"), &s.service)?;
     }
     Ok(())
 }
@@ -459,8 +503,8 @@ mod tests {
         let plan = |wls: Vec<WorkloadAssignment>| {
             Spec::Plan(PlanSpec {
                 strategy: "igniter".into(),
-                gpus: vec![GpuAssignment { node: "n1".into(), gpu_uuid: "GPU-1".into(), mig_layout: vec![], workloads: wls }],
-                services: vec![],
+                gpus: vec![GpuAssignment { node: "n1".into(), gpu_uuid: "GPU-1".into(), mig_layout: vec![], workloads: wls }].into(),
+                services: Default::default(),
                 inputs_digest: String::new(),
                 trace_parent: String::new(),
             })

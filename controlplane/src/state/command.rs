@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::resources::{FieldError, Kind, Spec, StoredResource};
+use crate::resources::{FieldError, Kind, PlanPatch, Spec, StoredResource};
 
 /// The application data of one Raft log entry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,6 +42,13 @@ pub enum Command {
     Delete {
         kind: Kind,
         name: String,
+        expected_version: u64,
+    },
+    /// Changes part of an existing Plan (see `resources::PlanPatch`).
+    PatchPlan {
+        name: String,
+        patch: PlanPatch,
+        /// As for `Put`; the patch was computed from this version.
         expected_version: u64,
     },
 }

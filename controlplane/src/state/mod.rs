@@ -4,9 +4,11 @@
 
 mod admission;
 mod command;
+mod desired_index;
 mod references;
 
 pub use command::{ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, WriteMode};
+pub use desired_index::DesiredIndex;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -19,6 +21,7 @@ use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind
 pub const DEDUP_WINDOW: usize = 100_000;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(from = "PersistedState")]
 pub struct ClusterState {
     resources: BTreeMap<Kind, BTreeMap<String, StoredResource>>,
     /// request id -> outcome, for retried writes. Ordered: a snapshot serialises the same
@@ -28,6 +31,35 @@ pub struct ClusterState {
     applied_order: VecDeque<String>,
     /// Log index of the last applied command.
     revision: u64,
+    /// What each node is to run, and since which index (see `desired_index`).
+    desired: DesiredIndex,
+}
+
+/// [`ClusterState`] as stored in snapshots: the derived parts of the desired-state index
+/// are rebuilt when it is read back.
+#[derive(Deserialize)]
+struct PersistedState {
+    resources: BTreeMap<Kind, BTreeMap<String, StoredResource>>,
+    applied_requests: BTreeMap<String, CommandResult>,
+    applied_order: VecDeque<String>,
+    revision: u64,
+    /// Absent in snapshots from before per-node versions.
+    #[serde(default)]
+    desired: BTreeMap<String, u64>,
+}
+
+impl From<PersistedState> for ClusterState {
+    fn from(p: PersistedState) -> Self {
+        let plans = p.resources.get(&Kind::Plan).into_iter().flat_map(|m| m.values());
+        let desired = DesiredIndex::rebuild(p.desired, plans);
+        ClusterState {
+            resources: p.resources,
+            applied_requests: p.applied_requests,
+            applied_order: p.applied_order,
+            revision: p.revision,
+            desired,
+        }
+    }
 }
 
 impl ClusterState {
@@ -41,6 +73,16 @@ impl ClusterState {
 
     pub fn list(&self, kind: Kind) -> impl Iterator<Item = &StoredResource> {
         self.resources.get(&kind).into_iter().flat_map(|m| m.values())
+    }
+
+    /// What the committed Plans place on each node, and each node's desired version.
+    pub fn desired(&self) -> &DesiredIndex {
+        &self.desired
+    }
+
+    /// The nodes whose desired state changed since the last call (to wake their watchers).
+    pub fn take_touched_nodes(&mut self) -> std::collections::BTreeSet<String> {
+        self.desired.take_touched()
     }
 
     pub fn len(&self) -> usize {
@@ -131,7 +173,19 @@ impl ClusterState {
                         ));
                     }
                 }
-                Ok(PlannedChange::Put { name: name.clone(), tenant: tenant.clone(), spec: spec.clone() })
+                let mut spec = spec.clone();
+                if let Spec::Plan(plan) = &mut spec {
+                    // The order patches and the desired-state index rely on.
+                    plan.normalise();
+                }
+                Ok(PlannedChange::Put { name: name.clone(), tenant: tenant.clone(), spec })
+            }
+            Command::PatchPlan { name, patch, expected_version } => {
+                let current = self.get(Kind::Plan, name).ok_or_else(|| not_found(Kind::Plan, name))?;
+                check_version(current, *expected_version)?;
+                let Spec::Plan(plan) = &current.spec else { return Err(not_found(Kind::Plan, name)) };
+                crate::resources::validate_plan_patch(plan, patch)?;
+                Ok(PlannedChange::PatchPlan { name: name.clone(), patch: patch.clone() })
             }
             Command::PutStatus { kind, name, status, expected_version } => {
                 let current = self.get(*kind, name).ok_or_else(|| not_found(*kind, name))?;
@@ -168,9 +222,10 @@ impl ClusterState {
                 let map = self.resources.entry(kind).or_default();
                 match map.get_mut(&name) {
                     Some(existing) => {
-                        existing.spec = spec;
+                        let old = std::mem::replace(&mut existing.spec, spec);
                         existing.resource_version += 1;
                         existing.mod_revision = index;
+                        self.desired.spec_changed(index, &name, Some(&old), Some(&existing.spec));
                         (existing.clone(), ChangeType::Modified)
                     }
                     None => {
@@ -183,6 +238,7 @@ impl ClusterState {
                             create_revision: index,
                             mod_revision: index,
                         };
+                        self.desired.spec_changed(index, &name, None, Some(&created.spec));
                         map.insert(name, created.clone());
                         (created, ChangeType::Added)
                     }
@@ -195,8 +251,18 @@ impl ClusterState {
                 existing.mod_revision = index;
                 (existing.clone(), ChangeType::Modified)
             }
+            PlannedChange::PatchPlan { name, patch } => {
+                let existing = self.resources.get_mut(&Kind::Plan).and_then(|m| m.get_mut(&name)).expect("checked by plan_change");
+                let Spec::Plan(plan) = &mut existing.spec else { unreachable!("checked by plan_change") };
+                plan.apply_patch(&patch);
+                existing.resource_version += 1;
+                existing.mod_revision = index;
+                self.desired.plan_patched(index, &name, plan, &patch);
+                (existing.clone(), ChangeType::Modified)
+            }
             PlannedChange::Delete { kind, name } => {
                 let removed = self.resources.get_mut(&kind).and_then(|m| m.remove(&name)).expect("checked by plan_change");
+                self.desired.spec_changed(index, &name, Some(&removed.spec), None);
                 (removed, ChangeType::Deleted)
             }
         };
@@ -217,6 +283,7 @@ enum PlannedChange {
     Put { name: String, tenant: String, spec: Spec },
     Status { kind: Kind, name: String, status: serde_json::Value },
     Delete { kind: Kind, name: String },
+    PatchPlan { name: String, patch: crate::resources::PlanPatch },
 }
 
 fn not_found(kind: Kind, name: &str) -> FieldError {

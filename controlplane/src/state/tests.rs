@@ -204,3 +204,146 @@ fn dedup_window_is_bounded() {
     assert!(s.applied_outcome(&format!("r{}", DEDUP_WINDOW + 9)).is_some());
     assert_eq!(s.applied_requests.len(), DEDUP_WINDOW);
 }
+
+fn plan(gpus: &[(&str, &str, &str, u32)]) -> Spec {
+    Spec::Plan(PlanSpec {
+        strategy: "t".into(),
+        gpus: gpus
+            .iter()
+            .map(|&(node, uuid, service, batch)| GpuAssignment {
+                node: node.into(),
+                gpu_uuid: uuid.into(),
+                mig_layout: vec![],
+                workloads: vec![WorkloadAssignment {
+                    service: service.into(),
+                    mig_instance: None,
+                    mps_percent: 50.0,
+                    batch,
+                    processes: 1,
+                    shadow_mps_percent: 0.0,
+                }],
+            })
+            .collect(),
+        ..PlanSpec::default()
+    })
+}
+
+fn versions(s: &ClusterState, nodes: &[&str]) -> Vec<u64> {
+    nodes.iter().map(|n| s.desired().version(n)).collect()
+}
+
+#[test]
+fn a_plan_change_gives_a_new_desired_version_to_the_nodes_it_changes_and_no_other() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(11, &put("s2", "api", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    let first = plan(&[("n1", "G1", "web", 8), ("n2", "G2", "api", 8), ("n3", "G3", "web", 8)]);
+    s.apply(20, &put("p1", "current", "", first, WriteMode::Upsert, 0)).0.unwrap();
+    assert_eq!(versions(&s, &["n1", "n2", "n3", "n4"]), vec![20, 20, 20, 0]);
+    assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n1", "n2", "n3"]);
+
+    // n2's batch changes, n3's work moves to n4: n1 keeps its version and is not touched.
+    let second = plan(&[("n1", "G1", "web", 8), ("n2", "G2", "api", 16), ("n4", "G4", "web", 8)]);
+    s.apply(21, &put("p2", "current", "", second, WriteMode::Upsert, 0)).0.unwrap();
+    assert_eq!(versions(&s, &["n1", "n2", "n3", "n4"]), vec![20, 21, 21, 21]);
+    assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n2", "n3", "n4"]);
+    assert_eq!(s.desired().assignments("n3").count(), 0, "n3's work is gone");
+    assert_eq!(s.desired().assignments("n2").next().map(|(_, g)| g.workloads[0].batch), Some(16));
+
+    // A status write on a Service changes nothing agents are told; its SLO does, on its nodes only.
+    let status = Request {
+        request_id: "st".into(),
+        command: Command::PutStatus { kind: Kind::Service, name: "web".into(), status: serde_json::json!({"x": 1}), expected_version: 0 },
+        trace_parent: None,
+    };
+    s.apply(22, &status).0.unwrap();
+    assert!(s.take_touched_nodes().is_empty());
+    s.apply(23, &put("s3", "web", "acme", service("resnet50", 40.0), WriteMode::Update, 0)).0.unwrap();
+    assert_eq!(versions(&s, &["n1", "n2", "n3", "n4"]), vec![23, 21, 21, 23]);
+    assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n1", "n4"]);
+
+    // Deleting the plan empties every node it placed work on, each at a new version.
+    let delete = Request {
+        request_id: "d".into(),
+        command: Command::Delete { kind: Kind::Plan, name: "current".into(), expected_version: 0 },
+        trace_parent: None,
+    };
+    s.apply(24, &delete).0.unwrap();
+    assert_eq!(versions(&s, &["n1", "n2", "n3", "n4"]), vec![24, 24, 21, 24]);
+    assert_eq!(s.desired().assignments("n1").count(), 0);
+}
+
+#[test]
+fn the_desired_index_survives_a_snapshot_round_trip() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(20, &put("p1", "current", "", plan(&[("n1", "G1", "web", 8), ("n2", "G2", "web", 8)]), WriteMode::Upsert, 0)).0.unwrap();
+    s.apply(21, &put("p2", "current", "", plan(&[("n1", "G1", "web", 8), ("n2", "G2", "web", 4)]), WriteMode::Upsert, 0)).0.unwrap();
+    let restored: ClusterState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(restored, s);
+    assert_eq!(versions(&restored, &["n1", "n2"]), vec![20, 21]);
+    let held = |c: &ClusterState| c.desired().assignments("n2").map(|(p, g)| (p.to_string(), g.clone())).collect::<Vec<_>>();
+    assert_eq!(held(&restored), held(&s));
+    // A change after the restore moves the same nodes as on a replica that never restored.
+    let mut replica = s.clone();
+    let mut restored = restored;
+    let third = plan(&[("n1", "G1", "web", 2), ("n2", "G2", "web", 4)]);
+    for c in [&mut replica, &mut restored] {
+        c.take_touched_nodes();
+        c.apply(30, &put("p3", "current", "", third.clone(), WriteMode::Upsert, 0)).0.unwrap();
+    }
+    assert_eq!(restored.take_touched_nodes(), replica.take_touched_nodes());
+    assert_eq!(versions(&restored, &["n1", "n2"]), vec![30, 21]);
+}
+
+fn patch_request(id: &str, patch: PlanPatch, expected_version: u64) -> Request {
+    Request { request_id: id.into(), command: Command::PatchPlan { name: "current".into(), patch, expected_version }, trace_parent: None }
+}
+
+#[test]
+fn a_plan_patch_changes_only_what_it_names_and_only_on_the_version_it_was_computed_from() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    let base = plan(&[("n2", "G2", "web", 8), ("n1", "G1", "web", 8), ("n3", "G3", "web", 8)]);
+    let stored = s.apply(20, &put("p1", "current", "", base, WriteMode::Create, 0)).0.unwrap().resource;
+    let Spec::Plan(current) = &stored.spec else { panic!("a plan") };
+    assert_eq!(current.gpus.iter().map(|g| g.node.as_str()).collect::<Vec<_>>(), vec!["n1", "n2", "n3"], "stored in node order");
+    s.take_touched_nodes();
+
+    let Spec::Plan(mut next) = plan(&[("n1", "G1", "web", 8), ("n2", "G2", "web", 32), ("n3", "G3", "web", 8)]) else { unreachable!() };
+    next.normalise();
+    let patch = current.diff(&next);
+    assert_eq!(patch.set_gpus.len(), 1);
+    // Computed from version 1: refused once the plan has moved on, and nothing changes.
+    let stale = s.apply(21, &patch_request("q0", patch.clone(), 7)).0.unwrap_err();
+    assert_eq!((stale.code, stale.field.as_str()), (ErrorCode::FailedPrecondition, "resource_version"));
+    let patched = s.apply(22, &patch_request("q1", patch, 1)).0.unwrap().resource;
+    let Spec::Plan(now) = &patched.spec else { panic!("a plan") };
+    assert_eq!(*now, next);
+    assert_eq!(patched.resource_version, 2);
+    assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n2"]);
+    assert_eq!(versions(&s, &["n1", "n2", "n3"]), vec![20, 22, 20]);
+
+    // A patch is checked like a plan, naming the field in the patch.
+    let mut bad = PlanPatch { strategy: "t".into(), ..PlanPatch::default() };
+    let Spec::Plan(with_bad_batch) = plan(&[("n1", "G1", "web", 0)]) else { unreachable!() };
+    bad.set_gpus = with_bad_batch.gpus.iter().cloned().collect();
+    let err = s.apply(23, &patch_request("q2", bad, 0)).0.unwrap_err();
+    assert_eq!(err.field, "patch.set_gpus[0].workloads[0].batch");
+    // And a patch needs a plan to patch.
+    let missing = Request {
+        request_id: "q3".into(),
+        command: Command::PatchPlan { name: "other".into(), patch: PlanPatch::default(), expected_version: 0 },
+        trace_parent: None,
+    };
+    assert_eq!(s.apply(24, &missing).0.unwrap_err().code, ErrorCode::NotFound);
+}
+
+#[test]
+fn a_plan_that_names_one_gpu_twice_is_refused() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    let twice = plan(&[("n1", "G1", "web", 8), ("n1", "G1", "web", 4)]);
+    let err = s.apply(11, &put("p1", "current", "", twice, WriteMode::Create, 0)).0.unwrap_err();
+    assert_eq!(err.field, "spec.gpus[1].gpu_uuid");
+}

@@ -24,6 +24,7 @@ pub struct RaftFigures {
     pub commit_index: u64,
     pub applied_index: u64,
     pub last_log_index: u64,
+    pub log_appended_bytes: u64,
     pub is_leader: bool,
     pub leader: Option<u64>,
 }
@@ -61,7 +62,9 @@ struct Inner {
     commit_index: Gauge,
     applied_index: Gauge,
     last_log_index: Gauge,
+    log_appended_bytes: Gauge,
     is_leader: Gauge,
+    planning_seconds: Histogram,
     proposal_seconds: Histogram,
     proposals: Family<Labels, Counter>,
     loop_pass_seconds: HistogramFamily,
@@ -91,7 +94,9 @@ impl Default for ControllerMetrics {
             commit_index: Gauge::default(),
             applied_index: Gauge::default(),
             last_log_index: Gauge::default(),
+            log_appended_bytes: Gauge::default(),
             is_leader: Gauge::default(),
+            planning_seconds: seconds_buckets(),
             proposal_seconds: seconds_buckets(),
             proposals: Family::default(),
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
@@ -110,6 +115,16 @@ impl Default for ControllerMetrics {
         r.register("raft_commit_index", "Highest log index this node knows to be committed", inner.commit_index.clone());
         r.register("raft_applied_index", "Highest log index applied to this node's state machine", inner.applied_index.clone());
         r.register("raft_last_log_index", "Last index in this node's Raft log", inner.last_log_index.clone());
+        r.register(
+            "raft_log_appended_bytes",
+            "Bytes of entries appended to this node's Raft log since it started (each is also sent to each follower once)",
+            inner.log_appended_bytes.clone(),
+        );
+        r.register(
+            "provision_planning_duration_seconds",
+            "Provisioning passes that planned (inputs changed): the strategies and the placement on the fleet, off the async workers",
+            inner.planning_seconds.clone(),
+        );
         r.register("raft_is_leader", "1 while this node leads the cluster", inner.is_leader.clone());
         r.register(
             "raft_proposal_duration_seconds",
@@ -173,6 +188,11 @@ impl ControllerMetrics {
         self.inner.proposals.get_or_create(&labels(&[("result", result)])).inc();
     }
 
+    /// Records one provisioning pass that planned.
+    pub fn observe_planning(&self, elapsed: Duration) {
+        self.inner.planning_seconds.observe(elapsed.as_secs_f64());
+    }
+
     /// Records one pass of the leader-only loop `name`.
     pub fn observe_loop_pass(&self, name: &str, elapsed: Duration) {
         self.inner.loop_pass_seconds.get_or_create(&labels(&[("loop", name)])).observe(elapsed.as_secs_f64());
@@ -221,6 +241,7 @@ impl ControllerMetrics {
         i.commit_index.set(as_i64(snap.raft.commit_index));
         i.applied_index.set(as_i64(snap.raft.applied_index));
         i.last_log_index.set(as_i64(snap.raft.last_log_index));
+        i.log_appended_bytes.set(as_i64(snap.raft.log_appended_bytes));
         i.is_leader.set(i64::from(snap.raft.is_leader));
         i.plan_cost.set(snap.plan_cost_per_hour.unwrap_or(0.0));
         // Only the services of this scrape: a node or service that stopped reporting goes.
@@ -256,7 +277,15 @@ mod tests {
         m.observe_proposal(Duration::from_millis(4), "refused");
         m.observe_loop_pass("provisioner", Duration::from_millis(20));
         let snap = Snapshot {
-            raft: RaftFigures { term: 3, commit_index: 41, applied_index: 40, last_log_index: 42, is_leader: true, leader: Some(1) },
+            raft: RaftFigures {
+                term: 3,
+                commit_index: 41,
+                applied_index: 40,
+                last_log_index: 42,
+                log_appended_bytes: 4096,
+                is_leader: true,
+                leader: Some(1),
+            },
             plan_cost_per_hour: Some(10.24),
             services: vec![ServiceSample {
                 service: "chat".into(),
@@ -272,6 +301,7 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_raft_commit_index"), Some(41.0));
         assert_eq!(value(&text, "gpuplane_raft_applied_index"), Some(40.0));
         assert_eq!(value(&text, "gpuplane_raft_last_log_index"), Some(42.0));
+        assert_eq!(value(&text, "gpuplane_raft_log_appended_bytes"), Some(4096.0));
         assert_eq!(value(&text, "gpuplane_raft_is_leader"), Some(1.0));
         assert_eq!(value(&text, "gpuplane_plan_cost_per_hour"), Some(10.24));
         assert_eq!(value(&text, "gpuplane_raft_proposal_duration_seconds_count"), Some(2.0));

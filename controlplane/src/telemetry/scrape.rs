@@ -14,6 +14,7 @@ pub fn snapshot(controller: &Controller) -> Snapshot {
     let raft = RaftFigures {
         term: m.current_term,
         commit_index: controller.committed.load(Ordering::Relaxed),
+        log_appended_bytes: controller.log_bytes.load(Ordering::Relaxed),
         applied_index: m.last_applied.map_or(0, |l| l.index),
         last_log_index: m.last_log_index.unwrap_or(0),
         is_leader: m.current_leader == Some(controller.id),
@@ -28,7 +29,7 @@ pub fn snapshot(controller: &Controller) -> Snapshot {
             .into_values()
             .flat_map(|r| {
                 let node = r.report.node.clone();
-                r.report.metrics.into_iter().map(move |s| ServiceSample {
+                r.report.metrics.clone().into_iter().map(move |s| ServiceSample {
                     service: s.service,
                     node: node.clone(),
                     p99_ms: s.p99_ms,
