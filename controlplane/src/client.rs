@@ -254,6 +254,15 @@ impl Client {
         .await
     }
 
+    /// A node's desired state, then each change to it (what its agent watches).
+    pub async fn watch_desired(&self, node: &str, from_version: u64) -> Result<tonic::Streaming<proto::DesiredState>, Status> {
+        self.call(|ch, _| {
+            let r = self.request(proto::WatchDesiredRequest { node: node.to_string(), from_version }, None);
+            async move { proto::agent_client::AgentClient::new(ch).watch_desired(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
     /// Status as one specific node sees it (no retries elsewhere).
     pub async fn node_status(&self, addr: &str) -> Result<proto::ClusterStatusResponse, Status> {
         let ch = self.channels.get(addr).map_err(Status::invalid_argument)?;

@@ -54,6 +54,8 @@ pub struct DemoCluster {
     pub dir: PathBuf,
     pub bins: Binaries,
     pub addrs: BTreeMap<u64, String>,
+    /// Each controller's `/metrics` address.
+    pub metrics_addrs: BTreeMap<u64, String>,
     pub controllers: BTreeMap<u64, Proc>,
     pub agents: BTreeMap<String, Proc>,
     /// First port of each agent's block (100 workload ports, then 20 router ports).
@@ -67,10 +69,13 @@ impl DemoCluster {
     pub fn new(dir: &Path, bins: Binaries, mig_strategy: crate::provision::MigStrategy, timings: DemoTimings) -> Result<Self, String> {
         let base = free_port_block(17400, 3)?;
         let addrs = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", base + id as u16 - 1))).collect();
+        let metrics_base = free_port_block(base + 100, 3)?;
+        let metrics_addrs = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", metrics_base + id as u16 - 1))).collect();
         Ok(DemoCluster {
             dir: dir.to_path_buf(),
             bins,
             addrs,
+            metrics_addrs,
             controllers: BTreeMap::new(),
             agents: BTreeMap::new(),
             agent_ports: BTreeMap::new(),
@@ -103,11 +108,12 @@ impl DemoCluster {
         let peers: String = self.addrs.iter().map(|(i, a)| format!("\"{i}\" = {a:?}\n")).collect();
         let strategy = self.mig_strategy.flag_name();
         format!(
-            "node_id = {id}\nlisten = {listen:?}\ndata_dir = {data:?}\nbootstrap = {bootstrap}\n\n[security]\ninsecure = true\n\n[peers]\n{peers}\n[loops]\n\
+            "node_id = {id}\nlisten = {listen:?}\nmetrics_listen = {metrics:?}\ndata_dir = {data:?}\nbootstrap = {bootstrap}\n\n[security]\ninsecure = true\n\n[peers]\n{peers}\n[loops]\n\
              provision_interval_s = {pi}\nmig_strategy = \"{strategy}\"\nheartbeat_interval_ms = {hb}\nmissed_heartbeats = {missed}\n\
              scale_window_s = {window}\ncooldown_s = {cooldown}\n\n[cloud]\nprovider = \"sim\"\nagent_binary = {agent:?}\n\
              workload_program = {sim:?}\nworkload_args = {args:?}\nbase_dir = {cloud:?}\nfirst_port = {first}\ntime_scale = {scale}\n",
             listen = self.addrs[&id],
+            metrics = self.metrics_addrs[&id],
             data = self.dir.join(format!("controller-{id}")).display().to_string(),
             bootstrap = id == 1,
             pi = t.provision_interval_s,

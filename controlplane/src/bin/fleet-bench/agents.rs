@@ -1,0 +1,155 @@
+//! Simulated node agents, in-process: each registers its Node, watches its desired state and
+//! reports once a second echoing it, as `node-agent` does, over a shared pool of gRPC
+//! connections (one `Client`, so one HTTP/2 connection per controller, per group of agents).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use controlplane::client::{Client, RetryPolicy};
+use serde_json::json;
+
+/// What one agent has received.
+#[derive(Clone, Debug, Default)]
+pub struct Held {
+    pub version: u64,
+    /// When the latest desired state arrived.
+    pub at: Option<Instant>,
+    pub has_work: bool,
+    /// Desired states received in all.
+    pub received: u64,
+}
+
+/// Everything the agents observed, shared with the measuring side.
+#[derive(Default)]
+pub struct Observed {
+    pub held: Mutex<BTreeMap<String, Held>>,
+    pub registered: Mutex<Vec<Instant>>,
+    /// Report round trips (ms) and failures.
+    pub report_ms: Mutex<Vec<f64>>,
+    pub reports_failed: std::sync::atomic::AtomicU64,
+}
+
+pub const GPUS_PER_NODE: usize = 8;
+
+pub fn node_name(i: usize) -> String {
+    format!("host-{i:05}")
+}
+
+fn node_resource(name: &str) -> proto::Resource {
+    let gpus: Vec<_> =
+        (0..GPUS_PER_NODE).map(|g| json!({"uuid": format!("GPU-{name}-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
+    proto::Resource {
+        kind: "Node".into(),
+        name: name.into(),
+        spec_json: json!({"address": format!("{name}:7000"), "instance_type": "a100-8x", "gpus": gpus}).to_string(),
+        ..Default::default()
+    }
+}
+
+/// The report an agent that applied `desired` sends: the GPUs as configured, its workloads
+/// running, and a window of metrics per service placed on it.
+fn report(node: &str, desired: Option<&proto::DesiredState>) -> proto::ReportRequest {
+    let mut r = proto::ReportRequest { node: node.into(), ..Default::default() };
+    let Some(d) = desired else { return r };
+    r.applied_version = d.version;
+    let mut services = std::collections::BTreeSet::new();
+    for g in &d.gpus {
+        r.gpus.push(proto::ObservedGpu {
+            gpu_uuid: g.gpu_uuid.clone(),
+            model: "A100-80GB".into(),
+            mig_enabled: true,
+            instances: g.mig_layout.clone(),
+            workloads: g
+                .workloads
+                .iter()
+                .map(|w| proto::ObservedWorkload {
+                    service: w.service.clone(),
+                    mig_instance: w.mig_instance,
+                    mps_percent: w.mps_percent,
+                    batch: w.batch,
+                    state: "ready".into(),
+                    ..Default::default()
+                })
+                .collect(),
+        });
+        services.extend(g.workloads.iter().map(|w| w.service.clone()));
+    }
+    r.metrics = services
+        .into_iter()
+        .map(|service| proto::ServiceMetrics { service, p99_ms: 20.0, throughput_rps: 100.0, arrival_rps: 100.0, ..Default::default() })
+        .collect();
+    r
+}
+
+/// Starts agents `range` on `client`; they run until the runtime stops.
+pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed: Arc<Observed>, started: Instant) {
+    for i in range {
+        let client = client.clone();
+        let observed = observed.clone();
+        tokio::spawn(async move {
+            let name = node_name(i);
+            // Agents start within the first second, as a fleet restarting does.
+            tokio::time::sleep(Duration::from_millis((i as u64 * 7919) % 1000)).await;
+            while client.put(node_resource(&name), proto::WriteMode::Unspecified).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            observed.registered.lock().unwrap().push(Instant::now());
+            let latest: Arc<Mutex<Option<proto::DesiredState>>> = Arc::default();
+            tokio::spawn(report_loop(client.clone(), name.clone(), latest.clone(), observed.clone()));
+            let _ = started;
+            watch_loop(client, name, latest, observed).await;
+        });
+    }
+}
+
+async fn watch_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<proto::DesiredState>>>, observed: Arc<Observed>) {
+    loop {
+        let from = latest.lock().unwrap().as_ref().map_or(0, |d| d.version);
+        let Ok(mut stream) = client.watch_desired(&name, from).await else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        while let Ok(Some(d)) = stream.message().await {
+            let now = Instant::now();
+            {
+                let mut held = observed.held.lock().unwrap();
+                let h = held.entry(name.clone()).or_default();
+                h.version = d.version;
+                h.at = Some(now);
+                h.has_work = !d.gpus.is_empty();
+                h.received += 1;
+            }
+            *latest.lock().unwrap() = Some(d);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn report_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<proto::DesiredState>>>, observed: Arc<Observed>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let r = report(&name, latest.lock().unwrap().as_ref());
+        let sent = Instant::now();
+        match client.report(r).await {
+            Ok(_) => observed.report_ms.lock().unwrap().push(sent.elapsed().as_secs_f64() * 1e3),
+            Err(_) => {
+                observed.reports_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// One client (one connection per controller) per group of agents, starting on a different
+/// controller per group so that watches spread over the three.
+pub fn group_client(servers: &[String], group: usize) -> Arc<Client> {
+    let mut rotated = servers.to_vec();
+    rotated.rotate_left(group % servers.len());
+    Arc::new(Client::new(rotated).with_retry(RetryPolicy {
+        attempts: 5,
+        timeout: Duration::from_secs(10),
+        backoff: Duration::from_millis(200),
+    }))
+}

@@ -1,0 +1,213 @@
+//! Fleet-scale benchmark: 3 controller processes on loopback and N simulated agents in this
+//! process (8 A100-80GB GPUs each; 100 agents per gRPC connection to each controller). Each
+//! agent registers its Node, watches its desired state and reports once a second echoing it.
+//! Then one resnet50 Service per 4 hosts is applied, one Service's rate is raised by 25%,
+//! and every Service's by 10% (a fleet-wide re-plan), each time waiting for the agents to
+//! go quiet. Prints a table per N and, with `--report-json FILE`, a JSON list (one object
+//! per N).
+//!
+//!   cargo build --release --bins && target/release/fleet-bench [--agents 1000] [--report-json FILE]
+//!
+//! Latencies are measured by this process's clock from the sending of the first write to
+//! the arrival of the desired state at the agent; the agents share the machine's two cores
+//! with the controllers, so figures include that contention.
+
+mod agents;
+mod measure;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use controlplane::client::Client;
+use controlplane::demo::procs::{Binaries, DemoCluster, DemoTimings};
+use serde_json::json;
+
+use agents::Observed;
+use measure::{percentile, ControllerProbe, Row};
+
+#[derive(Parser)]
+struct Args {
+    /// Run one fleet size (default: 100, 1,000 and 10,000).
+    #[arg(long)]
+    agents: Option<usize>,
+    /// Write the results as a JSON list to this file.
+    #[arg(long)]
+    report_json: Option<PathBuf>,
+    /// Request rate of each Service (req/s).
+    #[arg(long, default_value_t = 30_000.0)]
+    rate: f64,
+    /// Hosts per Service.
+    #[arg(long, default_value_t = 4)]
+    hosts_per_service: usize,
+    /// Agents per client connection.
+    #[arg(long, default_value_t = 100)]
+    agents_per_connection: usize,
+    /// Seconds without any new desired state that end a fan-out measurement.
+    #[arg(long, default_value_t = 4.0)]
+    quiet_s: f64,
+    /// Give up waiting for a phase after this many seconds.
+    #[arg(long, default_value_t = 300.0)]
+    phase_timeout_s: f64,
+}
+
+fn main() {
+    let args = Args::parse();
+    let sizes = args.agents.map_or(vec![100, 1_000, 10_000], |n| vec![n]);
+    let bins = match Binaries::beside_current_exe("fleet-bench") {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("fleet-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut rows = Vec::new();
+    for n in sizes {
+        let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+        let row = rt.block_on(run(n, &args, bins.clone()));
+        rt.shutdown_timeout(Duration::from_secs(1));
+        measure::print_table(std::slice::from_ref(&row));
+        rows.push(row);
+    }
+    println!();
+    measure::print_table(&rows);
+    if let Some(path) = &args.report_json {
+        let list: Vec<serde_json::Value> = rows.iter().map(Row::to_json).collect();
+        std::fs::write(path, serde_json::to_string_pretty(&list).expect("JSON")).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+fn service(i: usize, rate: f64) -> proto::Resource {
+    proto::Resource {
+        kind: "Service".into(),
+        name: format!("svc-{i:05}"),
+        tenant: "acme".into(),
+        spec_json: json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": rate}, "allowed_gpu_models": ["A100-80GB"]})
+            .to_string(),
+        ..Default::default()
+    }
+}
+
+async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let timings = DemoTimings {
+        provision_interval_s: 30.0,
+        heartbeat_ms: 1000,
+        missed_heartbeats: 5,
+        scale_window_s: 3600.0,
+        cooldown_s: 3600.0,
+        launch_time_scale: 1.0,
+    };
+    let mut cluster = DemoCluster::new(dir.path(), bins, Default::default(), timings).expect("ports for the controllers");
+    for id in 1..=3 {
+        cluster.start_controller(id).expect("starting a controller");
+    }
+    let servers = cluster.servers();
+    let admin = Client::new(servers.clone());
+    // The demo's GPU models, instance types and profiles, and a tenant for the Services.
+    for r in controlplane::demo::scenario::resources().into_iter().filter(|r| r.kind != "Service") {
+        while let Err(e) = admin.put(r.clone(), proto::WriteMode::Unspecified).await {
+            eprintln!("seeding {} {}: {e}; retrying", r.kind, r.name);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    admin
+        .put(
+            proto::Resource {
+                kind: "Tenant".into(),
+                name: "acme".into(),
+                spec_json: json!({"display_name": "Acme", "max_services": 10_000}).to_string(),
+                ..Default::default()
+            },
+            proto::WriteMode::Unspecified,
+        )
+        .await
+        .expect("tenant");
+    let probe = ControllerProbe::new(&cluster);
+    let start_terms = probe.terms().await;
+    let cpu_start = probe.cpu_seconds();
+    let wall_start = Instant::now();
+    let unhealthy = measure::count_unhealthy_marks(Client::new(servers.clone()));
+
+    // 1. Registration.
+    let observed = Arc::new(Observed::default());
+    let started = Instant::now();
+    for (g, chunk) in (0..n).collect::<Vec<_>>().chunks(args.agents_per_connection).enumerate() {
+        agents::spawn_group(agents::group_client(&servers, g), chunk[0]..chunk[chunk.len() - 1] + 1, observed.clone(), started);
+    }
+    let timeout = Duration::from_secs_f64(args.phase_timeout_s);
+    let registered_all_s = loop {
+        let done = observed.registered.lock().unwrap().len();
+        if done == n {
+            break observed.registered.lock().unwrap().iter().max().map(|t| t.duration_since(started).as_secs_f64());
+        }
+        if started.elapsed() > timeout {
+            eprintln!("registration: {done} of {n} after {timeout:?}");
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let reports_from = observed.report_ms.lock().unwrap().len();
+
+    // 2. The Services: every agent with work holds it.
+    let services = n.div_ceil(args.hosts_per_service);
+    let applied = put_all(&admin, (0..services).map(|i| service(i, args.rate))).await;
+    let apply = measure::fan_out(&observed, applied, args.quiet_s, timeout).await;
+    let with_work = observed.held.lock().unwrap().values().filter(|h| h.has_work).count();
+
+    // 3. One Service +25%.
+    let bytes_before = probe.leader_log_bytes().await;
+    let one = put_all(&admin, [service(0, args.rate * 1.25)]).await;
+    let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout).await;
+    let bytes_after = probe.leader_log_bytes().await;
+
+    // 4. Every Service +10%: a fleet-wide re-plan.
+    let all = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
+    let replan = measure::fan_out(&observed, all, args.quiet_s, timeout).await;
+
+    let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
+    let wall = wall_start.elapsed().as_secs_f64();
+    let cpu_end = probe.cpu_seconds();
+    let end_terms = probe.terms().await;
+    let planning = probe.planning().await;
+    let row = Row {
+        agents: n,
+        services,
+        registered_all_s,
+        agents_with_work: with_work,
+        apply_fanout_s: apply.last_s,
+        one_service: one_service.clone(),
+        replan_fanout_s: replan.last_s,
+        agents_changed_one_service: one_service.agents,
+        agents_changed_replan: replan.agents,
+        provision_pass_s: planning,
+        report_p50_ms: percentile(&reports, 50.0),
+        report_p99_ms: percentile(&reports, 99.0),
+        reports: reports.len(),
+        reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),
+        leader_changes: end_terms.iter().max().copied().unwrap_or(0).saturating_sub(start_terms.iter().max().copied().unwrap_or(0)),
+        unhealthy_marked: unhealthy.load(std::sync::atomic::Ordering::Relaxed),
+        controller_cpu: cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect(),
+        leader_rss_mib: probe.leader_rss_mib().await,
+        raft_bytes_one_service_change: bytes_after.zip(bytes_before).map(|(a, b)| a.saturating_sub(b)),
+    };
+    cluster.shutdown();
+    row
+}
+
+/// Puts `resources` (8 at a time); returns when the first was sent, once the last is
+/// acknowledged. Fan-out is measured from the first send: what a user applying a manifest sees.
+async fn put_all(client: &Client, resources: impl IntoIterator<Item = proto::Resource>) -> Instant {
+    use futures::StreamExt;
+    let first_sent = Instant::now();
+    futures::stream::iter(resources)
+        .for_each_concurrent(8, |r| async move {
+            while let Err(e) = client.put(r.clone(), proto::WriteMode::Unspecified).await {
+                eprintln!("put {}: {e}; retrying", r.name);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+    first_sent
+}

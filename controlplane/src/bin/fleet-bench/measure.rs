@@ -1,0 +1,253 @@
+//! What fleet-bench measures and how it prints it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use controlplane::client::Client;
+use controlplane::demo::procs::DemoCluster;
+use serde_json::json;
+
+use crate::agents::Observed;
+
+pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    Some(v[rank.min(v.len() - 1)])
+}
+
+/// How a change reached the agents: how many got a new desired state, and when.
+#[derive(Clone, Debug, Default)]
+pub struct FanOut {
+    pub agents: usize,
+    pub p50_s: Option<f64>,
+    pub p99_s: Option<f64>,
+    pub last_s: Option<f64>,
+}
+
+/// Waits until agents stop receiving desired states after `since` (no new one for `quiet_s`
+/// after at least one arrived, or `timeout`), and returns the latencies from `since`.
+pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout: Duration) -> FanOut {
+    let quiet = Duration::from_secs_f64(quiet_s);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let latencies: Vec<f64> = observed
+            .held
+            .lock()
+            .unwrap()
+            .values()
+            .filter_map(|h| h.at.filter(|&at| at > since).map(|at| at.duration_since(since).as_secs_f64()))
+            .collect();
+        let last = latencies.iter().copied().fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
+        let settled = last.is_some_and(|l| since.elapsed().as_secs_f64() - l > quiet.as_secs_f64());
+        if settled || since.elapsed() > timeout {
+            if !settled {
+                eprintln!("fan-out: still arriving (or nothing arrived) after {timeout:?}");
+            }
+            return FanOut {
+                agents: latencies.len(),
+                p50_s: percentile(&latencies, 50.0),
+                p99_s: percentile(&latencies, 99.0),
+                last_s: last,
+            };
+        }
+    }
+}
+
+/// Counts the times a node's status turns unhealthy from now on (a Node watch).
+pub fn count_unhealthy_marks(client: Client) -> Arc<AtomicU64> {
+    let count = Arc::new(AtomicU64::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        let Ok(mut stream) = client.watch("Node", 0).await else { return };
+        let mut unhealthy = std::collections::HashSet::new();
+        while let Ok(Some(ev)) = stream.message().await {
+            let Some(r) = ev.resource else { continue };
+            let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+            let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
+            if is && unhealthy.insert(r.name.clone()) {
+                c.fetch_add(1, Ordering::Relaxed);
+            } else if !is {
+                unhealthy.remove(&r.name);
+            }
+        }
+    });
+    count
+}
+
+/// The controllers' processes and `/metrics`.
+pub struct ControllerProbe {
+    metrics: Vec<std::net::SocketAddr>,
+    pids: Vec<u32>,
+}
+
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+impl ControllerProbe {
+    pub fn new(cluster: &DemoCluster) -> Self {
+        ControllerProbe {
+            metrics: cluster.metrics_addrs.values().map(|a| a.parse().expect("a socket address")).collect(),
+            pids: cluster.controllers.values().filter_map(|p| p.pid()).collect(),
+        }
+    }
+
+    async fn scrape(&self, i: usize) -> Option<String> {
+        match tokio::time::timeout(Duration::from_secs(10), telemetry_http::get(self.metrics[i], "/metrics")).await {
+            Ok(Ok((200, text))) => Some(text),
+            _ => None,
+        }
+    }
+
+    async fn leader(&self) -> Option<(usize, String)> {
+        for i in 0..self.metrics.len() {
+            if let Some(text) = self.scrape(i).await {
+                if series(&text, "gpuplane_raft_is_leader") == Some(1.0) {
+                    return Some((i, text));
+                }
+            }
+        }
+        None
+    }
+
+    pub async fn terms(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for i in 0..self.metrics.len() {
+            out.push(self.scrape(i).await.and_then(|t| series(&t, "gpuplane_raft_term")).unwrap_or(0.0) as u64);
+        }
+        out
+    }
+
+    pub async fn leader_log_bytes(&self) -> Option<u64> {
+        self.leader().await.and_then(|(_, t)| series(&t, "gpuplane_raft_log_appended_bytes")).map(|b| b as u64)
+    }
+
+    /// Mean duration of the leader's provisioning passes that planned.
+    pub async fn planning(&self) -> Option<f64> {
+        let (_, text) = self.leader().await?;
+        let sum = series(&text, "gpuplane_provision_planning_duration_seconds_sum")?;
+        let count = series(&text, "gpuplane_provision_planning_duration_seconds_count")?;
+        (count > 0.0).then(|| sum / count)
+    }
+
+    pub async fn leader_rss_mib(&self) -> Option<f64> {
+        let (i, _) = self.leader().await?;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pids.get(i)?)).ok()?;
+        let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
+    /// User + system CPU seconds of each controller so far (clock ticks of 1/100 s, Linux's
+    /// USER_HZ on every architecture it runs here).
+    pub fn cpu_seconds(&self) -> Vec<f64> {
+        self.pids
+            .iter()
+            .map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                // Fields after the command name (which may hold spaces) start at field 3.
+                let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+                (ticks(11) + ticks(12)) / 100.0
+            })
+            .collect()
+    }
+}
+
+/// One fleet size's results.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub agents: usize,
+    pub services: usize,
+    pub registered_all_s: Option<f64>,
+    pub agents_with_work: usize,
+    pub apply_fanout_s: Option<f64>,
+    pub one_service: FanOut,
+    pub replan_fanout_s: Option<f64>,
+    pub agents_changed_one_service: usize,
+    pub agents_changed_replan: usize,
+    pub provision_pass_s: Option<f64>,
+    pub report_p50_ms: Option<f64>,
+    pub report_p99_ms: Option<f64>,
+    pub reports: usize,
+    pub reports_failed: u64,
+    pub leader_changes: u64,
+    pub unhealthy_marked: u64,
+    /// Cores used by each controller over the run.
+    pub controller_cpu: Vec<f64>,
+    pub leader_rss_mib: Option<f64>,
+    pub raft_bytes_one_service_change: Option<u64>,
+}
+
+impl Row {
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "agents": self.agents,
+            "services": self.services,
+            "registered_all_s": self.registered_all_s,
+            "agents_with_work": self.agents_with_work,
+            "apply_fanout_s": self.apply_fanout_s,
+            "one_service_fanout_p50_s": self.one_service.p50_s,
+            "one_service_fanout_p99_s": self.one_service.p99_s,
+            "one_service_fanout_max_s": self.one_service.last_s,
+            "replan_fanout_s": self.replan_fanout_s,
+            "agents_changed_one_service": self.agents_changed_one_service,
+            "agents_changed_replan": self.agents_changed_replan,
+            "provision_pass_s": self.provision_pass_s,
+            "report_p50_ms": self.report_p50_ms,
+            "report_p99_ms": self.report_p99_ms,
+            "reports": self.reports,
+            "reports_failed": self.reports_failed,
+            "leader_changes": self.leader_changes,
+            "unhealthy_marked": self.unhealthy_marked,
+            "controller_cpu_cores": self.controller_cpu,
+            "leader_rss_mib": self.leader_rss_mib,
+            "raft_bytes_one_service_change": self.raft_bytes_one_service_change,
+            // Not measured yet (see README, "Fleet scale").
+            "snapshot_install_s": null,
+        })
+    }
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("—".into(), |v| format!("{v:.digits$}"))
+}
+
+pub fn print_table(rows: &[Row]) {
+    let header: Vec<String> = rows.iter().map(|r| format!("{} hosts", r.agents)).collect();
+    println!("{:<44} {}", "", header.iter().map(|h| format!("{h:>16}")).collect::<String>());
+    let line = |name: &str, cells: Vec<String>| println!("{name:<44} {}", cells.iter().map(|c| format!("{c:>16}")).collect::<String>());
+    line("services", rows.iter().map(|r| r.services.to_string()).collect());
+    line("all registered (s)", rows.iter().map(|r| opt(r.registered_all_s, 2)).collect());
+    line("services applied → last agent has work (s)", rows.iter().map(|r| opt(r.apply_fanout_s, 2)).collect());
+    line("agents with work", rows.iter().map(|r| r.agents_with_work.to_string()).collect());
+    line(
+        "one service +25%: p50/p99/max (s)",
+        rows.iter()
+            .map(|r| format!("{}/{}/{}", opt(r.one_service.p50_s, 2), opt(r.one_service.p99_s, 2), opt(r.one_service.last_s, 2)))
+            .collect(),
+    );
+    line("one service +25%: agents changed", rows.iter().map(|r| r.agents_changed_one_service.to_string()).collect());
+    line(
+        "one service +25%: Raft bytes (leader log)",
+        rows.iter().map(|r| r.raft_bytes_one_service_change.map_or("—".into(), |b| b.to_string())).collect(),
+    );
+    line("all services +10% → last agent (s)", rows.iter().map(|r| opt(r.replan_fanout_s, 2)).collect());
+    line("all services +10%: agents changed", rows.iter().map(|r| r.agents_changed_replan.to_string()).collect());
+    line("provisioning pass that planned, mean (s)", rows.iter().map(|r| opt(r.provision_pass_s, 3)).collect());
+    line("reports p50/p99 (ms)", rows.iter().map(|r| format!("{}/{}", opt(r.report_p50_ms, 1), opt(r.report_p99_ms, 1))).collect());
+    line("reports sent/failed", rows.iter().map(|r| format!("{}/{}", r.reports, r.reports_failed)).collect());
+    line("leader changes", rows.iter().map(|r| r.leader_changes.to_string()).collect());
+    line("healthy nodes marked unhealthy", rows.iter().map(|r| r.unhealthy_marked.to_string()).collect());
+    line(
+        "controller CPU (cores, each)",
+        rows.iter().map(|r| r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/")).collect(),
+    );
+    line("leader RSS (MiB)", rows.iter().map(|r| opt(r.leader_rss_mib, 0)).collect());
+    line("snapshot install (s)", rows.iter().map(|_| "not measured".into()).collect());
+}
