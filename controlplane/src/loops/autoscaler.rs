@@ -121,7 +121,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         });
         // Plan outside the state lock and off the runtime's workers.
         let strategy = settings.mig_strategy;
-        let plan = match super::off_runtime(&settings, "autoscaler planning", move || plan_pools(&input, &overrides, strategy)).await {
+        let plan = match super::off_runtime(&settings, "autoscaler planning", move |_| plan_pools(&input, &overrides, strategy)).await {
             Ok(plan) => plan,
             Err(e) => {
                 controller.telemetry.observe_loop_outcome("autoscaler", true);

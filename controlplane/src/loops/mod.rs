@@ -8,6 +8,7 @@ pub mod failure_detector;
 mod provisioner;
 mod tuner;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,20 +185,46 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "a panic without a message".into())
 }
 
+/// Set when the caller of [`off_runtime`] is gone (its loop was aborted: leadership moved):
+/// the work checks it between steps and stops, instead of planning for nobody.
+#[derive(Clone, Default)]
+pub(crate) struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Sets the flag when dropped: when the future awaiting the work is dropped, which is what
+/// aborting a loop does.
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        (self.0).0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// Runs CPU-bound work (a planning pass) on tokio's blocking pool: never on the runtime's
-/// worker threads, where it would starve Raft's heartbeats and the API. Aborting the caller
-/// cannot stop it, so what runs here must be bounded (the planner's bounds see to that). A
-/// panic comes back as an error naming `what`.
+/// worker threads, where it would starve Raft's heartbeats and the API. A blocking task
+/// cannot be aborted, so the work gets a [`Cancel`] that is set once nobody awaits it any
+/// more, and stops at its next check; what runs between checks must be bounded (the
+/// planner's bounds see to that). A panic comes back as an error naming `what`.
 pub(crate) async fn off_runtime<T: Send + 'static>(
     settings: &LoopSettings,
     what: &str,
-    work: impl FnOnce() -> T + Send + 'static,
+    work: impl FnOnce(Cancel) -> T + Send + 'static,
 ) -> Result<T, crate::api::ApiError> {
     let failed = |reason: String| crate::api::ApiError::Internal(format!("{what} failed: {reason}"));
+    let cancel = Cancel::default();
+    let _cancel_on_drop = CancelOnDrop(cancel.clone());
     if !settings.plan_off_runtime {
-        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|p| failed(panic_message(p)));
+        return std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cancel))).map_err(|p| failed(panic_message(p)));
     }
-    tokio::task::spawn_blocking(work).await.map_err(|e| failed(if e.is_panic() { panic_message(e.into_panic()) } else { e.to_string() }))
+    tokio::task::spawn_blocking(move || work(cancel))
+        .await
+        .map_err(|e| failed(if e.is_panic() { panic_message(e.into_panic()) } else { e.to_string() }))
 }
 
 /// Watches leadership and runs the loops while this node leads.
@@ -241,4 +268,38 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
             task.abort();
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn work_whose_loop_is_aborted_is_told_to_stop() {
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            off_runtime(&LoopSettings::default(), "test planning", move |cancel| {
+                started_tx.send(()).unwrap();
+                // Steps of planning, checking between them (bounded: a minute at most).
+                let mut steps = 0;
+                while !cancel.is_set() && steps < 60_000 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    steps += 1;
+                }
+                done_tx.send(cancel.is_set()).unwrap();
+            })
+            .await
+        });
+        started_rx.await.unwrap();
+        // Leadership moved: the loop (and the pass awaiting the work) is aborted.
+        task.abort();
+        assert!(done_rx.await.unwrap(), "the work stopped because it was told to, not at its bound");
+    }
+
+    #[tokio::test]
+    async fn work_that_completes_is_never_told_to_stop() {
+        let seen = off_runtime(&LoopSettings::default(), "test planning", |cancel| cancel.is_set()).await.unwrap();
+        assert!(!seen);
+    }
 }

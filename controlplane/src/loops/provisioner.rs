@@ -18,7 +18,7 @@ use super::LoopSettings;
 use super::PlanChange;
 use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::provision::{gather, inputs_digest, provision_from};
+use crate::provision::{gather, inputs_digest, provision_keeping, PoolPlans};
 use crate::raft::WatchSignal;
 use crate::resources::Kind;
 use crate::state::{ChangeEvent, ChangeType};
@@ -32,13 +32,15 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
     // The digest of the inputs the last pass planned from, when that pass found the committed
     // placement already right: the same inputs are not planned again (leader memory only).
     let mut planned_digest: Option<String> = None;
+    // The pool plans of the last pass, for minimal re-planning (`provision::replan`).
+    let mut memory: Option<PoolPlans> = None;
     // The trace of the change that triggered the pass; none for a periodic pass.
     let mut trigger: Option<String> = None;
     loop {
         let started = std::time::Instant::now();
         let span = tracing::info_span!("provision.pass");
         telemetry_otlp::continue_trace(&span, trigger.take().as_deref().unwrap_or_default());
-        let result = pass(&controller, &settings, &mut planned_digest).instrument(span).await;
+        let result = pass(&controller, &settings, &mut planned_digest, &mut memory).instrument(span).await;
         controller.telemetry.observe_loop_pass("provisioner", started.elapsed());
         controller.telemetry.observe_loop_outcome("provisioner", result.is_err());
         match result {
@@ -77,7 +79,9 @@ impl FleetFingerprints {
                 let r = &event.resource;
                 let mut hasher = std::hash::DefaultHasher::new();
                 serde_json::to_string(&r.spec).unwrap_or_default().hash(&mut hasher);
-                r.status.get("health").map(ToString::to_string).hash(&mut hasher);
+                // What `provision::fleet` reads of the status: unhealthy or not.
+                let unhealthy = r.status.get("health").and_then(|h| h.as_str()) == Some(crate::loops::failure_detector::UNHEALTHY);
+                unhealthy.hash(&mut hasher);
                 let print = hasher.finish();
                 self.0.insert(r.name.clone(), print) != Some(print)
             }
@@ -116,15 +120,23 @@ fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerp
 
 /// What a pass decided, off the async workers.
 enum Decision {
-    /// Planned from these very inputs already (the committed plan, or the last pass).
-    Unchanged,
-    /// New inputs that move nothing: remember their digest, commit nothing.
-    SamePlacement(String),
-    NewPlan(PlanChange),
+    /// Planned from these very inputs already (the committed plan, or the last pass); the
+    /// pool plans kept.
+    Unchanged(Option<PoolPlans>),
+    /// New inputs that move nothing: remember their digest and pool plans, commit nothing.
+    SamePlacement(String, PoolPlans),
+    NewPlan(PlanChange, PoolPlans),
+    /// The loop was aborted while planning (leadership moved).
+    Stopped,
 }
 
 /// One pass; `Ok(true)` when a new plan was committed.
-async fn pass(controller: &Controller, settings: &LoopSettings, planned_digest: &mut Option<String>) -> Result<bool, ApiError> {
+async fn pass(
+    controller: &Controller,
+    settings: &LoopSettings,
+    planned_digest: &mut Option<String>,
+    memory: &mut Option<PoolPlans>,
+) -> Result<bool, ApiError> {
     // Plan from everything committed so far.
     controller.read_barrier().await?;
     // Copy the inputs under the state lock; digest and plan without it, on the blocking pool
@@ -133,38 +145,99 @@ async fn pass(controller: &Controller, settings: &LoopSettings, planned_digest: 
         controller.read(|d| (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version)));
     let strategy = settings.mig_strategy;
     let last = planned_digest.clone();
-    let decision = super::off_runtime(settings, "provisioning", move || {
+    // Taken: a pass that fails plans in full next time.
+    let previous = memory.take();
+    let decision = super::off_runtime(settings, "provisioning", move |cancel: super::Cancel| {
         let digest = inputs_digest(&inputs, strategy);
         let current = inputs.current.as_ref();
         if current.is_some_and(|p| p.inputs_digest == digest) || last.as_deref() == Some(digest.as_str()) {
             // Planned from these very inputs (and perhaps tuned since): nothing to do.
-            return Decision::Unchanged;
+            return Decision::Unchanged(previous);
         }
         let planning = std::time::Instant::now();
-        let plan = provision_from(&inputs, strategy);
-        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), gpus = plan.gpus.len(), "planned");
+        let Some((plan, pools)) = provision_keeping(&inputs, strategy, previous.as_ref(), &|| cancel.is_set()) else {
+            return Decision::Stopped;
+        };
+        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), gpus = plan.gpus.len(), incremental = pools.incremental, "planned");
         if inputs.current.as_ref().is_some_and(|p| p.same_placement(&plan)) {
             // New inputs (a node joined, a node's health came back) that move nothing: no
             // commit, so no agent is woken.
-            return Decision::SamePlacement(digest);
+            return Decision::SamePlacement(digest, pools);
         }
         // The patch from the committed plan, so the proposal carries only what moved.
-        Decision::NewPlan(PlanChange::between(inputs.current.as_ref().map(|c| (version, c)), plan))
+        Decision::NewPlan(PlanChange::between(inputs.current.as_ref().map(|c| (version, c)), plan), pools)
     });
     let started = std::time::Instant::now();
     let decision = decision.await?;
     match decision {
-        Decision::Unchanged => Ok(false),
-        Decision::SamePlacement(digest) => {
-            controller.telemetry.observe_planning(started.elapsed());
-            *planned_digest = Some(digest);
+        Decision::Stopped => Ok(false),
+        Decision::Unchanged(previous) => {
+            *memory = previous;
             Ok(false)
         }
-        Decision::NewPlan(change) => {
+        Decision::SamePlacement(digest, pools) => {
+            controller.telemetry.observe_planning(started.elapsed());
+            *planned_digest = Some(digest);
+            *memory = Some(pools);
+            Ok(false)
+        }
+        Decision::NewPlan(change, pools) => {
             controller.telemetry.observe_planning(started.elapsed());
             *planned_digest = None;
+            *memory = Some(pools);
             super::commit_plan(controller, change).await?;
             Ok(true)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{NodeGpu, NodeSpec, Spec, StoredResource};
+    use futures::FutureExt;
+    use std::sync::Arc;
+
+    fn node_event(name: &str, change_type: ChangeType, status: serde_json::Value) -> WatchSignal {
+        let spec = Spec::Node(NodeSpec {
+            address: format!("{name}:7000"),
+            instance_type: "a100-1x".into(),
+            gpus: vec![NodeGpu { uuid: format!("GPU-{name}"), model: "A100-80GB".into(), mig_enabled: true }],
+            labels: Default::default(),
+        });
+        let resource = StoredResource {
+            name: name.into(),
+            tenant: String::new(),
+            resource_version: 1,
+            spec,
+            status,
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        WatchSignal::Change(Arc::new(ChangeEvent { revision: 1, change_type, resource, trace_parent: None }))
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_registrations_is_one_pass_and_reports_that_change_no_input_are_none() {
+        let (tx, mut rx) = broadcast::channel(4096);
+        let mut seen = FleetFingerprints::default();
+        for i in 0..100 {
+            tx.send(node_event(&format!("n{i}"), ChangeType::Added, serde_json::Value::Null)).unwrap();
+        }
+        // The first registration wakes the loop; the other 99, queued meanwhile, are drained
+        // into the same pass.
+        assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
+        drain(&mut rx, &mut seen);
+        assert!(rx.is_empty());
+        assert_eq!(seen.0.len(), 100);
+        // Reports that change what the agents applied, or mark them healthy: no pass.
+        for i in 0..100 {
+            let status = serde_json::json!({"applied_version": 8, "health": "healthy"});
+            tx.send(node_event(&format!("n{i}"), ChangeType::Modified, status)).unwrap();
+        }
+        assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_none(), "applied_version alone is no input");
+        // A node turning unhealthy is.
+        tx.send(node_event("n5", ChangeType::Modified, serde_json::json!({"applied_version": 8, "health": "unhealthy"}))).unwrap();
+        assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
     }
 }

@@ -6,11 +6,13 @@ mod assign;
 mod input;
 pub mod offline;
 pub mod pools;
+mod replan;
 pub mod scaling;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::planning_input;
 pub use pools::{plan_pools, Overrides};
+pub use replan::{plan_pools_from, PoolPlans, MAX_INCREMENTAL_CHANGES};
 
 use crate::resources::{Kind, PlanSpec, ServicePrediction, Spec};
 use crate::state::ClusterState;
@@ -119,7 +121,23 @@ pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
 
 /// [`provision`] from inputs already gathered.
 pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
-    let plan = plan_pools(&inputs.input, &inputs.overrides, strategy);
+    provision_keeping(inputs, strategy, None, &|| false).expect("never stopped").0
+}
+
+/// [`provision_from`], starting from the pool plans of the previous pass (`previous`) when
+/// only a few services' rates or SLOs changed (minimal re-planning, `replan`); also returns
+/// this pass's pool plans for the next. `stop` is asked between steps (each pool, each
+/// service re-planned, the placement); `None` when it said to stop.
+pub fn provision_keeping(
+    inputs: &ProvisionInputs,
+    strategy: MigStrategy,
+    previous: Option<&PoolPlans>,
+    stop: &dyn Fn() -> bool,
+) -> Option<(PlanSpec, PoolPlans)> {
+    let (plan, pools) = plan_pools_from(&inputs.input, &inputs.overrides, strategy, previous, stop)?;
+    if stop() {
+        return None;
+    }
     let (gpus, unplaced) = assign_to_nodes(&plan, &inputs.fleet, inputs.current.as_ref());
     let mut services: Vec<ServicePrediction> = plan
         .predictions
@@ -140,13 +158,14 @@ pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSp
         });
     }
     services.sort_by(|a, b| a.service.cmp(&b.service));
-    PlanSpec {
+    let spec = PlanSpec {
         strategy: plan.strategy,
         gpus: gpus.into(),
         services: services.into(),
         inputs_digest: inputs_digest(inputs, strategy),
         trace_parent: String::new(),
-    }
+    };
+    Some((spec, pools))
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ impl Pool {
 }
 
 /// The input restricted to one pool: its GPU types and the given services.
-fn pool_input(input: &PlanningInput, pool: Pool, services: &[usize]) -> PlanningInput {
+pub(super) fn pool_input(input: &PlanningInput, pool: Pool, services: &[usize]) -> PlanningInput {
     PlanningInput {
         gpu_types: input.gpu_types.iter().filter(|t| pool.serves(t)).cloned().collect(),
         services: services.iter().map(|&i| input.services[i].clone()).collect(),
@@ -123,18 +123,36 @@ fn choose(input: &PlanningInput, i: usize, overrides: &Overrides, mig: Pool) -> 
     }
 }
 
-/// Plans every service in its pool and merges the pool plans (GPU slots renumbered, the
-/// strategy named after the pools that plan something, e.g. `parvagpu+igniter`).
-pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: MigStrategy) -> Plan {
+/// Services per pool, as indices into the planning input's services.
+pub(super) type Members = BTreeMap<Pool, Vec<usize>>;
+
+/// The pool of every service.
+pub(super) fn members(input: &PlanningInput, overrides: &Overrides, mig_strategy: MigStrategy) -> Members {
     let mig = Pool::default_mig(mig_strategy);
-    let mut members: BTreeMap<Pool, Vec<usize>> = BTreeMap::new();
+    let mut members: Members = BTreeMap::new();
     for i in 0..input.services.len() {
         members.entry(choose(input, i, overrides, mig)).or_default().push(i);
     }
+    members
+}
+
+/// Each pool planned by its strategy, alone; `None` when `stop` says so before a pool.
+pub(super) fn plan_each_pool(input: &PlanningInput, members: &Members, stop: &dyn Fn() -> bool) -> Option<BTreeMap<Pool, Plan>> {
+    members.iter().map(|(&pool, services)| (!stop()).then(|| (pool, plan_isolated(input, pool, services)))).collect()
+}
+
+/// Plans every service in its pool and merges the pool plans (GPU slots renumbered, the
+/// strategy named after the pools that plan something, e.g. `parvagpu+igniter`).
+pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: MigStrategy) -> Plan {
+    let pools = plan_each_pool(input, &members(input, overrides, mig_strategy), &|| false).expect("never stopped");
+    merge(input, pools, mig_strategy)
+}
+
+/// The pool plans as one plan, every service of `input` placed or refused.
+pub(super) fn merge(input: &PlanningInput, pools: BTreeMap<Pool, Plan>, mig_strategy: MigStrategy) -> Plan {
     let mut merged = Plan { strategy: String::new(), gpus: Vec::new(), predictions: Vec::new(), infeasible: Vec::new() };
     let mut names = Vec::new();
-    for (pool, services) in &members {
-        let plan = plan_isolated(input, *pool, services);
+    for plan in pools.into_values() {
         names.push(plan.strategy.clone());
         for mut g in plan.gpus {
             g.slot = merged.gpus.len() as u32;
@@ -164,7 +182,7 @@ pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: Mi
 /// Runs a strategy, turning a panic into its message. The strategies guard their own
 /// arithmetic and allocations (see `planner::bounds`); this is the last line, so that a
 /// defect one service's input reaches refuses that service instead of every plan.
-fn guarded(plan: impl FnOnce() -> Plan) -> Result<Plan, String> {
+pub(super) fn guarded(plan: impl FnOnce() -> Plan) -> Result<Plan, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(plan)).map_err(crate::loops::panic_message)
 }
 

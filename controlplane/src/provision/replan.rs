@@ -1,0 +1,202 @@
+//! Minimal re-planning (ParvaGPU Sec. III-F): when only the rate or SLO of a few services
+//! changed since the last pass, only their segments are recomputed and relocated into the
+//! previous deployment map (`parvagpu::replan_service`), so every other service keeps its
+//! GPUs, MIG instances and starts, and its agents are not reconfigured. Anything else (a new
+//! service, a model, a profile, a GPU type, a strategy, a service changing pool, or many
+//! changes at once) plans everything again. Pure.
+
+use std::collections::BTreeMap;
+
+use planner::input::PlanningInput;
+use planner::plan::Plan;
+use planner::strategy::parvagpu;
+
+use super::pools::{guarded, members, merge, plan_each_pool, pool_input, Members, Pool};
+use super::{MigStrategy, Overrides};
+
+/// Most changed services re-planned one by one; past this a full pass is cheaper than
+/// relocating each (every relocation reconfigures all services) and moves little more.
+pub const MAX_INCREMENTAL_CHANGES: usize = 8;
+
+/// What a pass planned, per pool, for the next pass to start from. Leader memory: a new
+/// leader plans in full once.
+#[derive(Clone, Debug)]
+pub struct PoolPlans {
+    input: PlanningInput,
+    overrides: Overrides,
+    strategy: MigStrategy,
+    members: Members,
+    plans: BTreeMap<Pool, Plan>,
+    /// Whether this plan was made incrementally (for tests and logs).
+    pub incremental: bool,
+}
+
+/// Plans every service, from `previous` when only a few services' rates or SLOs changed.
+/// `stop` is asked before each pool and each service re-planned: `None` when it said to.
+pub fn plan_pools_from(
+    input: &PlanningInput,
+    overrides: &Overrides,
+    strategy: MigStrategy,
+    previous: Option<&PoolPlans>,
+    stop: &dyn Fn() -> bool,
+) -> Option<(Plan, PoolPlans)> {
+    let step = previous.map_or(Incremental::NotApplicable, |p| incremental(p, input, overrides, strategy, stop));
+    let (members, plans, is_incremental) = match step {
+        Incremental::Planned(members, plans) => (members, plans, true),
+        Incremental::Stopped => return None,
+        Incremental::NotApplicable => {
+            let members = members(input, overrides, strategy);
+            let plans = plan_each_pool(input, &members, stop)?;
+            (members, plans, false)
+        }
+    };
+    let plan = merge(input, plans.clone(), strategy);
+    Some((plan, PoolPlans { input: input.clone(), overrides: overrides.clone(), strategy, members, plans, incremental: is_incremental }))
+}
+
+enum Incremental {
+    Planned(Members, BTreeMap<Pool, Plan>),
+    /// Not a case for minimal re-planning (or it failed): plan everything.
+    NotApplicable,
+    Stopped,
+}
+
+fn incremental(
+    prev: &PoolPlans,
+    input: &PlanningInput,
+    overrides: &Overrides,
+    strategy: MigStrategy,
+    stop: &dyn Fn() -> bool,
+) -> Incremental {
+    use Incremental::*;
+    let same_ground = prev.strategy == strategy
+        && prev.overrides == *overrides
+        && prev.input.gpu_types == input.gpu_types
+        && prev.input.profiles == input.profiles
+        && prev.input.services.len() == input.services.len();
+    if !same_ground {
+        return NotApplicable;
+    }
+    let mut changed = Vec::new();
+    for (i, (before, now)) in prev.input.services.iter().zip(&input.services).enumerate() {
+        if before.name != now.name || before.model != now.model {
+            return NotApplicable;
+        }
+        if before != now {
+            changed.push(i);
+        }
+    }
+    if changed.len() > MAX_INCREMENTAL_CHANGES {
+        return NotApplicable;
+    }
+    // A rate can move a service to the other pool (the cheaper one for it alone).
+    let members = members(input, overrides, strategy);
+    if members != prev.members {
+        return NotApplicable;
+    }
+    let mut plans = prev.plans.clone();
+    if changed.is_empty() {
+        return Planned(members, plans);
+    }
+    let Some(parva) = members.get(&Pool::Parvagpu) else { return NotApplicable };
+    let Some(mut plan) = plans.get(&Pool::Parvagpu).cloned() else { return NotApplicable };
+    if changed.iter().any(|i| !parva.contains(i)) {
+        return NotApplicable;
+    }
+    let pool = pool_input(input, Pool::Parvagpu, parva);
+    let cfg = parvagpu::ParvaConfig::default();
+    for &i in &changed {
+        if stop() {
+            return Stopped;
+        }
+        let demand = &input.services[i];
+        // A failure here plans everything again, where each service is isolated.
+        match guarded(|| parvagpu::replan_service(&plan, &pool, demand, &cfg)) {
+            Ok(p) => plan = p,
+            Err(_) => return NotApplicable,
+        }
+    }
+    plans.insert(Pool::Parvagpu, plan);
+    Planned(members, plans)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use planner::input::{GpuType, Profiles, ServiceDemand};
+    use planner::mig::GpuModel;
+    use planner::perf::synthetic::example_models;
+    use std::collections::BTreeSet;
+
+    fn input(rates: &[f64]) -> PlanningInput {
+        let mut profiles = Profiles::default();
+        let resnet = example_models().into_iter().find(|m| m.name == "resnet50").unwrap();
+        profiles.tables.entry("A100-80GB".into()).or_default().insert("resnet50".into(), resnet.table(3));
+        PlanningInput {
+            gpu_types: vec![GpuType {
+                name: "A100-80GB".into(),
+                model: GpuModel::A100_80GB,
+                price_per_hour: 4.0,
+                mps: true,
+                igniter: None,
+            }],
+            services: rates
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| ServiceDemand { name: format!("s{i:02}"), model: "resnet50".into(), slo_ms: 50.0, request_rate: r })
+                .collect(),
+            profiles,
+        }
+    }
+
+    /// Each GPU's content, so two plans can be compared GPU by GPU whatever their order.
+    fn contents(plan: &Plan) -> BTreeSet<String> {
+        plan.gpus.iter().map(|g| format!("{:?}{:?}", g.sharing, g.workloads)).collect()
+    }
+
+    #[test]
+    fn one_services_new_rate_moves_only_that_service() {
+        let rates: Vec<f64> = (0..30).map(|i| 3000.0 + 700.0 * f64::from(i % 7)).collect();
+        let (before, memory) = plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        assert!(!memory.incremental);
+        let mut raised = rates.clone();
+        raised[4] *= 1.25;
+        let (after, next) = plan_pools_from(&input(&raised), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
+        assert!(next.incremental);
+        assert!(after.infeasible.is_empty(), "{:?}", after.infeasible);
+        let capacity = |p: &Plan, s: &str| p.predictions.iter().find(|x| x.service == s).map_or(0.0, |x| x.capacity_rps);
+        assert!(capacity(&after, "s04") >= raised[4], "the raised service is sized for its new rate");
+        // Every GPU that does not hold s04 now is exactly as it was.
+        let was = contents(&before);
+        let moved: Vec<_> = after
+            .gpus
+            .iter()
+            .filter(|g| !was.contains(&format!("{:?}{:?}", g.sharing, g.workloads)))
+            .filter(|g| g.workloads.iter().all(|w| w.service != "s04"))
+            .collect();
+        assert!(moved.is_empty(), "GPUs of other services changed: {moved:?}");
+        // A full pass on the same input repacks far more.
+        let full = super::super::plan_pools(&input(&raised), &Overrides::new(), MigStrategy::Parvagpu);
+        let changed = |p: &Plan| contents(p).difference(&was).count();
+        assert!(changed(&after) < changed(&full), "incremental {} vs full {}", changed(&after), changed(&full));
+    }
+
+    #[test]
+    fn anything_but_a_few_rates_plans_everything_again() {
+        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 100.0 * f64::from(i)).collect();
+        let (_, memory) = plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        let all_up: Vec<f64> = rates.iter().map(|r| r * 1.1).collect();
+        assert!(
+            !plan_pools_from(&input(&all_up), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap().1.incremental
+        );
+        let mut more = rates.clone();
+        more.push(500.0);
+        assert!(!plan_pools_from(&input(&more), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap().1.incremental);
+        assert!(
+            !plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::ExactMig, Some(&memory), &|| false).unwrap().1.incremental
+        );
+        let (same, again) = plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
+        assert!(again.incremental);
+        assert_eq!(same, plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, None, &|| false).unwrap().0);
+    }
+}
