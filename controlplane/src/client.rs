@@ -263,6 +263,16 @@ impl Client {
         .await
     }
 
+    /// The version of `node`'s desired state: the index of the last change to what it is to
+    /// run (0: never had any). An agent has converged when it reports this version applied.
+    pub async fn desired_version(&self, node: &str) -> Result<u64, Status> {
+        let mut stream = self.watch_desired(node, 0).await?;
+        match stream.message().await? {
+            Some(desired) => Ok(desired.version),
+            None => Err(Status::unavailable("the desired-state watch ended before its first message")),
+        }
+    }
+
     /// Status as one specific node sees it (no retries elsewhere).
     pub async fn node_status(&self, addr: &str) -> Result<proto::ClusterStatusResponse, Status> {
         let ch = self.channels.get(addr).map_err(Status::invalid_argument)?;

@@ -38,6 +38,8 @@ pub struct Controller {
     pub channels: PeerChannels,
     /// Latest agent reports; meaningful on the leader only.
     pub reports: AgentReports,
+    /// Writes the agents' observed state to their Nodes (leader only).
+    pub status_writer: crate::agents::StatusWriter,
     /// This node's Prometheus series (`/metrics`).
     pub telemetry: ControllerMetrics,
 }
@@ -49,6 +51,10 @@ impl Controller {
         let leader = metrics.current_leader?;
         let addr = metrics.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())?;
         Some((leader, addr))
+    }
+
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
     }
 
     pub fn is_leader(&self) -> bool {

@@ -183,6 +183,7 @@ where
         log_bytes: handle.appended_bytes.clone(),
         channels,
         reports: AgentReports::default(),
+        status_writer: Default::default(),
         telemetry: ControllerMetrics::default(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();

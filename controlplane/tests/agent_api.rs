@@ -54,6 +54,9 @@ async fn desired_state_is_the_plan_projected_on_the_node_and_resumes_by_version(
     let endpoints = cluster.endpoints();
     let mut agent = agent_client(&endpoints[2]).await;
     let mut stream = agent.watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: 0 }).await.unwrap().into_inner();
+    // From 0, the current state comes first: nothing planned yet.
+    let nothing = next(&mut stream).await;
+    assert_eq!((nothing.node.as_str(), nothing.version, nothing.gpus.len()), ("n1", 0, 0));
     client.put(plan(8), proto::WriteMode::Create).await.unwrap();
     let first = next(&mut stream).await;
     assert_eq!(first.node, "n1");
@@ -116,6 +119,9 @@ async fn a_change_reaches_only_the_watchers_of_the_nodes_it_changes() {
     let (mut n1, mut n2, mut n3) = (watch("n1").await, watch("n2").await, watch("n3").await);
     let (first1, first2) = (next(&mut n1).await, next(&mut n2).await);
     assert_eq!(first1.version, first2.version, "both placed by the same commit");
+    // A watch from 0 starts with the current state, empty for a node with no work.
+    let empty3 = next(&mut n3).await;
+    assert_eq!((empty3.version, empty3.gpus.len()), (0, 0));
 
     // Only n1's batch changes: n1 gets it; n2 (untouched) and n3 (no work) get nothing, which
     // shows below as their next message being the later change that does concern them.
@@ -177,16 +183,17 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
         }],
     };
     agent.report(report.clone()).await.unwrap();
-    let status = client.get("Node", "n1", false).await.unwrap();
-    let observed: serde_json::Value = serde_json::from_str(&status.status_json).unwrap();
-    assert_eq!(observed["applied_version"], 3);
+    let (observed, version) = node_status_when(&client, "n1", |s| s["applied_version"] == 3).await;
     assert_eq!(observed["gpus"][0]["instances"][0], "7g@0");
     // The leader keeps the metrics in memory.
     let kept = cluster.node(leader).controller.reports.get("n1").expect("report recorded on the leader");
     assert_eq!(kept.report.metrics[0].p99_ms, 12.0);
-    // The same observed state again changes nothing in the replicated state.
-    agent.report(report).await.unwrap();
-    assert_eq!(client.get("Node", "n1", false).await.unwrap().resource_version, status.resource_version);
+    // The same observed state again changes nothing in the replicated state: the next change
+    // is the very next version of the Node.
+    agent.report(report.clone()).await.unwrap();
+    agent.report(proto::ReportRequest { applied_version: 4, ..report }).await.unwrap();
+    let (_, next) = node_status_when(&client, "n1", |s| s["applied_version"] == 4).await;
+    assert_eq!(next, version + 1, "only the changed report was written");
     // An unregistered node is told to register.
     let err = agent.report(proto::ReportRequest { node: "ghost".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);

@@ -143,7 +143,18 @@ pub async fn attack(
         failed: 0,
         endpoint: endpoint.into(),
     };
-    let report = |node: &str, m: Vec<proto::ServiceMetrics>| proto::ReportRequest { node: node.into(), metrics: m, ..Default::default() };
+    // It claims to run its current desired state: a lagging agent's windows of services
+    // moved away are dropped rather than refused (see controlplane's report_check).
+    let current = match compromised.report(proto::ReportRequest { node: node.into(), ..Default::default() }).await {
+        Ok(r) => r.desired_version,
+        Err(e) => return Err(format!("the compromised node's first report failed: {e}")),
+    };
+    let report = |node: &str, m: Vec<proto::ServiceMetrics>| proto::ReportRequest {
+        node: node.into(),
+        applied_version: current,
+        metrics: m,
+        ..Default::default()
+    };
     let got = outcome(compromised.report(report(node, vec![metrics(HOG, "", 1.0)])).await);
     record("node", "metrics for a service not placed on it", expected(Code::PermissionDenied, "metrics[0].service"), got);
     let got = outcome(compromised.report(report(node, vec![metrics(victim, "10.66.66.66:443", 1.0)])).await);

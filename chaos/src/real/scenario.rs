@@ -70,10 +70,12 @@ fn service(name: &str, model: &str, slo_ms: f64, rate: f64) -> proto::Resource {
     resource("Service", name, "acme", json!({"model": model, "slo": {"latency_ms": slo_ms, "request_rate": rate}}))
 }
 
-/// Every agent reports healthy and runs the latest plan, which places `service`.
+/// Every agent reports healthy and runs the latest plan, which places `service`: each node
+/// of the plan reports its own desired version applied (a node's version changes only when
+/// its own assignment does).
 async fn agents_converged(client: &Client, agents: &[String], service: &str) -> bool {
     let (Ok(nodes), Ok(plans)) = (client.list("Node", "", false).await, client.list("Plan", "", false).await) else { return false };
-    let Some((plan, revision)) = controlplane::demo::show::plan_of(&plans.resources) else { return false };
+    let Some((plan, _)) = controlplane::demo::show::plan_of(&plans.resources) else { return false };
     if !plan.gpus.iter().any(|g| g.workloads.iter().any(|w| w.service == service)) {
         return false;
     }
@@ -85,8 +87,17 @@ async fn agents_converged(client: &Client, agents: &[String], service: &str) -> 
             .map(|n| serde_json::from_str::<serde_json::Value>(&n.status_json).unwrap_or_default())
     };
     let healthy = agents.iter().all(|a| status(a).is_some_and(|s| s["health"] == "healthy"));
-    let applied = plan.gpus.iter().all(|g| status(&g.node).is_some_and(|s| s["applied_version"].as_u64().unwrap_or(0) >= revision));
-    healthy && applied
+    if !healthy {
+        return false;
+    }
+    let nodes: std::collections::BTreeSet<&str> = plan.gpus.iter().map(|g| g.node.as_str()).collect();
+    for node in nodes {
+        let Ok(want) = client.desired_version(node).await else { return false };
+        if status(node).is_none_or(|s| s["applied_version"].as_u64().unwrap_or(0) < want) {
+            return false;
+        }
+    }
+    true
 }
 
 async fn wait_agents(client: &Client, agents: &[String], service: &str, within: Duration) -> Result<Duration, String> {

@@ -5,6 +5,8 @@ mod desired;
 pub mod endpoints;
 pub mod report_check;
 mod reports;
+mod status_writer;
 
 pub use desired::desired_state;
 pub use reports::{AgentReports, NodeReport};
+pub use status_writer::{fingerprint, StatusWriter};

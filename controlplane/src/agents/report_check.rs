@@ -39,7 +39,15 @@ impl From<FieldError> for ReportRefusal {
 /// `desired`: metrics and endpoints only for services the plan placed on this node,
 /// endpoints on the node's own host, observed GPUs only the node's own, and every number
 /// finite, non-negative and bounded.
-pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &proto::DesiredState) -> Result<(), ReportRefusal> {
+///
+/// An agent behind its desired state (`applied_version` below `desired.version`) still
+/// serves, and measures, what it was told before: its windows of services the plan has
+/// since moved away are stale, not hostile. Their indexes in `report.metrics` are returned
+/// for the caller to drop (never used), and the rest of the report stands; an agent that
+/// claims to run the current version gets them refused.
+pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &proto::DesiredState) -> Result<Vec<usize>, ReportRefusal> {
+    let behind = report.applied_version < desired.version;
+    let mut stale = Vec::new();
     let planned: BTreeSet<&str> = desired.gpus.iter().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
     let own_gpus: BTreeSet<&str> = node.gpus.iter().map(|g| g.uuid.as_str()).collect();
     let node_host = host_of(&node.address);
@@ -74,6 +82,10 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
     for (i, m) in report.metrics.iter().enumerate() {
         let f = |rest: &str| format!("metrics[{i}].{rest}");
         validate_name(&f("service"), &m.service)?;
+        if !planned.contains(m.service.as_str()) && behind {
+            stale.push(i);
+            continue;
+        }
         if !planned.contains(m.service.as_str()) {
             return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
                 f("service"),
@@ -103,7 +115,7 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
             }
         }
     }
-    Ok(())
+    Ok(stale)
 }
 
 /// At most 64 characters of a value an error quotes back.
@@ -158,7 +170,7 @@ mod tests {
         }
     }
 
-    fn field(r: Result<(), ReportRefusal>) -> (String, &'static str) {
+    fn field(r: Result<Vec<usize>, ReportRefusal>) -> (String, &'static str) {
         match r.unwrap_err() {
             ReportRefusal::NotTheNodes(e) => (e.field, "denied"),
             ReportRefusal::Invalid(e) => (e.field, "invalid"),
@@ -167,7 +179,21 @@ mod tests {
 
     #[test]
     fn a_node_reports_for_what_the_plan_placed_on_it() {
-        assert_eq!(check_report(&report(vec![metrics("web", "10.0.0.1:7100")]), &node(), &desired(&["web"])), Ok(()));
+        assert_eq!(check_report(&report(vec![metrics("web", "10.0.0.1:7100")]), &node(), &desired(&["web"])), Ok(vec![]));
+    }
+
+    #[test]
+    fn an_agent_behind_its_desired_state_has_the_windows_of_services_moved_away_dropped_not_refused() {
+        let mut r = report(vec![metrics("moved-away", "10.0.0.1:7101"), metrics("web", "10.0.0.1:7100")]);
+        r.applied_version = 2;
+        assert_eq!(check_report(&r, &node(), &desired(&["web"])), Ok(vec![0]));
+        // Stale or not, a window is still checked for what it may not carry.
+        r.metrics[1].endpoint = "10.6.6.6:443".into();
+        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[1].endpoint".into(), "denied"));
+        // Claiming the current version, the same window is refused.
+        let mut current = report(vec![metrics("moved-away", "")]);
+        current.applied_version = 3;
+        assert_eq!(field(check_report(&current, &node(), &desired(&["web"]))), ("metrics[0].service".into(), "denied"));
     }
 
     #[test]

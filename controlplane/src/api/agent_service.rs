@@ -13,12 +13,11 @@ use tonic::{Request, Response, Status};
 
 use super::errors::{permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
-use crate::agents::desired_state;
 use crate::agents::report_check::{check_report, ReportRefusal};
+use crate::agents::{desired_state, fingerprint};
 use crate::controller::Controller;
 use crate::resources::{validate_name, ErrorCode, FieldError, Kind, Spec};
 use crate::security::{caller, Principal};
-use crate::state::{Command, Request as SmRequest};
 
 pub struct AgentService {
     controller: Controller,
@@ -90,11 +89,13 @@ impl Agent for AgentService {
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
             // Versions only go up, on every controller alike: send what is newer than what
-            // the agent holds (`from_version` when it resumes from another controller).
+            // the agent holds (`from_version` when it resumes from another controller). A
+            // watch from 0 always gets the current state first, even an empty one at 0.
             let mut last_sent = req.from_version;
+            let mut first = req.from_version == 0;
             loop {
                 let desired = desired_state(&sm.data.read().expect("state lock").cluster, &req.node);
-                if desired.version > last_sent {
+                if desired.version > last_sent || std::mem::take(&mut first) {
                     last_sent = desired.version;
                     if tx.send(Ok(desired)).await.is_err() {
                         return;
@@ -112,7 +113,7 @@ impl Agent for AgentService {
     async fn report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
         let forwarded = was_forwarded(&request);
         let caller = caller(&request)?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         validate_name("node", &req.node).map_err(ApiError::from)?;
         check_node(&caller, &req.node)?;
         if !self.controller.is_leader() {
@@ -123,13 +124,12 @@ impl Agent for AgentService {
             .await;
         }
         // One node's entry of the desired-state index, not a scan of the plan.
-        let (spec, current_status, desired) = self.controller.read(|d| {
-            let node = d.cluster.get(Kind::Node, &req.node);
-            let spec = node.and_then(|n| match &n.spec {
+        let (spec, desired) = self.controller.read(|d| {
+            let spec = d.cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
                 Spec::Node(s) => Some(s.clone()),
                 _ => None,
             });
-            (spec, node.map(|n| n.status.clone()), desired_state(&d.cluster, &req.node))
+            (spec, desired_state(&d.cluster, &req.node))
         });
         let Some(spec) = spec else {
             return Err(ApiError::Field(FieldError::new(
@@ -139,24 +139,29 @@ impl Agent for AgentService {
             ))
             .into());
         };
-        if let Err(refusal) = check_report(&req, &spec, &desired) {
-            self.controller.telemetry.observe_report_refused(refusal.reason());
-            tracing::warn!(node = %req.node, %refusal, "agent report refused");
-            return Err(match refusal {
-                ReportRefusal::NotTheNodes(e) => permission_denied(&e.field, e.reason),
-                ReportRefusal::Invalid(e) => ApiError::Field(e).into(),
-            });
+        let stale = match check_report(&req, &spec, &desired) {
+            Ok(stale) => stale,
+            Err(refusal) => {
+                self.controller.telemetry.observe_report_refused(refusal.reason());
+                tracing::warn!(node = %req.node, %refusal, "agent report refused");
+                return Err(match refusal {
+                    ReportRefusal::NotTheNodes(e) => permission_denied(&e.field, e.reason),
+                    ReportRefusal::Invalid(e) => ApiError::Field(e).into(),
+                });
+            }
+        };
+        // Windows of services moved away from a lagging agent: never used (see check_report).
+        for i in stale.into_iter().rev() {
+            req.metrics.remove(i);
         }
         let desired_version = desired.version;
-        // Observed state goes through Raft only when it changes; metrics stay in memory.
-        let status = observed_status(&req);
-        if current_status.as_ref() != Some(&status) {
-            let write = SmRequest {
-                request_id: uuid::Uuid::new_v4().to_string(),
-                command: Command::PutStatus { kind: Kind::Node, name: req.node.clone(), status, expected_version: 0 },
-                trace_parent: None,
-            };
-            self.controller.write(write).await?;
+        // Observed state goes through Raft only when it changes, written in the background
+        // (`StatusWriter`): the report is answered without waiting for Raft. Metrics stay in
+        // memory.
+        let term = self.controller.term();
+        let print = fingerprint(&req);
+        if !self.controller.status_writer.is_current(term, &req.node, print) {
+            self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req));
         }
         self.controller.reports.record(req, Instant::now());
         Ok(Response::new(proto::ReportResponse { desired_version }))

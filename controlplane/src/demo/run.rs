@@ -96,17 +96,25 @@ struct View {
     nodes: Vec<proto::Resource>,
     types: Vec<proto::Resource>,
     plan: Option<(crate::resources::PlanSpec, u64)>,
+    /// The desired version of each node the plan names.
+    desired: BTreeMap<String, u64>,
 }
 
 async fn view(client: &Client) -> Option<View> {
     let nodes = client.list("Node", "", true).await.ok()?.resources;
     let types = client.list("InstanceType", "", true).await.ok()?.resources;
     let plan = client.list("Plan", "", true).await.ok().and_then(|l| show::plan_of(&l.resources));
-    Some(View { nodes, types, plan })
+    let mut desired = BTreeMap::new();
+    for g in plan.iter().flat_map(|(p, _)| p.gpus.iter()) {
+        if !desired.contains_key(&g.node) {
+            desired.insert(g.node.clone(), client.desired_version(&g.node).await.ok()?);
+        }
+    }
+    Some(View { nodes, types, plan, desired })
 }
 
 impl View {
-    /// Every node the plan names has applied it, every service has a planned placement
+    /// Every node the plan names has applied its desired state, every service has a planned placement
     /// and an endpoint on a healthy node, and nothing runs on `excluded`.
     fn converged(&self, services: &[&str], excluded: Option<&str>, min_revision: u64) -> bool {
         let Some((plan, revision)) = &self.plan else { return false };
@@ -119,7 +127,7 @@ impl View {
         let applied = |node: &str| {
             self.nodes.iter().find(|n| n.name == node).is_some_and(|n| {
                 let status: serde_json::Value = serde_json::from_str(&n.status_json).unwrap_or_default();
-                status["applied_version"].as_u64().unwrap_or(0) >= *revision
+                status["applied_version"].as_u64().unwrap_or(0) >= self.desired.get(node).copied().unwrap_or(u64::MAX)
             })
         };
         if !plan.gpus.iter().all(|g| applied(&g.node)) {

@@ -49,6 +49,8 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             };
             match controller.write(write).await {
                 Ok(_) => {
+                    // Its next report must turn it healthy again, whatever was written before.
+                    controller.status_writer.forget(&name);
                     tracing::warn!(node = %name, timeout_ms = timeout.as_millis() as u64, "node missed its heartbeats: marked unhealthy")
                 }
                 Err(e) => tracing::warn!(node = %name, error = %e, "could not mark the node unhealthy"),

@@ -40,7 +40,7 @@ impl SledBackend {
     /// Uninitialized" after a truncated or overwritten segment); that becomes an error here,
     /// so the node refuses to start with a message naming the data dir instead of crashing.
     fn open_once(path: &Path) -> sled::Result<sled::Db> {
-        let open = || sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open();
+        let open = || sled::Config::new().path(path).mode(sled::Mode::HighThroughput).cache_capacity(SLED_CACHE_BYTES).open();
         std::panic::catch_unwind(open).unwrap_or_else(|panic| {
             let what = panic
                 .downcast_ref::<&str>()
@@ -61,6 +61,12 @@ impl SledBackend {
 }
 
 /// How long opening waits for a lock that a just-dropped handle of this process may hold.
+/// sled's page cache (its default is 1 GiB). The controller reads sled only to replicate
+/// to a lagging follower, to rebuild its state at start and to send a snapshot; everything
+/// else is served from memory, so a large cache only makes every controller's RSS grow with
+/// the bytes written (655 MiB at 1,000 hosts in fleet-bench with the default).
+const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl KvBackend for SledBackend {

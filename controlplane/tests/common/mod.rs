@@ -203,3 +203,19 @@ pub fn a100_mig() -> serde_json::Value {
         {"name": "4g", "compute_slices": 4, "memory_slices": 4, "starts": [0]},
         {"name": "7g", "compute_slices": 7, "memory_slices": 8, "starts": [0]}]})
 }
+
+/// The Node's status once `ready` holds for it (agents' observed state is written in the
+/// background after their report is answered); panics after 10 s.
+#[allow(dead_code)] // not every test binary that includes `common` waits on a status
+pub async fn node_status_when(client: &Client, node: &str, ready: impl Fn(&serde_json::Value) -> bool) -> (serde_json::Value, u64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = client.get("Node", node, false).await.unwrap();
+        let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+        if ready(&status) {
+            return (status, r.resource_version);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "node {node}'s status never got there: {status}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -28,6 +28,8 @@ pub struct Observed {
     /// Report round trips (ms) and failures.
     pub report_ms: Mutex<Vec<f64>>,
     pub reports_failed: std::sync::atomic::AtomicU64,
+    /// Failed reports by gRPC code and the start of the message.
+    pub report_errors: Mutex<BTreeMap<String, u64>>,
 }
 
 pub const GPUS_PER_NODE: usize = 8;
@@ -135,8 +137,10 @@ async fn report_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option
         let sent = Instant::now();
         match client.report(r).await {
             Ok(_) => observed.report_ms.lock().unwrap().push(sent.elapsed().as_secs_f64() * 1e3),
-            Err(_) => {
+            Err(status) => {
                 observed.reports_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let key = format!("{:?}: {}", status.code(), status.message().chars().take(80).collect::<String>());
+                *observed.report_errors.lock().unwrap().entry(key).or_default() += 1;
             }
         }
     }

@@ -167,6 +167,9 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let replan = measure::fan_out(&observed, all, args.quiet_s, timeout).await;
 
     let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
+    for (error, count) in observed.report_errors.lock().unwrap().iter() {
+        eprintln!("reports failed ×{count}: {error}");
+    }
     let wall = wall_start.elapsed().as_secs_f64();
     let cpu_end = probe.cpu_seconds();
     let end_terms = probe.terms().await;
