@@ -28,6 +28,11 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Largest answer to a Get or List this client reads. One resource can exceed gRPC's default
+/// 4 MiB: the Plan of a 10,000-host fleet (80,000 GPUs) encodes to about 20 MB. Per node,
+/// `watch_desired` reads a node's share of it.
+pub const MAX_READ_MESSAGE: usize = 256 * 1024 * 1024;
+
 pub struct Client {
     endpoints: Vec<String>,
     preferred: Mutex<Option<String>>,
@@ -171,7 +176,7 @@ impl Client {
         let req = proto::GetRequest { kind: kind.into(), name: name.into(), stale };
         self.call(|ch, t| {
             let r = self.request(req.clone(), Some(t));
-            async move { ControlPlaneClient::new(ch).get(r).await.map(|r| r.into_inner()) }
+            async move { ControlPlaneClient::new(ch).max_decoding_message_size(MAX_READ_MESSAGE).get(r).await.map(|r| r.into_inner()) }
         })
         .await
     }
@@ -212,7 +217,7 @@ impl Client {
         let req = proto::ListRequest { kind: kind.into(), tenant: tenant.into(), stale, limit, continue_token: continue_token.into() };
         self.call(|ch, t| {
             let r = self.request(req.clone(), Some(t));
-            async move { ControlPlaneClient::new(ch).list(r).await.map(|r| r.into_inner()) }
+            async move { ControlPlaneClient::new(ch).max_decoding_message_size(MAX_READ_MESSAGE).list(r).await.map(|r| r.into_inner()) }
         })
         .await
     }

@@ -233,6 +233,12 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
         .iter()
         .any(|r| r["service"] == "web" && r["node"] == "n1" && r["endpoint"].as_str().unwrap().starts_with("127.0.0.1:")));
     assert_eq!(a100["instances"], json!(["4g@0", "3g@4"]), "observed MIG layout equals the desired one");
+    // `gpuctl get desired` shows the node's share of the plan at the version it applied.
+    let desired: Value =
+        serde_json::from_slice(&tests::gpuctl(&cluster.servers(), &["get", "desired", "n1", "-o", "json"]).stdout).unwrap();
+    assert_eq!(desired["version"], status["applied_version"]);
+    let layout = desired["gpus"].as_array().unwrap().iter().find(|g| g["gpu_uuid"] == gpus[0].as_str()).unwrap()["mig_layout"].clone();
+    assert_eq!(layout, json!(["4g@0", "3g@4"]));
     // Three workloads, each its processes (batch runs two) and a warm standby.
     let pids = workload_pids(&status);
     assert_eq!(pids.len(), 7, "{status}");

@@ -268,6 +268,11 @@ async fn run(args: Args) -> Result<(), String> {
             let nodes = client.list_in_pages("Node", "", stale, limit).await.map_err(describe_status)?.resources;
             print_endpoints(&nodes, name.as_deref(), args.output)
         }
+        Command::Get { kind, name, .. } if kind == "desired" => {
+            let node = name.ok_or("get desired NODE: name the node")?;
+            let desired = connect()?.watch_desired(&node, 0).await.map_err(describe_status)?.message().await.map_err(describe_status)?;
+            print_desired(&desired.ok_or("the controller closed the watch before sending the node's state")?, args.output)
+        }
         Command::Get { kind, name, tenant, stale, limit } => {
             let client = connect()?;
             let kind = parse_kind(&kind)?;
@@ -327,6 +332,38 @@ fn print_endpoints(nodes: &[proto::Resource], service: Option<&str>, output: Out
     println!("{:<24} {:<16} ENDPOINT", "SERVICE", "NODE");
     for (s, n, a) in rows {
         println!("{s:<24} {n:<16} {a}");
+    }
+    Ok(())
+}
+
+/// One node's share of the plan, as its agent receives it (readable at any fleet size, where
+/// the whole Plan is one large resource).
+fn print_desired(d: &proto::DesiredState, output: Output) -> Result<(), String> {
+    let gpus: Vec<serde_json::Value> = d
+        .gpus
+        .iter()
+        .map(|g| {
+            let layout: Vec<String> = g.mig_layout.iter().map(|m| format!("{}@{}", m.profile, m.start)).collect();
+            let workloads: Vec<serde_json::Value> = g
+                .workloads
+                .iter()
+                .map(|w| {
+                    serde_json::json!({"service": w.service, "model": w.model, "mig_instance": w.mig_instance, "mps_percent": w.mps_percent,
+                                       "batch": w.batch, "processes": w.processes, "shadow_mps_percent": w.shadow_mps_percent, "slo_ms": w.slo_ms})
+                })
+                .collect();
+            serde_json::json!({"gpu_uuid": g.gpu_uuid, "mig_layout": layout, "workloads": workloads})
+        })
+        .collect();
+    if output != Output::Table {
+        return print_structured(&serde_json::json!({"node": d.node, "version": d.version, "gpus": gpus}), output);
+    }
+    println!("node {} desired version {}", d.node, d.version);
+    println!("{:<28} {:<22} WORKLOADS", "GPU", "MIG LAYOUT");
+    for g in &d.gpus {
+        let layout: Vec<String> = g.mig_layout.iter().map(|m| format!("{}@{}", m.profile, m.start)).collect();
+        let workloads: Vec<String> = g.workloads.iter().map(|w| format!("{}(batch {}, {}%)", w.service, w.batch, w.mps_percent)).collect();
+        println!("{:<28} {:<22} {}", g.gpu_uuid, layout.join(","), workloads.join(" "));
     }
     Ok(())
 }
