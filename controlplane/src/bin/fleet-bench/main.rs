@@ -149,18 +149,30 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let reports_from = observed.report_ms.lock().unwrap().len();
+    eprintln!(
+        "[{:>6.1} s] {n} hosts: registered in {registered_all_s:?} s; applying {} services",
+        started.elapsed().as_secs_f64(),
+        n.div_ceil(args.hosts_per_service)
+    );
 
     // 2. The Services: every agent with work holds it.
     let services = n.div_ceil(args.hosts_per_service);
     let applied = put_all(&admin, (0..services).map(|i| service(i, args.rate))).await;
     let apply = measure::fan_out(&observed, applied, args.quiet_s, timeout).await;
     let with_work = observed.held.lock().unwrap().values().filter(|h| h.has_work).count();
+    eprintln!("[{:>6.1} s] applied: {with_work} agents with work, last after {:?} s", started.elapsed().as_secs_f64(), apply.last_s);
 
     // 3. One Service +25%.
     let bytes_before = probe.leader_log_bytes().await;
     let one = put_all(&admin, [service(0, args.rate * 1.25)]).await;
     let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout).await;
     let bytes_after = probe.leader_log_bytes().await;
+    eprintln!(
+        "[{:>6.1} s] one service changed: {} agents, max {:?} s",
+        started.elapsed().as_secs_f64(),
+        one_service.agents,
+        one_service.last_s
+    );
 
     // 4. Every Service +10%: a fleet-wide re-plan.
     let all = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
