@@ -8,6 +8,8 @@ mod specs;
 mod validate;
 
 pub use kind::Kind;
+#[cfg(test)]
+pub(crate) use plan_patch::test_gpu;
 pub use plan_patch::PlanPatch;
 pub use specs::*;
 pub(crate) use validate::{bounded_list, bounded_text, host_of, non_negative};

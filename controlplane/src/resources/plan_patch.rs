@@ -147,26 +147,28 @@ fn merge<'a, T: 'a, K: Ord + 'a>(
     }
 }
 
+/// A GPU of `node` running one MPS workload of `service` at `batch` (for tests).
+#[cfg(test)]
+pub(crate) fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> GpuAssignment {
+    GpuAssignment {
+        node: node.into(),
+        gpu_uuid: uuid.into(),
+        mig_layout: vec![],
+        workloads: vec![super::WorkloadAssignment {
+            service: service.into(),
+            mig_instance: None,
+            mps_percent: 50.0,
+            batch,
+            processes: 1,
+            shadow_mps_percent: 0.0,
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_gpu as gpu;
     use super::*;
-    use crate::resources::WorkloadAssignment;
-
-    fn gpu(node: &str, uuid: &str, service: &str, batch: u32) -> GpuAssignment {
-        GpuAssignment {
-            node: node.into(),
-            gpu_uuid: uuid.into(),
-            mig_layout: vec![],
-            workloads: vec![WorkloadAssignment {
-                service: service.into(),
-                mig_instance: None,
-                mps_percent: 50.0,
-                batch,
-                processes: 1,
-                shadow_mps_percent: 0.0,
-            }],
-        }
-    }
 
     fn prediction(service: &str, capacity_rps: f64) -> ServicePrediction {
         ServicePrediction { service: service.into(), capacity_rps, latency_ms: 10.0, infeasible_reason: None }

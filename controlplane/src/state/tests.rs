@@ -208,22 +208,7 @@ fn dedup_window_is_bounded() {
 fn plan(gpus: &[(&str, &str, &str, u32)]) -> Spec {
     Spec::Plan(PlanSpec {
         strategy: "t".into(),
-        gpus: gpus
-            .iter()
-            .map(|&(node, uuid, service, batch)| GpuAssignment {
-                node: node.into(),
-                gpu_uuid: uuid.into(),
-                mig_layout: vec![],
-                workloads: vec![WorkloadAssignment {
-                    service: service.into(),
-                    mig_instance: None,
-                    mps_percent: 50.0,
-                    batch,
-                    processes: 1,
-                    shadow_mps_percent: 0.0,
-                }],
-            })
-            .collect(),
+        gpus: gpus.iter().map(|&(node, uuid, service, batch)| crate::resources::test_gpu(node, uuid, service, batch)).collect(),
         ..PlanSpec::default()
     })
 }
