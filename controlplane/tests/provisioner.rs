@@ -124,6 +124,10 @@ async fn a_node_that_misses_its_heartbeats_is_planned_around_until_it_reports_ag
     client.put(svc("web", 2000.0), proto::WriteMode::Create).await.unwrap();
     let leader = cluster.wait_leader().await;
     let mut agent = proto::agent_client::AgentClient::connect(format!("http://{}", cluster.node(leader).addr)).await.unwrap();
+    // n2's agent reports once, then goes silent; n1's keeps reporting. (n2's next report is
+    // the same as this one: it must still turn the node healthy, although its observed state
+    // was written before.)
+    report(&mut agent, "n2").await;
     // n1's agent keeps reporting; n2's stays silent.
     let deadline = Instant::now() + Duration::from_secs(20);
     let uses_only_n1 =
