@@ -74,6 +74,10 @@ struct Args {
     tokens: Option<PathBuf>,
 }
 
+/// mimalloc, not glibc's malloc: see the dependency's comment in Cargo.toml (fleet-bench).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
