@@ -139,15 +139,18 @@ async fn pass(
 ) -> Result<bool, ApiError> {
     // Plan from everything committed so far.
     controller.read_barrier().await?;
-    // Copy the inputs under the state lock; digest and plan without it, on the blocking pool
-    // (at fleet scale the digest alone encodes every GPU of the fleet).
-    let (inputs, version) =
-        controller.read(|d| (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version)));
     let strategy = settings.mig_strategy;
     let last = planned_digest.clone();
     // Taken: a pass that fails plans in full next time.
     let previous = memory.take();
+    let sm = controller.sm.clone();
+    // All of it on the blocking pool: copying the inputs (every GPU of the fleet) under the
+    // state lock, the digest (which encodes them), planning, placement and the patch.
     let decision = super::off_runtime(settings, "provisioning", move |cancel: super::Cancel| {
+        let (inputs, version) = {
+            let d = sm.data.read().expect("state lock");
+            (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version))
+        };
         let digest = inputs_digest(&inputs, strategy);
         let current = inputs.current.as_ref();
         if current.is_some_and(|p| p.inputs_digest == digest) || last.as_deref() == Some(digest.as_str()) {
@@ -159,13 +162,16 @@ async fn pass(
             return Decision::Stopped;
         };
         tracing::debug!(seconds = planning.elapsed().as_secs_f64(), gpus = plan.gpus.len(), incremental = pools.incremental, "planned");
-        if inputs.current.as_ref().is_some_and(|p| p.same_placement(&plan)) {
-            // New inputs (a node joined, a node's health came back) that move nothing: no
-            // commit, so no agent is woken.
-            return Decision::SamePlacement(digest, pools);
-        }
         // The patch from the committed plan, so the proposal carries only what moved.
-        Decision::NewPlan(PlanChange::between(inputs.current.as_ref().map(|c| (version, c)), plan), pools)
+        let change = PlanChange::between(inputs.current.as_ref().map(|c| (version, c)), plan);
+        if let (PlanChange::Patch { patch, .. }, Some(current)) = (&change, &inputs.current) {
+            if patch.moves_nothing() && patch.strategy == current.strategy {
+                // New inputs (a node joined, a node's health came back) that move nothing:
+                // no commit, so no agent is woken.
+                return Decision::SamePlacement(digest, pools);
+            }
+        }
+        Decision::NewPlan(change, pools)
     });
     let started = std::time::Instant::now();
     let decision = decision.await?;

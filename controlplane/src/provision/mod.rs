@@ -12,7 +12,7 @@ pub mod scaling;
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::planning_input;
 pub use pools::{plan_pools, Overrides};
-pub use replan::{plan_pools_from, PoolPlans, MAX_INCREMENTAL_CHANGES};
+pub use replan::{plan_pools_from, PoolPlans};
 
 use crate::resources::{Kind, PlanSpec, ServicePrediction, Spec};
 use crate::state::ClusterState;

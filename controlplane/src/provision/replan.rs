@@ -40,12 +40,12 @@ pub fn plan_pools_from(
     previous: Option<&PoolPlans>,
     stop: &dyn Fn() -> bool,
 ) -> Option<(Plan, PoolPlans)> {
-    let step = previous.map_or(Incremental::NotApplicable, |p| incremental(p, input, overrides, strategy, stop));
+    let step = previous.map_or(Incremental::NotApplicable(None), |p| incremental(p, input, overrides, strategy, stop));
     let (members, plans, is_incremental) = match step {
         Incremental::Planned(members, plans) => (members, plans, true),
         Incremental::Stopped => return None,
-        Incremental::NotApplicable => {
-            let members = members(input, overrides, strategy);
+        Incremental::NotApplicable(known) => {
+            let members = known.unwrap_or_else(|| members(input, overrides, strategy));
             let plans = plan_each_pool(input, &members, stop)?;
             (members, plans, false)
         }
@@ -56,8 +56,9 @@ pub fn plan_pools_from(
 
 enum Incremental {
     Planned(Members, BTreeMap<Pool, Plan>),
-    /// Not a case for minimal re-planning (or it failed): plan everything.
-    NotApplicable,
+    /// Not a case for minimal re-planning (or it failed): plan everything, with the pools'
+    /// members when they were already worked out.
+    NotApplicable(Option<Members>),
     Stopped,
 }
 
@@ -75,33 +76,34 @@ fn incremental(
         && prev.input.profiles == input.profiles
         && prev.input.services.len() == input.services.len();
     if !same_ground {
-        return NotApplicable;
+        return NotApplicable(None);
     }
     let mut changed = Vec::new();
     for (i, (before, now)) in prev.input.services.iter().zip(&input.services).enumerate() {
         if before.name != now.name || before.model != now.model {
-            return NotApplicable;
+            return NotApplicable(None);
         }
         if before != now {
             changed.push(i);
         }
     }
     if changed.len() > MAX_INCREMENTAL_CHANGES {
-        return NotApplicable;
+        return NotApplicable(None);
     }
     // A rate can move a service to the other pool (the cheaper one for it alone).
     let members = members(input, overrides, strategy);
     if members != prev.members {
-        return NotApplicable;
+        return NotApplicable(Some(members));
     }
     let mut plans = prev.plans.clone();
     if changed.is_empty() {
         return Planned(members, plans);
     }
-    let Some(parva) = members.get(&Pool::Parvagpu) else { return NotApplicable };
-    let Some(mut plan) = plans.get(&Pool::Parvagpu).cloned() else { return NotApplicable };
+    let (Some(parva), Some(mut plan)) = (members.get(&Pool::Parvagpu), plans.get(&Pool::Parvagpu).cloned()) else {
+        return NotApplicable(Some(members));
+    };
     if changed.iter().any(|i| !parva.contains(i)) {
-        return NotApplicable;
+        return NotApplicable(Some(members));
     }
     let pool = pool_input(input, Pool::Parvagpu, parva);
     let cfg = parvagpu::ParvaConfig::default();
@@ -113,7 +115,7 @@ fn incremental(
         // A failure here plans everything again, where each service is isolated.
         match guarded(|| parvagpu::replan_service(&plan, &pool, demand, &cfg)) {
             Ok(p) => plan = p,
-            Err(_) => return NotApplicable,
+            Err(_) => return NotApplicable(Some(members)),
         }
     }
     plans.insert(Pool::Parvagpu, plan);

@@ -41,8 +41,9 @@ impl NodeWakers {
         });
     }
 
-    /// How many nodes have a watcher registered (for tests and metrics).
-    pub fn watched_nodes(&self) -> usize {
+    /// How many nodes have a watcher registered.
+    #[cfg(test)]
+    fn watched_nodes(&self) -> usize {
         self.senders.lock().expect("wakers lock").values().filter(|tx| tx.receiver_count() > 0).count()
     }
 }

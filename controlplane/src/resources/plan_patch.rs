@@ -32,7 +32,8 @@ fn gpu_key(g: &GpuAssignment) -> (&str, &str) {
 }
 
 impl PlanPatch {
-    /// Whether it changes no GPU and no prediction.
+    /// Whether it changes no GPU and no prediction (its strategy, digest and trace aside:
+    /// the same placement, whichever pass and inputs produced it).
     pub fn moves_nothing(&self) -> bool {
         self.set_gpus.is_empty() && self.remove_gpus.is_empty() && self.set_services.is_empty() && self.remove_services.is_empty()
     }
@@ -205,6 +206,10 @@ mod tests {
         patched.apply_patch(&patch);
         assert_eq!(patched, next);
         assert!(old.diff(&old).moves_nothing());
+        // Another trace or another inputs digest is no move.
+        let retraced = PlanSpec { trace_parent: "00-cc-dd-01".into(), inputs_digest: "fnv1a64:9".into(), ..old.clone() };
+        assert!(old.diff(&retraced).moves_nothing());
+        assert!(!old.diff(&next).moves_nothing());
     }
 
     #[test]

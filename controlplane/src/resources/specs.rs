@@ -329,14 +329,6 @@ pub struct PlanSpec {
     pub trace_parent: String,
 }
 
-impl PlanSpec {
-    /// The same placements, shares and predictions, whichever pass produced them and from
-    /// whichever inputs (a node that joined but took no work changes the inputs only).
-    pub fn same_placement(&self, other: &PlanSpec) -> bool {
-        self.strategy == other.strategy && self.gpus == other.gpus && self.services == other.services
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuAssignment {
@@ -412,15 +404,5 @@ mod tests {
             .unwrap(),
             plan
         );
-    }
-
-    #[test]
-    fn plans_that_differ_only_in_their_trace_or_inputs_have_the_same_placement() {
-        let plan = PlanSpec { strategy: "t".into(), trace_parent: "00-aa-bb-01".into(), ..PlanSpec::default() };
-        let traced_elsewhere = PlanSpec { trace_parent: "00-cc-dd-01".into(), ..plan.clone() };
-        assert!(plan.same_placement(&traced_elsewhere));
-        assert!(plan.same_placement(&PlanSpec { trace_parent: String::new(), ..plan.clone() }));
-        assert!(plan.same_placement(&PlanSpec { inputs_digest: "fnv1a64:1".into(), ..plan.clone() }));
-        assert!(!plan.same_placement(&PlanSpec { strategy: "other".into(), ..plan.clone() }));
     }
 }

@@ -332,3 +332,24 @@ fn a_plan_that_names_one_gpu_twice_is_refused() {
     let err = s.apply(11, &put("p1", "current", "", twice, WriteMode::Create, 0)).0.unwrap_err();
     assert_eq!(err.field, "spec.gpus[1].gpu_uuid");
 }
+
+#[test]
+fn a_plan_patch_is_bounded_like_a_plan() {
+    use crate::resources::limits::MAX_PLAN_GPUS;
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(11, &put("p1", "current", "", plan(&[("n1", "G1", "web", 8)]), WriteMode::Create, 0)).0.unwrap();
+    let gpu = crate::resources::test_gpu("n1", "G", "web", 8);
+    // A patch that could make the plan (one GPU now) just reach the bound passes the size
+    // checks (its entries are still checked: these name one GPU many times); one more GPU is
+    // refused before any entry is looked at.
+    let at_bound = PlanPatch { strategy: "t".into(), set_gpus: vec![gpu.clone(); MAX_PLAN_GPUS - 1], ..PlanPatch::default() };
+    let err = s.apply(12, &patch_request("b0", at_bound, 0)).0.unwrap_err();
+    assert_eq!(err.field, "patch.set_gpus[1].gpu_uuid", "{err:?}");
+    let over = PlanPatch { strategy: "t".into(), set_gpus: vec![gpu; MAX_PLAN_GPUS], ..PlanPatch::default() };
+    let err = s.apply(13, &patch_request("b1", over, 0)).0.unwrap_err();
+    assert_eq!(err.field, "patch.set_gpus", "{err:?}");
+    let removals =
+        PlanPatch { strategy: "t".into(), remove_gpus: vec![("n1".into(), "G".into()); MAX_PLAN_GPUS + 1], ..PlanPatch::default() };
+    assert_eq!(s.apply(14, &patch_request("b2", removals, 0)).0.unwrap_err().field, "patch.remove_gpus");
+}

@@ -85,7 +85,7 @@ fn report(node: &str, desired: Option<&proto::DesiredState>) -> proto::ReportReq
 }
 
 /// Starts agents `range` on `client`; they run until the runtime stops.
-pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed: Arc<Observed>, started: Instant) {
+pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed: Arc<Observed>) {
     for i in range {
         let client = client.clone();
         let observed = observed.clone();
@@ -99,7 +99,6 @@ pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed:
             observed.registered.lock().unwrap().push(Instant::now());
             let latest: Arc<Mutex<Option<proto::DesiredState>>> = Arc::default();
             tokio::spawn(report_loop(client.clone(), name.clone(), latest.clone(), observed.clone()));
-            let _ = started;
             watch_loop(client, name, latest, observed).await;
         });
     }

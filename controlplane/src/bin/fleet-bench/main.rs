@@ -134,7 +134,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let observed = Arc::new(Observed::default());
     let started = Instant::now();
     for (g, chunk) in (0..n).collect::<Vec<_>>().chunks(args.agents_per_connection).enumerate() {
-        agents::spawn_group(agents::group_client(&servers, g), chunk[0]..chunk[chunk.len() - 1] + 1, observed.clone(), started);
+        agents::spawn_group(agents::group_client(&servers, g), chunk[0]..chunk[chunk.len() - 1] + 1, observed.clone());
     }
     let timeout = Duration::from_secs_f64(args.phase_timeout_s);
     let registered_all_s = loop {
