@@ -206,6 +206,7 @@ impl RaftConfig {
             election_timeout_max_ms: self.election_timeout_max_ms.unwrap_or(d.election_timeout_max_ms),
             snapshot_every: self.snapshot_every.unwrap_or(d.snapshot_every),
             keep_logs_after_snapshot: self.keep_logs_after_snapshot.unwrap_or(d.keep_logs_after_snapshot),
+            ..d
         }
     }
 }

@@ -96,6 +96,44 @@ async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_fai
     let _ = plan;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_bigger_than_one_raft_entry_is_committed_in_parts_and_ends_whole() {
+    let loops = LoopSettings { provision_interval: Duration::from_secs(1), ..LoopSettings::default() };
+    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
+    let client = cluster.client();
+    for r in fleet_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+    // 40 more hosts of 8 GPUs, and a service that needs most of them: more GPUs than
+    // `MAX_PATCH_CHANGES` in one plan.
+    for n in 0..40 {
+        let gpus: Vec<Value> = (0..8).map(|g| json!({"uuid": format!("GPU-{n}-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
+        let spec = json!({"address": format!("big-{n:02}:7100"), "instance_type": "a2", "gpus": gpus});
+        client.put(resource("Node", &format!("big-{n:02}"), "", spec), proto::WriteMode::Create).await.unwrap();
+    }
+    let mut plans = client.watch("Plan", 0).await.unwrap();
+    client.put(svc("wide", 200_000.0), proto::WriteMode::Create).await.unwrap();
+    let plan = plan_where(&client, |p| capacity(p, "wide") >= 200_000.0).await;
+    let gpus = plan["gpus"].as_array().unwrap().len();
+    assert!(gpus > controlplane::resources::MAX_PATCH_CHANGES, "the plan holds {gpus} GPUs");
+    assert!(plan["inputs_digest"].as_str().is_some_and(|d| !d.is_empty()), "{}", plan["inputs_digest"]);
+    // Watchers saw it arrive in parts of at most 256 GPUs, each without the inputs digest
+    // (a part-way plan was planned from no inputs) but the last.
+    let mut seen = Vec::new();
+    while seen.last() != Some(&(gpus, true)) {
+        let event = tokio::time::timeout(Duration::from_secs(10), plans.message()).await.expect("plan events").unwrap().unwrap();
+        let Some(resource) = event.resource else { continue }; // the end of the initial listing
+        let spec: Value = serde_json::from_str(&resource.spec_json).unwrap();
+        seen.push((spec["gpus"].as_array().unwrap().len(), spec["inputs_digest"].as_str().is_some_and(|d| !d.is_empty())));
+    }
+    let start =
+        seen.iter().rposition(|&(n, _)| n < gpus.min(controlplane::resources::MAX_PATCH_CHANGES)).expect("an event before the big change");
+    let parts = &seen[start..];
+    assert!(parts.len() >= 3, "{seen:?}");
+    assert!(parts.windows(2).all(|w| w[1].0.abs_diff(w[0].0) <= controlplane::resources::MAX_PATCH_CHANGES), "{seen:?}");
+    assert!(parts[1..parts.len() - 1].iter().all(|&(_, digest)| !digest), "{seen:?}");
+}
+
 async fn report(agent: &mut proto::agent_client::AgentClient<tonic::transport::Channel>, node: &str) {
     agent.report(proto::ReportRequest { node: node.into(), ..Default::default() }).await.unwrap();
 }

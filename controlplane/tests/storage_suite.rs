@@ -12,7 +12,7 @@ struct MemBuilder;
 impl StoreBuilder<TypeConfig, LogStore<MemBackend>, StateMachineStore<MemBackend>, ()> for MemBuilder {
     async fn build(&self) -> Result<((), LogStore<MemBackend>, StateMachineStore<MemBackend>), openraft::StorageError<u64>> {
         let backend = Arc::new(MemBackend::new());
-        Ok(((), LogStore::open(backend.clone(), Watermark::disabled()).unwrap(), StateMachineStore::open(backend).unwrap()))
+        Ok(((), LogStore::open(backend.clone(), Watermark::disabled()).unwrap(), StateMachineStore::open(backend, true).unwrap()))
     }
 }
 
@@ -25,7 +25,7 @@ impl StoreBuilder<TypeConfig, LogStore<SledBackend>, StateMachineStore<SledBacke
         let dir = tempfile::tempdir().unwrap();
         let backend = Arc::new(open_data_dir(dir.path(), 1).unwrap());
         let log = LogStore::open(backend.clone(), Watermark::in_dir(dir.path())).unwrap();
-        Ok((dir, log, StateMachineStore::open(backend).unwrap()))
+        Ok((dir, log, StateMachineStore::open(backend, true).unwrap()))
     }
 }
 

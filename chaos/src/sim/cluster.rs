@@ -82,6 +82,8 @@ pub fn raft_settings(election_timeout_ms: u64) -> RaftSettings {
         // Small, so that snapshots and log purging happen within a run.
         snapshot_every: 200,
         keep_logs_after_snapshot: 50,
+        // Inline, so that a seed replays (a blocking-pool thread is outside turmoil's clock).
+        snapshot_off_runtime: false,
     }
 }
 

@@ -94,27 +94,52 @@ impl Default for LoopSettings {
     }
 }
 
-/// Validates `plan` and writes it as the Plan named `current`, compare-and-set on
-/// `expected_version`: a plan computed from an older state never overwrites a newer one.
+/// Writes a new plan as the Plan named `current`, compare-and-set on the version it was
+/// computed from: a plan computed from an older state never overwrites a newer one. A change
+/// of more than [`MAX_PATCH_CHANGES`] GPUs and predictions goes as several patches in a row,
+/// each waiting for the one before (so no Raft entry grows with the fleet); one that fails
+/// leaves the plan part-way, without its inputs digest, and the next pass patches the rest.
+/// Returns the outcome of the last write.
 async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crate::state::CommandOutcome, crate::api::ApiError> {
-    let command = match change {
+    use crate::resources::{PlanSpec, Spec, MAX_PATCH_CHANGES};
+    // No request id: every write is compare-and-set on the plan's version, so a retry cannot
+    // apply twice, and a de-duplication record would hold the whole plan after the write
+    // (each one written out whole in every snapshot: at 3,000 hosts, 30 plan writes made a
+    // 428 MB snapshot).
+    let write = |command| crate::state::Request { request_id: String::new(), command, trace_parent: None };
+    let (mut version, patch) = match change {
         PlanChange::First(plan) => {
-            let spec = crate::resources::Spec::Plan(plan);
-            crate::resources::validate_spec(&spec)?;
-            crate::state::Command::Put {
-                name: "current".into(),
-                tenant: String::new(),
-                spec,
-                mode: crate::state::WriteMode::Create,
-                expected_version: 0,
-            }
+            // The first plan is whole: check it as a whole (a GPU named twice could otherwise
+            // land in two parts) off the async workers, then create an empty one to patch.
+            let spec = tokio::task::spawn_blocking(move || {
+                let spec = Spec::Plan(plan);
+                crate::resources::validate_spec(&spec).map(|()| spec)
+            })
+            .await
+            .map_err(|e| crate::api::ApiError::Unavailable(format!("plan validation stopped: {e}")))??;
+            let Spec::Plan(plan) = spec else { unreachable!("built above") };
+            let empty = PlanSpec { strategy: plan.strategy.clone(), ..PlanSpec::default() };
+            let created = controller
+                .write(write(crate::state::Command::Put {
+                    name: "current".into(),
+                    tenant: String::new(),
+                    spec: Spec::Plan(empty.clone()),
+                    mode: crate::state::WriteMode::Create,
+                    expected_version: 0,
+                }))
+                .await?;
+            (created.resource.resource_version, empty.diff(&plan))
         }
-        PlanChange::Patch { patch, base_version } => {
-            crate::state::Command::PatchPlan { name: "current".into(), patch, expected_version: base_version }
-        }
+        PlanChange::Patch { patch, base_version } => (base_version, patch),
     };
-    let write = crate::state::Request { request_id: uuid::Uuid::new_v4().to_string(), command, trace_parent: None };
-    controller.write(write).await
+    let mut outcome = None;
+    for part in patch.split(MAX_PATCH_CHANGES) {
+        let command = crate::state::Command::PatchPlan { name: "current".into(), patch: part, expected_version: version };
+        let written = controller.write(write(command)).await?;
+        version = written.resource.resource_version;
+        outcome = Some(written);
+    }
+    Ok(outcome.expect("a patch splits into at least one part"))
 }
 
 /// A new plan, as proposed: whole when there is none yet, else as the patch from the

@@ -163,6 +163,42 @@ fn decode_key(k: &[u8]) -> Result<u64, StorageError> {
     Ok(u64::from_be_bytes(bytes))
 }
 
+/// Encoded bytes of log entries in one AppendEntries message (at least one entry is always
+/// sent). openraft gives an AppendEntries RPC one heartbeat interval to complete and retries
+/// a timed-out one unchanged, so a batch must be small enough to encode, send, decode and
+/// flush well within it on a loaded machine; a fleet-wide re-plan once filled 300-entry
+/// batches of tens of MB that never completed, and followers starved into elections.
+pub const MAX_APPEND_BYTES: usize = 512 * 1024;
+
+impl<B: KvBackend> LogStore<B> {
+    /// Entries `[start, end)` (end `None`: to the last), stopping before the one that would
+    /// take the encoded total over `max_bytes` (never before the first).
+    fn read_entries(&self, start: u64, end: Option<u64>, max_bytes: usize) -> Result<Vec<Entry>, StorageError> {
+        let end_key = end.map(key);
+        let rows = self.backend.range(Tree::Logs, &key(start), end_key.as_ref().map(|k| k.as_slice()), usize::MAX).map_err(io_read)?;
+        let mut total = 0usize;
+        let within_budget = rows
+            .into_iter()
+            .enumerate()
+            .take_while(|(i, (_, v))| {
+                total = total.saturating_add(v.len());
+                *i == 0 || total <= max_bytes
+            })
+            .map(|(_, row)| row);
+        // A hole means damage (see `check_contiguous`): a storage error stops the node
+        // rather than handing openraft a log with entries missing.
+        let mut previous = None;
+        within_budget
+            .map(|(k, v)| {
+                let index = decode_key(&k)?;
+                check_follows(previous, index).map_err(io_read)?;
+                previous = Some(index);
+                serde_json::from_slice::<Entry>(&v).map_err(|e| io_read(format!("decoding log entry {index}: {e}")))
+            })
+            .collect()
+    }
+}
+
 impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -178,19 +214,12 @@ impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
             Bound::Excluded(&e) => Some(e),
             Bound::Unbounded => None,
         };
-        let end_key = end.map(key);
-        let rows = self.backend.range(Tree::Logs, &key(start), end_key.as_ref().map(|k| k.as_slice()), usize::MAX).map_err(io_read)?;
-        // A hole means damage (see `check_contiguous`): a storage error stops the node
-        // rather than handing openraft a log with entries missing.
-        let mut previous = None;
-        rows.into_iter()
-            .map(|(k, v)| {
-                let index = decode_key(&k)?;
-                check_follows(previous, index).map_err(io_read)?;
-                previous = Some(index);
-                serde_json::from_slice::<Entry>(&v).map_err(|e| io_read(format!("decoding log entry {index}: {e}")))
-            })
-            .collect()
+        self.read_entries(start, end, usize::MAX)
+    }
+
+    /// What replication sends: bounded by [`MAX_APPEND_BYTES`].
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+        self.read_entries(start, Some(end), MAX_APPEND_BYTES)
     }
 }
 
@@ -284,6 +313,42 @@ mod tests {
         let err = LogStore::open(backend, Watermark::disabled()).err().expect("a hole must be refused").to_string();
         assert!(err.contains("entry 4503 follows entry 4499, entries 4500..=4502 are missing"), "{err}");
         assert!(err.contains("refusing to start"), "{err}");
+    }
+
+    /// Entries 1..=n, each a Node status of about `bytes` bytes.
+    fn log_of_sized_entries(n: u64, bytes: usize) -> LogStore<MemBackend> {
+        let backend = Arc::new(MemBackend::new());
+        let rows = (1..=n)
+            .map(|i| {
+                let command = crate::state::Command::PutStatus {
+                    kind: crate::resources::Kind::Node,
+                    name: format!("n{i}"),
+                    status: serde_json::Value::String("x".repeat(bytes)),
+                    expected_version: 0,
+                };
+                let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
+                let entry = Entry { log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i), payload: EntryPayload::Normal(request) };
+                (key(i).to_vec(), serde_json::to_vec(&entry).unwrap())
+            })
+            .collect();
+        backend.insert_batch(Tree::Logs, rows).unwrap();
+        LogStore::open(backend, Watermark::disabled()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn replication_reads_a_bounded_batch_but_never_nothing() {
+        let mut store = log_of_sized_entries(40, 100 * 1024);
+        let batch = store.limited_get_log_entries(1, 41).await.unwrap();
+        // 100 KiB entries in a 512 KiB budget: the first 5 (the 6th would pass it).
+        assert_eq!(batch.iter().map(|e| e.log_id.index).collect::<Vec<_>>(), (1..=5).collect::<Vec<_>>());
+        let from_middle = store.limited_get_log_entries(30, 41).await.unwrap();
+        assert_eq!(from_middle.first().map(|e| e.log_id.index), Some(30));
+        // Everything, when asked for everything (compaction, a follower's own reads).
+        assert_eq!(store.try_get_log_entries(1..41).await.unwrap().len(), 40);
+
+        // One entry over the budget on its own still goes, alone.
+        let mut huge = log_of_sized_entries(3, MAX_APPEND_BYTES + 1);
+        assert_eq!(huge.limited_get_log_entries(1, 4).await.unwrap().len(), 1);
     }
 
     #[test]

@@ -29,6 +29,11 @@ pub struct RaftSettings {
     pub snapshot_every: u64,
     /// Log entries kept behind a snapshot, for slow followers.
     pub keep_logs_after_snapshot: u64,
+    /// Encode and save snapshots on tokio's blocking pool (true everywhere but the
+    /// deterministic simulation, whose replay needs every step on its own scheduler). A
+    /// snapshot of a 10,000-host fleet is tens of MB of JSON: seconds of CPU that must not
+    /// run on a worker thread Raft's heartbeats need.
+    pub snapshot_off_runtime: bool,
 }
 
 impl Default for RaftSettings {
@@ -39,6 +44,7 @@ impl Default for RaftSettings {
             election_timeout_max_ms: 800,
             snapshot_every: 10_000,
             keep_logs_after_snapshot: 1_000,
+            snapshot_off_runtime: true,
         }
     }
 }
@@ -83,7 +89,7 @@ pub async fn start<B: KvBackend>(
     let log_store = LogStore::open(backend.clone(), watermark)?;
     let committed = log_store.committed_index();
     let appended_bytes = log_store.appended_bytes();
-    let sm = StateMachineStore::open(backend)?;
+    let sm = StateMachineStore::open(backend, settings.snapshot_off_runtime)?;
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
     Ok(RaftHandle { raft, state, committed, appended_bytes })

@@ -72,6 +72,8 @@ struct SnapshotPayload {
 pub struct StateMachineStore<B> {
     shared: Arc<SmShared>,
     backend: Arc<B>,
+    /// See `RaftSettings::snapshot_off_runtime`.
+    snapshot_off_runtime: bool,
 }
 
 fn sm_err(e: impl ToString) -> StorageError {
@@ -82,7 +84,7 @@ fn snap_err(e: impl ToString) -> StorageError {
 }
 
 impl<B: KvBackend> StateMachineStore<B> {
-    pub fn open(backend: Arc<B>) -> anyhow::Result<Self> {
+    pub fn open(backend: Arc<B>, snapshot_off_runtime: bool) -> anyhow::Result<Self> {
         let (signals, _) = broadcast::channel(4096);
         let mut data = SmData::default();
         if let Some((meta, bytes)) = load_snapshot(backend.as_ref()).map_err(|e| anyhow::anyhow!("reading the snapshot: {e}"))? {
@@ -94,7 +96,7 @@ impl<B: KvBackend> StateMachineStore<B> {
             data.history_floor = data.cluster.revision();
         }
         let shared = SmShared { data: RwLock::new(data), signals, node_wakers: NodeWakers::default(), snapshot_seq: AtomicU64::new(0) };
-        Ok(Self { shared: Arc::new(shared), backend })
+        Ok(Self { shared: Arc::new(shared), backend, snapshot_off_runtime })
     }
 
     pub fn shared(&self) -> Arc<SmShared> {
@@ -125,19 +127,39 @@ fn save_snapshot<B: KvBackend>(backend: &B, meta: &SnapshotMeta, data: &[u8]) ->
 
 impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let (bytes, last_applied, membership) = {
+        let started = std::time::Instant::now();
+        // Only a copy is taken under the lock (applies wait for it); encoding and saving,
+        // seconds at fleet scale, happen outside it and off the async workers.
+        let payload = {
             let data = self.shared.data.read().unwrap();
-            let payload =
-                SnapshotPayload { last_applied: data.last_applied, membership: data.membership.clone(), cluster: data.cluster.clone() };
-            (serde_json::to_vec(&payload).map_err(sm_err)?, data.last_applied, data.membership.clone())
+            SnapshotPayload { last_applied: data.last_applied, membership: data.membership.clone(), cluster: data.cluster.clone() }
         };
+        let copied = started.elapsed();
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let snapshot_id = match last_applied {
+        let snapshot_id = match payload.last_applied {
             Some(l) => format!("{}-{}-{seq}", l.leader_id, l.index),
             None => format!("empty-{seq}"),
         };
-        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        save_snapshot(self.backend.as_ref(), &meta, &bytes)?;
+        let meta = SnapshotMeta { last_log_id: payload.last_applied, last_membership: payload.membership.clone(), snapshot_id };
+        let backend = self.backend.clone();
+        let saved_meta = meta.clone();
+        let encode_and_save = move || -> Result<Vec<u8>, StorageError> {
+            let bytes = serde_json::to_vec(&payload).map_err(sm_err)?;
+            save_snapshot(backend.as_ref(), &saved_meta, &bytes)?;
+            Ok(bytes)
+        };
+        let bytes = if self.snapshot_off_runtime {
+            tokio::task::spawn_blocking(encode_and_save).await.map_err(snap_err)??
+        } else {
+            encode_and_save()?
+        };
+        tracing::info!(
+            bytes = bytes.len(),
+            copy_seconds = copied.as_secs_f64(),
+            seconds = started.elapsed().as_secs_f64(),
+            snapshot = %meta.snapshot_id,
+            "snapshot built"
+        );
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
     }
 }
@@ -213,7 +235,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        Self { shared: self.shared.clone(), backend: self.backend.clone() }
+        Self { shared: self.shared.clone(), backend: self.backend.clone(), snapshot_off_runtime: self.snapshot_off_runtime }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {

@@ -10,7 +10,7 @@ mod validate;
 pub use kind::Kind;
 #[cfg(test)]
 pub(crate) use plan_patch::test_gpu;
-pub use plan_patch::PlanPatch;
+pub use plan_patch::{PlanPatch, MAX_PATCH_CHANGES};
 pub use specs::*;
 pub(crate) use validate::{bounded_list, bounded_text, host_of, non_negative};
 pub use validate::{validate_name, validate_plan_patch, validate_spec};

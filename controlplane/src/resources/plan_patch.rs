@@ -27,6 +27,12 @@ pub struct PlanPatch {
     pub trace_parent: String,
 }
 
+/// Changes (GPUs set or removed, predictions set or removed) in one proposed patch. A bigger
+/// plan change is committed as several patches in a row, so that no Raft entry grows with the
+/// fleet: the first plan of a 10,000-host fleet is ~50 MB of JSON, which no AppendEntries
+/// message can carry within its heartbeat-long timeout. 256 GPUs are ~300 KB.
+pub const MAX_PATCH_CHANGES: usize = 256;
+
 fn gpu_key(g: &GpuAssignment) -> (&str, &str) {
     (g.node.as_str(), g.gpu_uuid.as_str())
 }
@@ -36,6 +42,47 @@ impl PlanPatch {
     /// the same placement, whichever pass and inputs produced it).
     pub fn moves_nothing(&self) -> bool {
         self.set_gpus.is_empty() && self.remove_gpus.is_empty() && self.set_services.is_empty() && self.remove_services.is_empty()
+    }
+
+    /// The changes this patch makes.
+    fn len(&self) -> usize {
+        self.set_gpus.len() + self.remove_gpus.len() + self.set_services.len() + self.remove_services.len()
+    }
+
+    /// Splits it into patches of at most `max_changes` changes (at least one patch), which
+    /// applied in order give what it gives. GPUs are set first (a service's new capacity
+    /// arrives before its old goes), then removed, then the predictions change. Only the last
+    /// part carries the inputs digest: a plan part-way through a change was planned from no
+    /// inputs, so a provisioner that finds one (its proposer stopped half-way) plans again and
+    /// patches the rest.
+    pub fn split(self, max_changes: usize) -> Vec<PlanPatch> {
+        let max_changes = max_changes.max(1);
+        if self.len() <= max_changes {
+            return vec![self];
+        }
+        let PlanPatch { strategy, inputs_digest, set_gpus, remove_gpus, set_services, remove_services, trace_parent: _ } = self;
+        let empty = PlanPatch { strategy, ..PlanPatch::default() };
+        let mut parts = vec![empty.clone()];
+        fn room<'a>(parts: &'a mut Vec<PlanPatch>, empty: &PlanPatch, max_changes: usize) -> &'a mut PlanPatch {
+            if parts.last().is_some_and(|p| p.len() >= max_changes) {
+                parts.push(empty.clone());
+            }
+            parts.last_mut().expect("never empty")
+        }
+        for g in set_gpus {
+            room(&mut parts, &empty, max_changes).set_gpus.push(g);
+        }
+        for g in remove_gpus {
+            room(&mut parts, &empty, max_changes).remove_gpus.push(g);
+        }
+        for p in set_services {
+            room(&mut parts, &empty, max_changes).set_services.push(p);
+        }
+        for s in remove_services {
+            room(&mut parts, &empty, max_changes).remove_services.push(s);
+        }
+        parts.last_mut().expect("never empty").inputs_digest = inputs_digest;
+        parts
     }
 
     /// The nodes whose GPUs it sets or removes.
@@ -232,5 +279,40 @@ mod tests {
         assert_eq!(uuids("a"), vec!["G1"]);
         assert!(uuids("zz").is_empty());
         assert!(uuids("").is_empty());
+    }
+
+    #[test]
+    fn a_big_change_split_into_parts_applies_to_the_same_plan_and_only_the_last_part_claims_the_inputs() {
+        let old = plan(
+            (0..1_000).map(|i| gpu(&format!("n{:03}", i / 8), &format!("G{i}"), "web", 8)).collect(),
+            (0..30).map(|i| prediction(&format!("s{i:02}"), 10.0)).collect(),
+        );
+        let mut next = plan(
+            (300..1_700).map(|i| gpu(&format!("n{:03}", i / 8), &format!("G{i}"), "api", 8)).collect(),
+            (10..50).map(|i| prediction(&format!("s{i:02}"), 20.0)).collect(),
+        );
+        next.inputs_digest = "fnv1a64:new".into();
+        let patch = old.diff(&next);
+        let parts = patch.clone().split(256);
+        assert!(parts.len() > 1 && parts.iter().all(|p| p.len() <= 256), "{:?}", parts.iter().map(PlanPatch::len).collect::<Vec<_>>());
+        assert_eq!(parts.iter().map(PlanPatch::len).sum::<usize>(), patch.len());
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.inputs_digest.is_empty() && p.strategy == next.strategy));
+        assert_eq!(parts.last().unwrap().inputs_digest, "fnv1a64:new");
+        // New GPUs arrive before old ones go.
+        let first_removal = parts.iter().position(|p| !p.remove_gpus.is_empty()).unwrap();
+        assert!(parts[..=first_removal].iter().map(|p| p.set_gpus.len()).sum::<usize>() == patch.set_gpus.len());
+
+        let mut patched = old.clone();
+        for (i, part) in parts.iter().enumerate() {
+            patched.apply_patch(part);
+            if i + 1 < parts.len() {
+                assert!(patched.inputs_digest.is_empty(), "part {i} claims the inputs");
+            }
+        }
+        assert_eq!(patched, next);
+
+        // A small change stays whole; an empty one is still one (its strategy and digest).
+        assert_eq!(old.diff(&next).split(100_000).len(), 1);
+        assert_eq!(old.diff(&old).split(256).len(), 1);
     }
 }
