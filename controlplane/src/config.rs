@@ -103,6 +103,9 @@ pub struct LoopsConfig {
     pub heartbeat_interval_ms: Option<u64>,
     /// Heartbeats a node may miss before it is unhealthy (default 5).
     pub missed_heartbeats: Option<u32>,
+    /// Reports a second the whole fleet may send (default 2000): past `budget × heartbeat`
+    /// nodes, agents are told to report less often, up to once a minute.
+    pub report_budget_per_s: Option<u32>,
     /// Seconds the load must stay up before an autoscaling service is sized up (default 60).
     pub scale_window_s: Option<f64>,
     /// Seconds before sizing down or terminating an idle launched node (default 300).
@@ -157,6 +160,11 @@ impl LoopsConfig {
             Some(n) => n,
             None => d.missed_heartbeats,
         };
+        let report_budget_per_s = match self.report_budget_per_s {
+            Some(0) => return Err("loops.report_budget_per_s: must be at least 1".into()),
+            Some(n) => n,
+            None => d.report_budget_per_s,
+        };
         let non_negative = |name: &str, v: Option<f64>, default: f64| match v {
             Some(x) if !(x >= 0.0 && x.is_finite()) => Err(format!("loops.{name}: must be a non-negative number, got {x}")),
             Some(x) => Ok(x),
@@ -166,6 +174,7 @@ impl LoopsConfig {
             provision_interval: interval,
             mig_strategy: self.mig_strategy.unwrap_or(d.mig_strategy),
             heartbeat_interval: heartbeat,
+            report_budget_per_s,
             missed_heartbeats: missed,
             enabled,
             provider: None,
@@ -364,5 +373,13 @@ heartbeat_interval_ms = 50
         assert!(err("[loops]\ntune_slo_fraction = 1.2").starts_with("loops.tune_slo_fraction: must be in (0, 1]"));
         assert!(err("[loops]\ntune_hold_down_s = -1").starts_with("loops.tune_hold_down_s: "));
         assert!(err("[loops]\ntune_intervals = 3").contains("unknown field `tune_intervals`"));
+    }
+
+    #[test]
+    fn the_report_budget_defaults_to_2000_a_second_and_is_at_least_one() {
+        assert_eq!(loops("").unwrap().report_budget_per_s, 2_000);
+        assert_eq!(loops("[loops]\nreport_budget_per_s = 500").unwrap().report_budget_per_s, 500);
+        let err = loops("[loops]\nreport_budget_per_s = 0").unwrap_err();
+        assert_eq!(err, "loops.report_budget_per_s: must be at least 1");
     }
 }

@@ -40,6 +40,8 @@ pub struct Controller {
     pub reports: AgentReports,
     /// Writes the agents' observed state to their Nodes (leader only).
     pub status_writer: crate::agents::StatusWriter,
+    /// How often agents are told to report, by fleet size.
+    pub report_pace: crate::agents::ReportPace,
     /// This node's Prometheus series (`/metrics`).
     pub telemetry: ControllerMetrics,
 }

@@ -184,6 +184,7 @@ where
         channels,
         reports: AgentReports::default(),
         status_writer: Default::default(),
+        report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();

@@ -197,6 +197,43 @@ async fn a_node_that_misses_its_heartbeats_is_planned_around_until_it_reports_ag
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn past_the_report_budget_agents_are_told_to_report_less_often_and_get_that_much_longer_before_they_are_unhealthy() {
+    // Two nodes on a budget of 4 reports a second: each is to report every 500 ms, not every
+    // 100 ms, and is overdue after 3 × 500 ms.
+    let loops = LoopSettings {
+        heartbeat_interval: Duration::from_millis(100),
+        missed_heartbeats: 3,
+        report_budget_per_s: 4,
+        ..LoopSettings::default()
+    };
+    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
+    let client = cluster.client();
+    for r in fleet_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+    let n2 = json!({"address": "n2:7100", "instance_type": "a2", "gpus": [{"uuid": "GPU-c", "model": "A100-80GB", "mig_enabled": true}]});
+    client.put(resource("Node", "n2", "", n2), proto::WriteMode::Create).await.unwrap();
+    let leader = cluster.wait_leader().await;
+    let mut agent = proto::agent_client::AgentClient::connect(format!("http://{}", cluster.node(leader).addr)).await.unwrap();
+    let answer = agent.report(proto::ReportRequest { node: "n2".into(), ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(answer.report_interval_ms, 500);
+
+    // n1 reports every 400 ms (overdue at the unpaced 300 ms, on time at 500 ms); n2 is silent.
+    let health = |status: String| serde_json::from_str::<Value>(&status).unwrap_or(Value::Null)["health"].clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let answer = agent.report(proto::ReportRequest { node: "n1".into(), ..Default::default() }).await.unwrap().into_inner();
+        assert_eq!(answer.report_interval_ms, 500);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(health(client.get("Node", "n1", false).await.unwrap().status_json), "healthy", "n1 reports on its paced interval");
+        if health(client.get("Node", "n2", false).await.unwrap().status_json) == "unhealthy" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the silent n2 was never marked unhealthy");
+    }
+}
+
 /// A cloud whose instances come up at once: it registers the node the way its agent would.
 struct InstantCloud {
     servers: Vec<String>,

@@ -8,6 +8,7 @@ pub mod executor;
 pub mod inflight;
 pub mod mps;
 pub mod reconcile;
+pub mod report_pace;
 pub mod router;
 pub mod routing;
 pub mod runtime;

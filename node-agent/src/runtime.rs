@@ -259,7 +259,8 @@ impl Agent {
     }
 
     async fn report_loop(self: Arc<Self>, rx: watch::Receiver<Option<NodeDesired>>) {
-        let interval = Duration::from_millis(self.cfg.interval_ms);
+        let own = Duration::from_millis(self.cfg.interval_ms);
+        let mut interval = own;
         let mut k = 0usize;
         loop {
             tokio::time::sleep(interval).await;
@@ -275,7 +276,10 @@ impl Agent {
                     AgentClient::new(self.channel(addr).await?).report(req).await.map_err(anyhow::Error::from)
                 };
                 match sent.await {
-                    Ok(_) => break,
+                    Ok(answer) => {
+                        interval = crate::report_pace::next_report_in(own, answer.into_inner().report_interval_ms);
+                        break;
+                    }
                     Err(e) => {
                         tracing::debug!(controller = %addr, error = %e, "report not delivered");
                         k += 1;

@@ -4,9 +4,11 @@
 mod desired;
 pub mod endpoints;
 pub mod report_check;
+pub mod report_pace;
 mod reports;
 mod status_writer;
 
 pub use desired::desired_state;
+pub use report_pace::ReportPace;
 pub use reports::{AgentReports, NodeReport};
 pub use status_writer::{fingerprint, StatusWriter};

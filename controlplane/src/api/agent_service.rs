@@ -124,12 +124,12 @@ impl Agent for AgentService {
             .await;
         }
         // One node's entry of the desired-state index, not a scan of the plan.
-        let (spec, desired) = self.controller.read(|d| {
+        let (spec, desired, nodes) = self.controller.read(|d| {
             let spec = d.cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
                 Spec::Node(s) => Some(s.clone()),
                 _ => None,
             });
-            (spec, desired_state(&d.cluster, &req.node))
+            (spec, desired_state(&d.cluster, &req.node), d.cluster.count(Kind::Node))
         });
         let Some(spec) = spec else {
             return Err(ApiError::Field(FieldError::new(
@@ -164,6 +164,7 @@ impl Agent for AgentService {
             self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req));
         }
         self.controller.reports.record(req, Instant::now());
-        Ok(Response::new(proto::ReportResponse { desired_version }))
+        let report_interval_ms = u32::try_from(self.controller.report_pace.interval(nodes).as_millis()).unwrap_or(u32::MAX);
+        Ok(Response::new(proto::ReportResponse { desired_version, report_interval_ms }))
     }
 }

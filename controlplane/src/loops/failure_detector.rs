@@ -1,6 +1,7 @@
 //! The failure detector: a node whose agent has not reported for `missed × interval` is
 //! marked unhealthy in its status (the provisioner then plans around it); its next report
-//! marks it healthy again. Heartbeats are the agents' reports, kept in the leader's memory,
+//! marks it healthy again. The interval is the one agents are told to report at, which
+//! grows with the fleet (`agents::report_pace`). Heartbeats are the agents' reports, kept in the leader's memory,
 //! so a new leader first gives every node a full timeout from the moment it took over.
 
 use std::collections::HashMap;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::LoopSettings;
+use crate::agents::report_pace::OverdueTimeout;
 use crate::controller::Controller;
 use crate::resources::Kind;
 use crate::state::{Command, Request};
@@ -27,7 +29,9 @@ pub fn overdue(nodes: &[String], last_report: &HashMap<String, Instant>, since: 
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let since = Instant::now();
-    let timeout = settings.heartbeat_interval * settings.missed_heartbeats;
+    let seconds = |now: Instant| now.saturating_duration_since(since).as_secs_f64();
+    let nodes = controller.read(|d| d.cluster.count(Kind::Node));
+    let mut timeouts = OverdueTimeout::new(settings.missed_heartbeats, controller.report_pace.interval(nodes), 0.0);
     let mut tick = tokio::time::interval(settings.heartbeat_interval);
     loop {
         tick.tick().await;
@@ -35,7 +39,9 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         let reports = controller.reports.last_heard();
         // Names only: statuses are copied for the overdue nodes alone.
         let names: Vec<String> = controller.read(|d| d.cluster.list(Kind::Node).map(|n| n.name.clone()).collect());
-        for name in overdue(&names, &reports, since, Instant::now(), timeout) {
+        let now = Instant::now();
+        let timeout = timeouts.at(controller.report_pace.interval(names.len()), seconds(now));
+        for name in overdue(&names, &reports, since, now, timeout) {
             let status = controller.read(|d| d.cluster.get(Kind::Node, &name).map(|n| n.status.clone())).unwrap_or_default();
             if status.get("health").and_then(|h| h.as_str()) == Some(UNHEALTHY) {
                 continue;

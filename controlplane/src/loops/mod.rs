@@ -26,8 +26,12 @@ pub struct LoopSettings {
     /// GPU models or instance types).
     pub provision_interval: Duration,
     pub mig_strategy: MigStrategy,
-    /// How often agents report (their heartbeat) and the failure detector checks.
+    /// How often agents report (their heartbeat) while the fleet is small, and how often
+    /// the failure detector checks.
     pub heartbeat_interval: Duration,
+    /// Reports a second the whole fleet may send: past `budget × heartbeat` nodes, agents
+    /// are told to report less often (`agents::report_pace`).
+    pub report_budget_per_s: u32,
     /// Heartbeats a node may miss before it is marked unhealthy.
     pub missed_heartbeats: u32,
     /// `false` turns every loop off (tests of the bare Raft cluster).
@@ -60,6 +64,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("provision_interval", &self.provision_interval)
             .field("mig_strategy", &self.mig_strategy)
             .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("report_budget_per_s", &self.report_budget_per_s)
             .field("missed_heartbeats", &self.missed_heartbeats)
             .field("enabled", &self.enabled)
             .field("provider", &self.provider.is_some())
@@ -74,12 +79,19 @@ impl std::fmt::Debug for LoopSettings {
     }
 }
 
+impl LoopSettings {
+    pub fn report_pace(&self) -> crate::agents::ReportPace {
+        crate::agents::ReportPace { heartbeat: self.heartbeat_interval, budget_per_s: self.report_budget_per_s }
+    }
+}
+
 impl Default for LoopSettings {
     fn default() -> Self {
         LoopSettings {
             provision_interval: Duration::from_secs(30),
             mig_strategy: MigStrategy::default(),
             heartbeat_interval: Duration::from_secs(1),
+            report_budget_per_s: crate::agents::ReportPace::default().budget_per_s,
             missed_heartbeats: 5,
             enabled: true,
             provider: None,

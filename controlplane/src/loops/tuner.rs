@@ -69,7 +69,7 @@ async fn pass(
         (current, slos_ms)
     });
     let Some((version, plan)) = current else { return Ok(None) };
-    let max_age = settings.heartbeat_interval * settings.missed_heartbeats;
+    let max_age = controller.report_pace.interval(controller.read(|d| d.cluster.count(Kind::Node))) * settings.missed_heartbeats;
     let reports = controller.reports.all();
     // Each reporting node's desired version, to tell converged agents from lagging ones.
     let desired: BTreeMap<String, u64> = controller.read(|d| reports.keys().map(|n| (n.clone(), d.cluster.desired().version(n))).collect());

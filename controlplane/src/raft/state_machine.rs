@@ -59,11 +59,19 @@ impl SmShared {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct SnapshotPayload {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     cluster: ClusterState,
+}
+
+/// A [`SnapshotPayload`] as written: the state's persistent copy, taken in O(1).
+#[derive(Serialize)]
+struct SnapshotCopy {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    cluster: crate::state::PersistedCopy,
 }
 
 /// openraft's state machine: the pure `ClusterState` held in memory, rebuilt on start from
@@ -128,11 +136,11 @@ fn save_snapshot<B: KvBackend>(backend: &B, meta: &SnapshotMeta, data: &[u8]) ->
 impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
-        // Only a copy is taken under the lock (applies wait for it); encoding and saving,
-        // seconds at fleet scale, happen outside it and off the async workers.
+        // Only an O(1) copy is taken under the lock (applies wait for it); encoding and
+        // saving, seconds at fleet scale, happen outside it and off the async workers.
         let payload = {
             let data = self.shared.data.read().unwrap();
-            SnapshotPayload { last_applied: data.last_applied, membership: data.membership.clone(), cluster: data.cluster.clone() }
+            SnapshotCopy { last_applied: data.last_applied, membership: data.membership.clone(), cluster: data.cluster.persisted() }
         };
         let copied = started.elapsed();
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;

@@ -16,8 +16,9 @@ use crate::resources::{GpuAssignment, PlanPatch, PlanSpec, ServiceSpec, Spec, St
 
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
-    /// node -> index of the entry that last changed its projection. Persisted.
-    versions: BTreeMap<String, u64>,
+    /// node -> index of the entry that last changed its projection. Persisted (a persistent
+    /// map, copied in O(1) by a snapshot).
+    versions: imbl::OrdMap<String, u64>,
     /// node -> plan name -> that plan's GPU assignments on the node. Derived.
     by_node: HashMap<String, BTreeMap<String, Vec<GpuAssignment>>>,
     /// service -> the nodes with a workload of it. Derived.
@@ -42,7 +43,7 @@ impl Serialize for DesiredIndex {
 impl DesiredIndex {
     /// The index over `plans`, with the persisted `versions`. A node with assignments but no
     /// version (a snapshot from before versions were kept) gets its plan's revision.
-    pub fn rebuild<'a>(versions: BTreeMap<String, u64>, plans: impl Iterator<Item = &'a StoredResource>) -> Self {
+    pub fn rebuild<'a>(versions: imbl::OrdMap<String, u64>, plans: impl Iterator<Item = &'a StoredResource>) -> Self {
         let mut index = DesiredIndex { versions, ..DesiredIndex::default() };
         for plan in plans {
             let Spec::Plan(spec) = &plan.spec else { continue };
@@ -53,6 +54,11 @@ impl DesiredIndex {
         }
         index.touched.clear();
         index
+    }
+
+    /// Every node's version (what snapshots persist).
+    pub fn versions(&self) -> &imbl::OrdMap<String, u64> {
+        &self.versions
     }
 
     pub fn version(&self, node: &str) -> u64 {

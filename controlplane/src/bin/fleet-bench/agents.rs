@@ -128,14 +128,19 @@ async fn watch_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<
 }
 
 async fn report_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<proto::DesiredState>>>, observed: Arc<Observed>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Like the node agent: once a second, or at the longer interval the controllers ask
+    // for (at most a minute).
+    let own = Duration::from_secs(1);
+    let mut interval = own;
     loop {
-        tick.tick().await;
+        tokio::time::sleep(interval).await;
         let r = report(&name, latest.lock().unwrap().as_ref());
         let sent = Instant::now();
         match client.report(r).await {
-            Ok(_) => observed.report_ms.lock().unwrap().push(sent.elapsed().as_secs_f64() * 1e3),
+            Ok(answer) => {
+                observed.report_ms.lock().unwrap().push(sent.elapsed().as_secs_f64() * 1e3);
+                interval = own.max(Duration::from_millis(answer.report_interval_ms.into()).min(Duration::from_secs(60)));
+            }
             Err(status) => {
                 observed.reports_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let key = format!("{:?}: {}", status.code(), status.message().chars().take(80).collect::<String>());
