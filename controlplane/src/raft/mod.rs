@@ -6,6 +6,7 @@ mod log_store;
 mod network;
 mod node_wakers;
 mod peer_service;
+mod snapshot_policy;
 mod state_machine;
 mod types;
 
@@ -25,9 +26,11 @@ pub struct RaftSettings {
     pub heartbeat_interval_ms: u64,
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
-    /// Build a snapshot after this many applied entries.
+    /// Build a snapshot after at least this many applied entries (and as many log bytes as
+    /// the last snapshot held: `snapshot_policy`).
     pub snapshot_every: u64,
-    /// Log entries kept behind a snapshot, for slow followers.
+    /// Log entries kept behind a snapshot, for slow followers (a follower further behind
+    /// is sent the whole snapshot: tens of MB at fleet scale, so keep a roll-out's worth).
     pub keep_logs_after_snapshot: u64,
     /// Encode and save snapshots on tokio's blocking pool (true everywhere but the
     /// deterministic simulation, whose replay needs every step on its own scheduler). A
@@ -43,7 +46,7 @@ impl Default for RaftSettings {
             election_timeout_min_ms: 400,
             election_timeout_max_ms: 800,
             snapshot_every: 10_000,
-            keep_logs_after_snapshot: 1_000,
+            keep_logs_after_snapshot: 10_000,
             snapshot_off_runtime: true,
         }
     }
@@ -57,7 +60,8 @@ impl RaftSettings {
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
             install_snapshot_timeout: 10_000,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            // `snapshot_policy::run` triggers snapshots (by entries and by bytes).
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: self.keep_logs_after_snapshot,
             // Snapshot chunks travel as JSON inside one gRPC message; keep them well below
             // the message size limit.
@@ -92,5 +96,6 @@ pub async fn start<B: KvBackend>(
     let sm = StateMachineStore::open(backend, settings.snapshot_off_runtime)?;
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
+    tokio::spawn(snapshot_policy::run(id, raft.clone(), appended_bytes.clone(), state.snapshot_bytes.clone(), settings.snapshot_every));
     Ok(RaftHandle { raft, state, committed, appended_bytes })
 }
