@@ -122,15 +122,18 @@ async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crat
     let (mut version, patch) = match change {
         PlanChange::First(plan) => {
             // The first plan is whole: check it as a whole (a GPU named twice could otherwise
-            // land in two parts) off the async workers, then create an empty one to patch.
-            let spec = tokio::task::spawn_blocking(move || {
+            // land in two parts), then create an empty one and patch it. Both O(plan), off
+            // the async workers.
+            let (empty, patch) = tokio::task::spawn_blocking(move || {
                 let spec = Spec::Plan(plan);
-                crate::resources::validate_spec(&spec).map(|()| spec)
+                crate::resources::validate_spec(&spec)?;
+                let Spec::Plan(plan) = spec else { unreachable!("built above") };
+                let empty = PlanSpec { strategy: plan.strategy.clone(), ..PlanSpec::default() };
+                let patch = empty.diff(&plan);
+                Ok::<_, crate::resources::FieldError>((empty, patch))
             })
             .await
             .map_err(|e| crate::api::ApiError::Unavailable(format!("plan validation stopped: {e}")))??;
-            let Spec::Plan(plan) = spec else { unreachable!("built above") };
-            let empty = PlanSpec { strategy: plan.strategy.clone(), ..PlanSpec::default() };
             let created = controller
                 .write(write(crate::state::Command::Put {
                     name: "current".into(),
@@ -140,7 +143,7 @@ async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crat
                     expected_version: 0,
                 }))
                 .await?;
-            (created.resource.resource_version, empty.diff(&plan))
+            (created.resource.resource_version, patch)
         }
         PlanChange::Patch { patch, base_version } => (base_version, patch),
     };

@@ -70,14 +70,23 @@ async fn pass(
     });
     let Some((version, plan)) = current else { return Ok(None) };
     let max_age = controller.report_pace.interval(controller.read(|d| d.cluster.count(Kind::Node))) * settings.missed_heartbeats;
-    let reports = controller.reports.all();
-    // Each reporting node's desired version, to tell converged agents from lagging ones.
-    let desired: BTreeMap<String, u64> = controller.read(|d| reports.keys().map(|n| (n.clone(), d.cluster.desired().version(n))).collect());
-    let measured = fresh_measurements(&reports, &desired, Instant::now(), max_age, fed);
-
-    // Tune a copy: the tuners move on only with the plan they decided.
-    let mut next = state.clone();
-    let result = tune_shares(&plan, &slos_ms, &measured, now_s, &settings.tuning, &mut next);
+    // The rest is O(reports + plan): on the blocking pool, not the async workers. It tunes
+    // a copy of the state: the tuners move on only with the plan they decided.
+    let (reports, sm, tuning, now) = (controller.reports.clone(), controller.sm.clone(), settings.tuning, Instant::now());
+    let (mut next, mut fed_copy) = (state.clone(), std::mem::take(fed));
+    let (mut result, next, fed_back, plan) = super::off_runtime(settings, "tuning", move |_cancel| {
+        let reports = reports.all();
+        // Each reporting node's desired version, to tell converged agents from lagging ones.
+        let desired: BTreeMap<String, u64> = {
+            let d = sm.data.read().expect("state lock");
+            reports.keys().map(|n| (n.clone(), d.cluster.desired().version(n))).collect()
+        };
+        let measured = fresh_measurements(&reports, &desired, now, max_age, &mut fed_copy);
+        let result = tune_shares(&plan, &slos_ms, &measured, now_s, &tuning, &mut next);
+        (result, next, fed_copy, plan)
+    })
+    .await?;
+    *fed = fed_back;
     for d in &result.decisions {
         match &d.outcome {
             ShareOutcome::Changed { from_pct, to_pct } => {
@@ -93,12 +102,14 @@ async fn pass(
             other => tracing::debug!(workload = %d.workload, outcome = ?other, gslice = ?d.gslice, "tuner: no change"),
         }
     }
-    let Some(tuned) = result.plan else {
+    let Some(tuned) = result.plan.take() else {
         *state = next;
         return Ok(None);
     };
-    // Compare-and-set: shares tuned on an older plan never overwrite a newer one.
-    let outcome = super::commit_plan(controller, super::PlanChange::between(Some((version, &plan)), tuned)).await?;
+    // Compare-and-set: shares tuned on an older plan never overwrite a newer one. The
+    // patch (O(plan)) is worked out off the async workers too.
+    let change = super::off_runtime(settings, "tuning", move |_cancel| super::PlanChange::between(Some((version, &plan)), tuned)).await?;
+    let outcome = super::commit_plan(controller, change).await?;
     *state = next;
     Ok(Some(outcome.resource.resource_version))
 }

@@ -157,14 +157,14 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
 
     // 2. The Services: every agent with work holds it.
     let services = n.div_ceil(args.hosts_per_service);
-    let applied = put_all(&admin, (0..services).map(|i| service(i, args.rate))).await;
+    let (applied, apply_puts_s) = put_all(&admin, (0..services).map(|i| service(i, args.rate))).await;
     let apply = measure::fan_out(&observed, applied, args.quiet_s, timeout).await;
     let with_work = observed.held.lock().unwrap().values().filter(|h| h.has_work).count();
     eprintln!("[{:>6.1} s] applied: {with_work} agents with work, last after {:?} s", started.elapsed().as_secs_f64(), apply.last_s);
 
     // 3. One Service +25%.
     let bytes_before = probe.leader_log_bytes().await;
-    let one = put_all(&admin, [service(0, args.rate * 1.25)]).await;
+    let (one, _) = put_all(&admin, [service(0, args.rate * 1.25)]).await;
     let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout).await;
     let bytes_after = probe.leader_log_bytes().await;
     eprintln!(
@@ -175,7 +175,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     );
 
     // 4. Every Service +10%: a fleet-wide re-plan.
-    let all = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
+    let (all, replan_puts_s) = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
     let replan = measure::fan_out(&observed, all, args.quiet_s, timeout).await;
 
     let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
@@ -192,8 +192,10 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         registered_all_s,
         agents_with_work: with_work,
         apply_fanout_s: apply.last_s,
+        apply_puts_s,
         one_service: one_service.clone(),
         replan_fanout_s: replan.last_s,
+        replan_puts_s,
         agents_changed_one_service: one_service.agents,
         agents_changed_replan: replan.agents,
         provision_pass_s: planning,
@@ -211,9 +213,10 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     row
 }
 
-/// Puts `resources` (8 at a time); returns when the first was sent, once the last is
-/// acknowledged. Fan-out is measured from the first send: what a user applying a manifest sees.
-async fn put_all(client: &Client, resources: impl IntoIterator<Item = proto::Resource>) -> Instant {
+/// Puts `resources` (8 at a time); returns when the first was sent and how long until the
+/// last was acknowledged. Fan-out is measured from the first send: what a user applying a
+/// manifest sees.
+async fn put_all(client: &Client, resources: impl IntoIterator<Item = proto::Resource>) -> (Instant, f64) {
     use futures::StreamExt;
     let first_sent = Instant::now();
     futures::stream::iter(resources)
@@ -224,5 +227,5 @@ async fn put_all(client: &Client, resources: impl IntoIterator<Item = proto::Res
             }
         })
         .await;
-    first_sent
+    (first_sent, first_sent.elapsed().as_secs_f64())
 }

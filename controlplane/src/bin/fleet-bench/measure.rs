@@ -167,8 +167,12 @@ pub struct Row {
     pub registered_all_s: Option<f64>,
     pub agents_with_work: usize,
     pub apply_fanout_s: Option<f64>,
+    /// Of which putting the Services took (8 at a time, from the first sent to the last
+    /// acknowledged): the API's write rate under the run's load, not the fan-out.
+    pub apply_puts_s: f64,
     pub one_service: FanOut,
     pub replan_fanout_s: Option<f64>,
+    pub replan_puts_s: f64,
     pub agents_changed_one_service: usize,
     pub agents_changed_replan: usize,
     pub provision_pass_s: Option<f64>,
@@ -192,10 +196,12 @@ impl Row {
             "registered_all_s": self.registered_all_s,
             "agents_with_work": self.agents_with_work,
             "apply_fanout_s": self.apply_fanout_s,
+            "apply_puts_s": self.apply_puts_s,
             "one_service_fanout_p50_s": self.one_service.p50_s,
             "one_service_fanout_p99_s": self.one_service.p99_s,
             "one_service_fanout_max_s": self.one_service.last_s,
             "replan_fanout_s": self.replan_fanout_s,
+            "replan_puts_s": self.replan_puts_s,
             "agents_changed_one_service": self.agents_changed_one_service,
             "agents_changed_replan": self.agents_changed_replan,
             "provision_pass_s": self.provision_pass_s,
@@ -225,6 +231,7 @@ pub fn print_table(rows: &[Row]) {
     line("services", rows.iter().map(|r| r.services.to_string()).collect());
     line("all registered (s)", rows.iter().map(|r| opt(r.registered_all_s, 2)).collect());
     line("services applied → last agent has work (s)", rows.iter().map(|r| opt(r.apply_fanout_s, 2)).collect());
+    line("  of which putting the services (s)", rows.iter().map(|r| format!("{:.2}", r.apply_puts_s)).collect());
     line("agents with work", rows.iter().map(|r| r.agents_with_work.to_string()).collect());
     line(
         "one service +25%: p50/p99/max (s)",
@@ -238,6 +245,7 @@ pub fn print_table(rows: &[Row]) {
         rows.iter().map(|r| r.raft_bytes_one_service_change.map_or("—".into(), |b| b.to_string())).collect(),
     );
     line("all services +10% → last agent (s)", rows.iter().map(|r| opt(r.replan_fanout_s, 2)).collect());
+    line("  of which putting the services (s)", rows.iter().map(|r| format!("{:.2}", r.replan_puts_s)).collect());
     line("all services +10%: agents changed", rows.iter().map(|r| r.agents_changed_replan.to_string()).collect());
     line("provisioning pass that planned, mean (s)", rows.iter().map(|r| opt(r.provision_pass_s, 3)).collect());
     line("reports p50/p99 (ms)", rows.iter().map(|r| format!("{}/{}", opt(r.report_p50_ms, 1), opt(r.report_p99_ms, 1))).collect());
