@@ -112,7 +112,11 @@ impl Default for LoopSettings {
 /// each waiting for the one before (so no Raft entry grows with the fleet); one that fails
 /// leaves the plan part-way, without its inputs digest, and the next pass patches the rest.
 /// Returns the outcome of the last write.
-async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crate::state::CommandOutcome, crate::api::ApiError> {
+async fn commit_plan(
+    controller: &Controller,
+    settings: &LoopSettings,
+    change: PlanChange,
+) -> Result<crate::state::CommandOutcome, crate::api::ApiError> {
     use crate::resources::{PlanSpec, Spec, MAX_PATCH_CHANGES};
     // No request id: every write is compare-and-set on the plan's version, so a retry cannot
     // apply twice, and a de-duplication record would hold the whole plan after the write
@@ -124,7 +128,7 @@ async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crat
             // The first plan is whole: check it as a whole (a GPU named twice could otherwise
             // land in two parts), then create an empty one and patch it. Both O(plan), off
             // the async workers.
-            let (empty, patch) = tokio::task::spawn_blocking(move || {
+            let (empty, patch) = off_runtime(settings, "checking the first plan", move |_cancel| {
                 let spec = Spec::Plan(plan);
                 crate::resources::validate_spec(&spec)?;
                 let Spec::Plan(plan) = spec else { unreachable!("built above") };
@@ -132,8 +136,7 @@ async fn commit_plan(controller: &Controller, change: PlanChange) -> Result<crat
                 let patch = empty.diff(&plan);
                 Ok::<_, crate::resources::FieldError>((empty, patch))
             })
-            .await
-            .map_err(|e| crate::api::ApiError::Unavailable(format!("plan validation stopped: {e}")))??;
+            .await??;
             let created = controller
                 .write(write(crate::state::Command::Put {
                     name: "current".into(),

@@ -191,7 +191,7 @@ async fn pass(
             controller.telemetry.observe_planning(started.elapsed());
             *planned_digest = None;
             *memory = Some(pools);
-            super::commit_plan(controller, change).await?;
+            super::commit_plan(controller, settings, change).await?;
             Ok(true)
         }
     }

@@ -109,7 +109,7 @@ async fn pass(
     // Compare-and-set: shares tuned on an older plan never overwrite a newer one. The
     // patch (O(plan)) is worked out off the async workers too.
     let change = super::off_runtime(settings, "tuning", move |_cancel| super::PlanChange::between(Some((version, &plan)), tuned)).await?;
-    let outcome = super::commit_plan(controller, change).await?;
+    let outcome = super::commit_plan(controller, settings, change).await?;
     *state = next;
     Ok(Some(outcome.resource.resource_version))
 }
