@@ -36,6 +36,26 @@ fn svc(name: &str, rate: f64) -> proto::Resource {
     resource("Service", name, "acme", json!({"model": "resnet50", "slo": {"latency_ms": 100, "request_rate": rate}}))
 }
 
+/// A 3-controller cluster running `loops`, holding `fleet_resources()`.
+async fn cluster_with_fleet(loops: LoopSettings) -> (TestCluster, controlplane::client::Client) {
+    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
+    let client = cluster.client();
+    for r in fleet_resources() {
+        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
+    }
+    (cluster, client)
+}
+
+/// A second node, n2, with one A100.
+fn node_n2() -> proto::Resource {
+    resource(
+        "Node",
+        "n2",
+        "",
+        json!({"address": "n2:7100", "instance_type": "a2", "gpus": [{"uuid": "GPU-c", "model": "A100-80GB", "mig_enabled": true}]}),
+    )
+}
+
 /// The committed plan once `ok` accepts it (waits up to 20 s).
 async fn plan_where(client: &controlplane::client::Client, ok: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -63,11 +83,7 @@ fn gpcs(plan: &Value) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_failover() {
     let loops = LoopSettings { provision_interval: Duration::from_secs(1), ..LoopSettings::default() };
-    let mut cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
-    let client = cluster.client();
-    for r in fleet_resources() {
-        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
-    }
+    let (mut cluster, client) = cluster_with_fleet(loops).await;
     client.put(svc("web", 300.0), proto::WriteMode::Create).await.unwrap();
     let plan = plan_where(&client, |p| capacity(p, "web") >= 300.0).await;
     assert!(plan["gpus"].as_array().unwrap().iter().all(|g| g["node"] == "n1"));
@@ -99,13 +115,9 @@ async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_fai
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plan_bigger_than_one_raft_entry_is_committed_in_parts_and_ends_whole() {
     let loops = LoopSettings { provision_interval: Duration::from_secs(1), ..LoopSettings::default() };
-    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
-    let client = cluster.client();
-    for r in fleet_resources() {
-        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
-    }
-    // 40 more hosts of 8 GPUs, and a service that needs most of them: more GPUs than
-    // `MAX_PATCH_CHANGES` in one plan.
+    let (_cluster, client) = cluster_with_fleet(loops).await; // kept running to the end
+                                                              // 40 more hosts of 8 GPUs, and a service that needs most of them: more GPUs than
+                                                              // `MAX_PATCH_CHANGES` in one plan.
     for n in 0..40 {
         let gpus: Vec<Value> = (0..8).map(|g| json!({"uuid": format!("GPU-{n}-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
         let spec = json!({"address": format!("big-{n:02}:7100"), "instance_type": "a2", "gpus": gpus});
@@ -146,18 +158,8 @@ async fn a_node_that_misses_its_heartbeats_is_planned_around_until_it_reports_ag
         missed_heartbeats: 3,
         ..LoopSettings::default()
     };
-    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
-    let client = cluster.client();
-    for r in fleet_resources() {
-        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
-    }
-    client
-        .put(
-            resource("Node", "n2", "", json!({"address": "n2:7100", "instance_type": "a2", "gpus": [{"uuid": "GPU-c", "model": "A100-80GB", "mig_enabled": true}]})),
-            proto::WriteMode::Create,
-        )
-        .await
-        .unwrap();
+    let (cluster, client) = cluster_with_fleet(loops).await;
+    client.put(node_n2(), proto::WriteMode::Create).await.unwrap();
     // Enough load for all three GPUs.
     client.put(svc("web", 2000.0), proto::WriteMode::Create).await.unwrap();
     let leader = cluster.wait_leader().await;
@@ -207,13 +209,8 @@ async fn past_the_report_budget_agents_are_told_to_report_less_often_and_get_tha
         report_budget_per_s: 4,
         ..LoopSettings::default()
     };
-    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
-    let client = cluster.client();
-    for r in fleet_resources() {
-        client.put(r, proto::WriteMode::Unspecified).await.unwrap();
-    }
-    let n2 = json!({"address": "n2:7100", "instance_type": "a2", "gpus": [{"uuid": "GPU-c", "model": "A100-80GB", "mig_enabled": true}]});
-    client.put(resource("Node", "n2", "", n2), proto::WriteMode::Create).await.unwrap();
+    let (cluster, client) = cluster_with_fleet(loops).await;
+    client.put(node_n2(), proto::WriteMode::Create).await.unwrap();
     let leader = cluster.wait_leader().await;
     let mut agent = proto::agent_client::AgentClient::connect(format!("http://{}", cluster.node(leader).addr)).await.unwrap();
     let answer = agent.report(proto::ReportRequest { node: "n2".into(), ..Default::default() }).await.unwrap().into_inner();

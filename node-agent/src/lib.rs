@@ -8,7 +8,6 @@ pub mod executor;
 pub mod inflight;
 pub mod mps;
 pub mod reconcile;
-pub mod report_pace;
 pub mod router;
 pub mod routing;
 pub mod runtime;

@@ -277,7 +277,7 @@ impl Agent {
                 };
                 match sent.await {
                     Ok(answer) => {
-                        interval = crate::report_pace::next_report_in(own, answer.into_inner().report_interval_ms);
+                        interval = proto::report_pace::next_report_in(own, answer.into_inner().report_interval_ms);
                         break;
                     }
                     Err(e) => {

@@ -7,6 +7,8 @@ pub mod v1 {
 
 pub use v1::*;
 
+pub mod report_pace;
+
 /// gRPC metadata keys used by the controller's error answers.
 pub mod meta {
     /// On `Unavailable` / `FailedPrecondition` "not leader": the leader's node id, if known.

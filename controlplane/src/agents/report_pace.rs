@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// The longest interval the controllers ask for (and the longest an agent accepts): a node
 /// that fails is noticed within `missed` times this, whatever the fleet's size.
-pub const MAX_REPORT_INTERVAL: Duration = Duration::from_secs(60);
+pub use proto::report_pace::MAX_REPORT_INTERVAL;
 
 /// Report pacing settings (`[loops]` `heartbeat_interval_ms`, `report_budget_per_s`).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -139,7 +139,7 @@ async fn report_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option
         match client.report(r).await {
             Ok(answer) => {
                 observed.report_ms.lock().unwrap().push(sent.elapsed().as_secs_f64() * 1e3);
-                interval = own.max(Duration::from_millis(answer.report_interval_ms.into()).min(Duration::from_secs(60)));
+                interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
             }
             Err(status) => {
                 observed.reports_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -1,12 +1,14 @@
-//! How long to wait before the next report: the agent's own interval, or longer when the
-//! controllers ask (they stretch every agent's interval as the fleet grows, so that the
-//! fleet's reports stay within their budget).
+//! The agent's side of `ReportResponse.report_interval_ms`: how long to wait before the next
+//! report. The agent's own interval, or longer when the controllers ask (they stretch every
+//! agent's interval as the fleet grows, so that the fleet's reports stay within their
+//! budget). Shared by the node agent, fleet-bench's simulated agents and the controllers'
+//! own cap.
 
 use std::time::Duration;
 
-/// The longest wait a controller's answer can ask for (the controllers' own cap): a
-/// controller's message is input like any other, and a node that reported once an hour
-/// would be taken for dead.
+/// The longest wait a controller's answer can ask for, and the longest the controllers ask
+/// for: a controller's message is input like any other, and a node that reported once an
+/// hour would be taken for dead.
 pub const MAX_REPORT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The wait before the next report, from the agent's `own` interval and the interval the
