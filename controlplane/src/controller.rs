@@ -85,21 +85,72 @@ impl Controller {
         let span = tracing::info_span!("raft.proposal", request_id = %request.request_id);
         let mut request = request;
         request.trace_parent = span.in_scope(telemetry_otlp::current_traceparent);
-        let written = self.raft.client_write(request).instrument(span).await;
-        let result = match &written {
-            Ok(resp) if matches!(resp.data, Some(Ok(_))) => "ok",
-            Ok(_) => "refused",
-            Err(_) => "failed",
+        let answer = async {
+            let rx = self.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
+            Ok(rx.await)
+        }
+        .instrument(span)
+        .await;
+        match answer {
+            Ok(answer) => self.outcome(started, answer),
+            Err(e) => {
+                self.telemetry.observe_proposal(started.elapsed(), "failed");
+                Err(e)
+            }
+        }
+    }
+
+    /// Proposes `requests` in this order without waiting for each to commit before sending
+    /// the next (at most `window` uncommitted at once): for a chain of compare-and-set writes
+    /// where each expects the version the one before leaves (a plan in parts), which would
+    /// otherwise cost one commit round trip per part. Only the first is checked before it
+    /// is proposed (the others expect versions that do not exist yet; the state machine
+    /// checks every one as it applies). Stops at the first refusal: the rest, chained to it,
+    /// are refused too. Returns the outcome of the last.
+    pub async fn write_chain(&self, requests: Vec<Request>, window: usize) -> Result<CommandOutcome, ApiError> {
+        if !self.is_leader() {
+            return Err(ApiError::NotLeader { leader: self.leader() });
+        }
+        if let Some(first) = requests.first() {
+            self.read(|d| d.cluster.check(first))?;
+        }
+        let mut in_flight = std::collections::VecDeque::with_capacity(window);
+        let mut last = None;
+        for request in requests {
+            if in_flight.len() >= window.max(1) {
+                let (started, rx) = in_flight.pop_front().expect("non-empty");
+                last = Some(self.outcome(started, rx.await)?);
+            }
+            let started = std::time::Instant::now();
+            let rx = self.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
+            in_flight.push_back((started, rx));
+        }
+        for (started, rx) in in_flight {
+            last = Some(self.outcome(started, rx.await)?);
+        }
+        last.ok_or_else(|| ApiError::Internal("an empty chain of writes".into()))
+    }
+
+    /// The outcome of a proposal from what Raft answered, counted in the proposal metrics.
+    fn outcome<E: std::fmt::Display>(
+        &self,
+        started: std::time::Instant,
+        answer: Result<openraft::raft::ClientWriteResult<crate::raft::TypeConfig>, E>,
+    ) -> Result<CommandOutcome, ApiError> {
+        let result = match &answer {
+            Ok(Ok(resp)) if matches!(resp.data, Some(Ok(_))) => "ok",
+            Ok(Ok(_)) => "refused",
+            _ => "failed",
         };
         self.telemetry.observe_proposal(started.elapsed(), result);
-        match written {
-            Ok(resp) => match resp.data {
+        match answer {
+            Ok(Ok(resp)) => match resp.data {
                 Some(result) => result.map_err(ApiError::Field),
                 None => Err(ApiError::Internal("a command entry produced no result".into())),
             },
-            Err(RE::APIError(CWE::ForwardToLeader(f))) => {
-                Err(ApiError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) })
-            }
+            Ok(Err(CWE::ForwardToLeader(f))) => Err(ApiError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }),
+            Ok(Err(e)) => Err(ApiError::Unavailable(format!("proposal failed: {e}"))),
+            // The Raft core stopped (shut down or failed) before answering.
             Err(e) => Err(ApiError::Unavailable(format!("proposal failed: {e}"))),
         }
     }

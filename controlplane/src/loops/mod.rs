@@ -109,7 +109,7 @@ impl Default for LoopSettings {
 /// Writes a new plan as the Plan named `current`, compare-and-set on the version it was
 /// computed from: a plan computed from an older state never overwrites a newer one. A change
 /// of more than [`MAX_PATCH_CHANGES`] GPUs and predictions goes as several patches in a row,
-/// each waiting for the one before (so no Raft entry grows with the fleet); one that fails
+/// pipelined (so no Raft entry grows with the fleet); one that fails
 /// leaves the plan part-way, without its inputs digest, and the next pass patches the rest.
 /// Returns the outcome of the last write.
 async fn commit_plan(
@@ -123,7 +123,7 @@ async fn commit_plan(
     // (each one written out whole in every snapshot: at 3,000 hosts, 30 plan writes made a
     // 428 MB snapshot).
     let write = |command| crate::state::Request { request_id: String::new(), command, trace_parent: None };
-    let (mut version, patch) = match change {
+    let (version, patch) = match change {
         PlanChange::First(plan) => {
             // The first plan is whole: check it as a whole (a GPU named twice could otherwise
             // land in two parts), then create an empty one and patch it. Both O(plan), off
@@ -150,15 +150,25 @@ async fn commit_plan(
         }
         PlanChange::Patch { patch, base_version } => (base_version, patch),
     };
-    let mut outcome = None;
-    for part in patch.split(MAX_PATCH_CHANGES) {
-        let command = crate::state::Command::PatchPlan { name: "current".into(), patch: part, expected_version: version };
-        let written = controller.write(write(command)).await?;
-        version = written.resource.resource_version;
-        outcome = Some(written);
-    }
-    Ok(outcome.expect("a patch splits into at least one part"))
+    // Each part expects the version the one before leaves (every write adds one), so the
+    // parts can be in flight together, in order; should one be refused (another write to
+    // the plan came between), those after it are refused too.
+    let parts: Vec<_> = patch
+        .split(MAX_PATCH_CHANGES)
+        .into_iter()
+        .enumerate()
+        .map(|(i, part)| {
+            write(crate::state::Command::PatchPlan { name: "current".into(), patch: part, expected_version: version + i as u64 })
+        })
+        .collect();
+    controller.write_chain(parts, PLAN_PARTS_IN_FLIGHT).await
 }
+
+/// Plan parts proposed and not yet committed at once: about 1 MiB of log (a few
+/// AppendEntries messages' worth), so a re-plan of the whole fleet takes a few commit
+/// round trips per megabyte instead of one per part, and writes behind it wait for no
+/// more than that.
+const PLAN_PARTS_IN_FLIGHT: usize = 8;
 
 /// A new plan, as proposed: whole when there is none yet, else as the patch from the
 /// committed one (which the proposal must still find at `base_version`).
