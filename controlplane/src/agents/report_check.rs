@@ -42,11 +42,14 @@ impl From<FieldError> for ReportRefusal {
 ///
 /// An agent behind its desired state (`applied_version` below `desired.version`) still
 /// serves, and measures, what it was told before: its windows of services the plan has
-/// since moved away are stale, not hostile. Their indexes in `report.metrics` are returned
-/// for the caller to drop (never used), and the rest of the report stands; an agent that
-/// claims to run the current version gets them refused.
+/// since moved away are stale, not hostile. So are those of an agent ahead of this
+/// controller (it got a newer desired state from a follower that applied the entry before
+/// this leader did): what it runs cannot be judged from here yet. Their indexes in
+/// `report.metrics` are returned for the caller to drop (never used), and the rest of the
+/// report stands; an agent that claims to run exactly the current version gets them
+/// refused.
 pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &proto::DesiredState) -> Result<Vec<usize>, ReportRefusal> {
-    let behind = report.applied_version < desired.version;
+    let behind = report.applied_version != desired.version;
     let mut stale = Vec::new();
     let planned: BTreeSet<&str> = desired.gpus.iter().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
     let own_gpus: BTreeSet<&str> = node.gpus.iter().map(|g| g.uuid.as_str()).collect();
@@ -194,6 +197,14 @@ mod tests {
         let mut current = report(vec![metrics("moved-away", "")]);
         current.applied_version = 3;
         assert_eq!(field(check_report(&current, &node(), &desired(&["web"]))), ("metrics[0].service".into(), "denied"));
+    }
+
+    #[test]
+    fn an_agent_ahead_of_the_leaders_applied_state_has_the_windows_it_cannot_judge_dropped_not_refused() {
+        // Desired version 3 here; the agent got version 4 (placing "new-svc") from a follower.
+        let mut r = report(vec![metrics("web", "10.0.0.1:7100"), metrics("new-svc", "10.0.0.1:7101")]);
+        r.applied_version = 4;
+        assert_eq!(check_report(&r, &node(), &desired(&["web"])), Ok(vec![1]));
     }
 
     #[test]
