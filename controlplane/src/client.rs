@@ -155,6 +155,18 @@ impl Client {
         .await
     }
 
+    /// Puts `resources` as one write: all of them or none (see `PutManyRequest`). Within
+    /// the batch bounds; [`batches`] splits a longer list.
+    pub async fn put_many(&self, resources: Vec<proto::Resource>, mode: proto::WriteMode) -> Result<proto::PutManyResponse, Status> {
+        let req = proto::PutManyRequest { resources, mode: mode as i32, request_id: uuid::Uuid::new_v4().to_string() };
+        self.call(|ch, t| {
+            let mut r = self.request(req.clone(), Some(t));
+            crate::telemetry::tracing::inject(r.metadata_mut());
+            async move { ControlPlaneClient::new(ch).put_many(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
     pub async fn put_status(
         &self,
         kind: &str,
@@ -310,5 +322,60 @@ impl Client {
             async move { AdminClient::new(ch).transfer_leader(r).await.map(|r| r.into_inner()) }
         })
         .await
+    }
+}
+
+/// `resources` in order, as batches for [`Client::put_many`]: each within
+/// [`MAX_BATCH_PUTS`] resources and [`MAX_BATCH_BYTES`] of specs. A resource that cannot
+/// share a batch (a Plan, or a spec larger than a batch holds) is a batch of its own, for a
+/// single put.
+pub fn batches(resources: Vec<proto::Resource>) -> Vec<Vec<proto::Resource>> {
+    use crate::resources::limits::{MAX_BATCH_BYTES, MAX_BATCH_PUTS};
+    let alone = |r: &proto::Resource| r.kind == "Plan" || r.spec_json.len() > MAX_BATCH_BYTES;
+    let mut out: Vec<Vec<proto::Resource>> = Vec::new();
+    let mut bytes = 0;
+    for r in resources {
+        let fits =
+            out.last().is_some_and(|b| !b.iter().any(alone) && b.len() < MAX_BATCH_PUTS && bytes + r.spec_json.len() <= MAX_BATCH_BYTES);
+        if !fits || alone(&r) {
+            out.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += r.spec_json.len();
+        out.last_mut().expect("pushed above").push(r);
+    }
+    out
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use crate::resources::limits::{MAX_BATCH_BYTES, MAX_BATCH_PUTS};
+
+    fn resource(kind: &str, name: usize, bytes: usize) -> proto::Resource {
+        proto::Resource { kind: kind.into(), name: format!("r{name}"), spec_json: "x".repeat(bytes), ..Default::default() }
+    }
+
+    #[test]
+    fn batches_keep_the_order_and_stay_within_both_bounds() {
+        let many: Vec<_> = (0..MAX_BATCH_PUTS * 2 + 1).map(|i| resource("Service", i, 10)).collect();
+        let sizes: Vec<usize> = batches(many.clone()).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [MAX_BATCH_PUTS, MAX_BATCH_PUTS, 1]);
+        assert_eq!(batches(many.clone()).concat(), many, "order kept, nothing lost");
+        let big: Vec<_> = (0..5).map(|i| resource("Service", i, MAX_BATCH_BYTES / 2)).collect();
+        assert_eq!(batches(big).iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+    }
+
+    #[test]
+    fn plans_and_oversized_specs_go_alone() {
+        let list = vec![
+            resource("Service", 0, 10),
+            resource("Plan", 1, 10),
+            resource("Service", 2, 10),
+            resource("Service", 3, MAX_BATCH_BYTES + 1),
+            resource("Service", 4, 10),
+        ];
+        let names: Vec<Vec<String>> = batches(list).iter().map(|b| b.iter().map(|r| r.name.clone()).collect()).collect();
+        assert_eq!(names, [vec!["r0"], vec!["r1"], vec!["r2"], vec!["r3"], vec!["r4"]]);
     }
 }

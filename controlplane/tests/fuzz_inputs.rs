@@ -140,9 +140,9 @@ proptest! {
             let Ok(request) = serde_json::from_slice::<Request>(&bytes) else { continue };
             let before: Vec<_> = all_resources(&state);
             let _ = state.check(&request);
-            let (result, event) = state.apply(state.revision() + 1, &request);
+            let (result, events) = state.apply(state.revision() + 1, &request);
             if result.is_err() {
-                prop_assert!(event.is_none());
+                prop_assert!(events.is_empty());
                 prop_assert_eq!(all_resources(&state), before, "a refused command changed the state");
             }
         }

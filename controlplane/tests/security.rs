@@ -159,6 +159,46 @@ async fn tenants_see_and_change_only_their_own_services_even_through_a_follower(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_batch_is_checked_put_by_put_and_applied_whole_or_not_at_all() {
+    let pki = make_pki();
+    let cluster = secure_cluster(pki.path(), RateLimits::default()).await;
+    let admin = admin(&cluster, pki.path());
+    seed_two_tenants(&admin).await;
+    let leader = cluster.wait_leader().await;
+    let follower = cluster.running().map(|(id, _)| id).find(|id| *id != leader).unwrap();
+    let acme = tenant(vec![cluster.addrs[&follower].to_string()], pki.path(), "acme");
+
+    // One service of another tenant in the batch: refused, named by its place, and the
+    // batch's own services are not created either.
+    let err = acme
+        .put_many(vec![tenant_service("acme-b1", ""), tenant_service("globex-web", "")], proto::WriteMode::Unspecified)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().starts_with("puts[1]"), "{}", err.message());
+    assert!(!err.message().contains("globex\""), "{}", err.message());
+    assert_eq!(admin.get("Service", "acme-b1", false).await.unwrap_err().code(), Code::NotFound);
+    // A refusal by the state machine (an unknown model) is all or nothing too.
+    let mut bad = tenant_service("acme-b2", "");
+    bad.spec_json = json!({"model": "no-such-model", "slo": {"latency_ms": 50.0, "request_rate": 10.0}}).to_string();
+    let err = acme.put_many(vec![tenant_service("acme-b1", ""), bad], proto::WriteMode::Unspecified).await.unwrap_err();
+    assert!(err.message().starts_with("puts[1]."), "{}", err.message());
+    assert_eq!(admin.get("Service", "acme-b1", false).await.unwrap_err().code(), Code::NotFound);
+
+    // Its own services, through a follower: all written, in order, as its own.
+    let written = acme
+        .put_many(
+            vec![tenant_service("acme-b1", ""), tenant_service("acme-b2", ""), tenant_service("acme-web", "")],
+            proto::WriteMode::Unspecified,
+        )
+        .await
+        .unwrap();
+    let got: Vec<_> = written.written.iter().map(|w| (w.name.as_str(), w.resource_version)).collect();
+    assert_eq!(got, [("acme-b1", 1), ("acme-b2", 1), ("acme-web", 2)]);
+    assert_eq!(admin.get("Service", "acme-b2", false).await.unwrap().tenant, "acme");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_without_credentials_or_with_plaintext_are_refused() {
     let pki = make_pki();
     let cluster = secure_cluster(pki.path(), RateLimits::default()).await;

@@ -12,6 +12,7 @@ use super::forward::{forwarded_request, to_leader, was_forwarded};
 use super::paging;
 use super::watch;
 use crate::controller::Controller;
+use crate::resources::limits::{MAX_BATCH_BYTES, MAX_BATCH_PUTS};
 use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind};
 use crate::security::{caller, Principal};
 use crate::state::{Command, Request as SmRequest, WriteMode};
@@ -61,6 +62,33 @@ fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
     Ok(SmRequest { request_id: request_id(&req.request_id), command, trace_parent: None })
 }
 
+/// Builds the state-machine command for a batch of puts, checking everything that needs no
+/// state: its bounds ([`MAX_BATCH_PUTS`], [`MAX_BATCH_BYTES`]) and each put as
+/// [`put_command`] does, its errors naming it as `puts[i]`.
+fn batch_command(req: &proto::PutManyRequest) -> Result<SmRequest, FieldError> {
+    let count = req.resources.len();
+    if count == 0 || count > MAX_BATCH_PUTS {
+        return Err(FieldError::invalid("resources", format!("{count} resources; a batch holds 1 to {MAX_BATCH_PUTS}")));
+    }
+    let bytes: usize = req.resources.iter().map(|r| r.spec_json.len()).sum();
+    if bytes > MAX_BATCH_BYTES {
+        return Err(FieldError::invalid(
+            "resources",
+            format!("{bytes} bytes of specs; a batch holds at most {MAX_BATCH_BYTES} (split it, as gpuctl apply does)"),
+        ));
+    }
+    let puts = req
+        .resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let one = proto::PutRequest { resource: Some(r.clone()), mode: req.mode, request_id: "-".into(), status_only: false };
+            put_command(&one).map(|c| c.command).map_err(|e| FieldError { field: format!("puts[{i}].{}", e.field), ..e })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SmRequest { request_id: request_id(&req.request_id), command: Command::Batch { puts }, trace_parent: None })
+}
+
 fn not_found(kind: Kind, name: &str) -> Status {
     ApiError::Field(FieldError::new(ErrorCode::NotFound, "name", format!("{kind} {name:?} does not exist"))).into()
 }
@@ -101,6 +129,47 @@ impl ControlPlane for ResourceService {
             // (Only that refusal: a quota refusal on `tenant` is about the caller's own tenant.)
             Err(ApiError::Field(f)) if f.field == "tenant" && f.code == ErrorCode::InvalidArgument && !caller.is_admin() => {
                 Err(permission_denied("name", "this Service belongs to another tenant"))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn put_many(&self, request: Request<proto::PutManyRequest>) -> Result<Response<proto::PutManyResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
+        let mut req = request.into_inner();
+        if let Principal::Tenant(t) = &caller {
+            for r in req.resources.iter_mut().filter(|r| r.tenant.is_empty()) {
+                r.tenant = t.clone();
+            }
+        }
+        let sm_request = batch_command(&req).map_err(ApiError::from)?;
+        req.request_id = sm_request.request_id.clone();
+        self.controller.read(|d| {
+            req.resources.iter().enumerate().try_for_each(|(i, r)| {
+                let kind = parse_kind("kind", &r.kind).map_err(ApiError::from)?;
+                access::may_write(&caller, kind, &r.name, &r.tenant, false, d.cluster.get(kind, &r.name))
+                    .map_err(|s| permission_denied(&format!("puts[{i}]"), s.message()))
+            })
+        })?;
+        match self.controller.write(sm_request).await {
+            Ok(outcome) => Ok(Response::new(proto::PutManyResponse {
+                written: outcome
+                    .batch
+                    .iter()
+                    .map(|w| proto::Written { kind: w.kind.to_string(), name: w.name.clone(), resource_version: w.resource_version })
+                    .collect(),
+                deduplicated: outcome.deduplicated,
+            })),
+            Err(ApiError::NotLeader { leader }) => {
+                to_leader(&self.controller, forwarded, leader, |ch| async move {
+                    ControlPlaneClient::new(ch).put_many(forwarded_request(req, &caller)).await
+                })
+                .await
+            }
+            // As for `put`: a service that changed hands, named only to admins.
+            Err(ApiError::Field(f)) if f.field.ends_with(".tenant") && f.code == ErrorCode::InvalidArgument && !caller.is_admin() => {
+                Err(permission_denied(f.field.trim_end_matches(".tenant"), "this Service belongs to another tenant"))
             }
             Err(e) => Err(e.into()),
         }

@@ -249,8 +249,8 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                         let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
                         telemetry_otlp::continue_trace(&span, request.trace_parent.as_deref().unwrap_or_default());
                         let _entered = span.enter();
-                        let (result, event) = data.cluster.apply(log_id.index, &request);
-                        if let Some(mut event) = event {
+                        let (result, changes) = data.cluster.apply(log_id.index, &request);
+                        for mut event in changes {
                             event.trace_parent = telemetry_otlp::current_traceparent();
                             let event = Arc::new(event);
                             data.history.push_back(event.clone());
@@ -285,6 +285,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
         let bytes = snapshot.into_inner();
+        let (started, size) = (std::time::Instant::now(), bytes.len());
         self.shared.snapshot_bytes.store(bytes.len() as u64, Ordering::Relaxed);
         // Decoded and saved off the async workers, like a snapshot built here (seconds at
         // fleet scale).
@@ -307,6 +308,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
         };
         self.shared.node_wakers.wake_all();
         let _ = self.shared.signals.send(WatchSignal::Reset { revision });
+        tracing::info!(bytes = size, seconds = started.elapsed().as_secs_f64(), snapshot = %meta.snapshot_id, "snapshot installed");
         Ok(())
     }
 

@@ -73,6 +73,12 @@ pub const MAX_REPORTED_WORKLOADS_PER_GPU: usize = 256;
 pub const MAX_REPORTED_LATENCY_MS: f64 = 3_600_000.0;
 pub const MAX_REPORTED_FAILED: u64 = 1_000_000_000;
 
+/// Puts in one batch (`PutMany`, what `gpuctl apply` sends) and the encoded size of their
+/// specs together: one batch is one Raft entry, which must stay well inside one
+/// AppendEntries message (`raft::log_store::MAX_APPEND_BYTES`).
+pub const MAX_BATCH_PUTS: usize = 500;
+pub const MAX_BATCH_BYTES: usize = 256 * 1024;
+
 /// One row of README's "Limits" table.
 pub struct Limit {
     pub name: &'static str,
@@ -121,6 +127,8 @@ pub fn limits() -> Vec<Limit> {
         row("MAX_REPORTED_WORKLOADS_PER_GPU", MAX_REPORTED_WORKLOADS_PER_GPU, "observed workloads per GPU in a report"),
         row("MAX_REPORTED_LATENCY_MS", MAX_REPORTED_LATENCY_MS, "a reported p99"),
         row("MAX_REPORTED_FAILED", MAX_REPORTED_FAILED, "failed requests in one report"),
+        row("MAX_BATCH_PUTS", MAX_BATCH_PUTS, "resources in one batch of puts (one Raft entry)"),
+        row("MAX_BATCH_BYTES", MAX_BATCH_BYTES, "encoded specs of one batch of puts, together"),
     ]
 }
 

@@ -44,6 +44,13 @@ pub enum Command {
         name: String,
         expected_version: u64,
     },
+    /// `Put`s applied together, in order, each seeing those before it: all of them or, if
+    /// one is refused, none (its error names it as `puts[i]`). One Raft entry, so one
+    /// manifest costs one commit and one provisioning pass. At most
+    /// [`crate::resources::limits::MAX_BATCH_PUTS`]; Plans are not batched.
+    Batch {
+        puts: Vec<Command>,
+    },
     /// Changes part of an existing Plan (see `resources::PlanPatch`).
     PatchPlan {
         name: String,
@@ -59,6 +66,18 @@ pub struct CommandOutcome {
     pub resource: StoredResource,
     /// True when the request id had been applied before and this is the recorded outcome.
     pub deduplicated: bool,
+    /// For a `Batch`: each put's resource and its version after the write, in order
+    /// (`resource` is the last one). Names only, so that a de-duplication record stays small.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<BatchItem>,
+}
+
+/// One put of a batch, as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchItem {
+    pub kind: Kind,
+    pub name: String,
+    pub resource_version: u64,
 }
 
 pub type CommandResult = Result<CommandOutcome, FieldError>;

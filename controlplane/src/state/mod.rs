@@ -7,7 +7,7 @@ mod command;
 mod desired_index;
 mod references;
 
-pub use command::{ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, WriteMode};
+pub use command::{BatchItem, ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, WriteMode};
 pub use desired_index::DesiredIndex;
 
 use std::collections::BTreeMap;
@@ -143,27 +143,75 @@ impl ClusterState {
         if self.applied_requests.contains_key(&request.request_id) {
             return Ok(());
         }
-        self.plan_change(&request.command).map(|_| ())
+        match &request.command {
+            Command::Batch { puts } => self.plan_batch(puts).map(|_| ()),
+            command => self.plan_change(command).map(|_| ()),
+        }
     }
 
     /// Applies a committed request at log index `index`. Refused commands change nothing
     /// but their outcome is recorded, so a retry gets the same answer.
-    pub fn apply(&mut self, index: u64, request: &Request) -> (CommandResult, Option<ChangeEvent>) {
+    pub fn apply(&mut self, index: u64, request: &Request) -> (CommandResult, Vec<ChangeEvent>) {
         self.revision = index;
         if let Some(previous) = self.applied_requests.get(&request.request_id) {
             let mut outcome = previous.clone();
             if let Ok(o) = &mut outcome {
                 o.deduplicated = true;
             }
-            return (outcome, None);
+            return (outcome, Vec::new());
         }
-        let result = self.plan_change(&request.command).map(|change| self.commit_change(index, change));
-        let (result, event) = match result {
-            Ok((outcome, event)) => (Ok(outcome), Some(event)),
-            Err(e) => (Err(e), None),
+        let result = match &request.command {
+            Command::Batch { puts } => self.plan_batch(puts).map(|changes| self.commit_batch(index, changes)),
+            command => self.plan_change(command).map(|change| {
+                let (outcome, event) = self.commit_change(index, change);
+                (outcome, vec![event])
+            }),
+        };
+        let (result, events) = match result {
+            Ok((outcome, events)) => (Ok(outcome), events),
+            Err(e) => (Err(e), Vec::new()),
         };
         self.remember(&request.request_id, &result);
-        (result, event)
+        (result, events)
+    }
+
+    /// Checks the puts of a batch in order, each against the state the ones before it
+    /// leave, on a copy of the resources (O(1): persistent maps; the desired-state index
+    /// is left out, as no check reads it). Changes nothing.
+    fn plan_batch(&self, puts: &[Command]) -> Result<Vec<PlannedChange>, FieldError> {
+        use crate::resources::limits::MAX_BATCH_PUTS;
+        if puts.is_empty() || puts.len() > MAX_BATCH_PUTS {
+            return Err(FieldError::invalid("puts", format!("{} puts; a batch holds 1 to {MAX_BATCH_PUTS}", puts.len())));
+        }
+        let mut trial = ClusterState { resources: self.resources.clone(), revision: self.revision, ..ClusterState::default() };
+        let mut changes = Vec::with_capacity(puts.len());
+        for (i, put) in puts.iter().enumerate() {
+            let in_batch = |e: FieldError| FieldError { field: format!("puts[{i}].{}", e.field), ..e };
+            match put {
+                Command::Put { spec: Spec::Plan(_), .. } => {
+                    return Err(FieldError::invalid(format!("puts[{i}].kind"), "a Plan is written on its own, not in a batch"));
+                }
+                Command::Put { .. } => {}
+                _ => return Err(FieldError::invalid(format!("puts[{i}]"), "a batch holds puts of resources only")),
+            }
+            let change = trial.plan_change(put).map_err(in_batch)?;
+            trial.commit_change(self.revision, change.clone());
+            changes.push(change);
+        }
+        Ok(changes)
+    }
+
+    fn commit_batch(&mut self, index: u64, changes: Vec<PlannedChange>) -> (CommandOutcome, Vec<ChangeEvent>) {
+        let mut events = Vec::with_capacity(changes.len());
+        let mut batch = Vec::with_capacity(changes.len());
+        for change in changes {
+            let (_, event) = self.commit_change(index, change);
+            let r = &event.resource;
+            batch.push(BatchItem { kind: r.kind(), name: r.name.clone(), resource_version: r.resource_version });
+            events.push(event);
+        }
+        let resource = events.last().expect("plan_batch refuses an empty batch").resource.clone();
+        (CommandOutcome { resource, deduplicated: false, batch }, events)
     }
 
     /// Advances the revision for log entries that carry no command (blank, membership).
@@ -219,6 +267,8 @@ impl ClusterState {
                 }
                 Ok(PlannedChange::Put { name: name.clone(), tenant: tenant.clone(), spec })
             }
+            // Only through `plan_batch` (from `check` and `apply`).
+            Command::Batch { .. } => Err(FieldError::invalid("puts", "a batch cannot hold another batch")),
             Command::PatchPlan { name, patch, expected_version } => {
                 let current = self.get(Kind::Plan, name).ok_or_else(|| not_found(Kind::Plan, name))?;
                 check_version(current, *expected_version)?;
@@ -306,7 +356,7 @@ impl ClusterState {
             }
         };
         let event = ChangeEvent { revision: index, change_type, resource: resource.clone(), trace_parent: None };
-        (CommandOutcome { resource, deduplicated: false }, event)
+        (CommandOutcome { resource, deduplicated: false, batch: Vec::new() }, event)
     }
 
     /// The resources of `kind` in name order, starting after the name `after` (from the
@@ -318,6 +368,7 @@ impl ClusterState {
     }
 }
 
+#[derive(Clone)]
 enum PlannedChange {
     Put { name: String, tenant: String, spec: Spec },
     Status { kind: Kind, name: String, status: serde_json::Value },

@@ -74,7 +74,7 @@ fn create_update_delete_bump_versions_and_revisions() {
     assert_eq!(updated.resource.resource_version, 2);
     assert_eq!(updated.resource.mod_revision, 11);
     assert_eq!(updated.resource.create_revision, 10);
-    let (deleted, event) = s.apply(
+    let (deleted, events) = s.apply(
         12,
         &Request {
             request_id: "c".into(),
@@ -83,7 +83,7 @@ fn create_update_delete_bump_versions_and_revisions() {
         },
     );
     assert_eq!(deleted.unwrap().resource.resource_version, 2);
-    assert_eq!(event.unwrap().change_type, ChangeType::Deleted);
+    assert_eq!(events.iter().map(|e| e.change_type).collect::<Vec<_>>(), [ChangeType::Deleted]);
     assert!(s.get(Kind::Service, "svc1").is_none());
     assert_eq!(s.revision(), 12);
 }
@@ -94,8 +94,8 @@ fn retried_request_id_applies_once() {
     let req = put("same-id", "svc1", "acme", service("resnet50", 50.0), WriteMode::Upsert, 0);
     let (first, ev1) = s.apply(10, &req);
     let (second, ev2) = s.apply(11, &req);
-    assert!(ev1.is_some());
-    assert!(ev2.is_none(), "a duplicate must not produce a change");
+    assert_eq!(ev1.len(), 1);
+    assert!(ev2.is_empty(), "a duplicate must not produce a change");
     let (first, second) = (first.unwrap(), second.unwrap());
     assert!(!first.deduplicated && second.deduplicated);
     assert_eq!(second.resource.resource_version, 1, "applied once");
@@ -352,4 +352,71 @@ fn a_plan_patch_is_bounded_like_a_plan() {
     let removals =
         PlanPatch { strategy: "t".into(), remove_gpus: vec![("n1".into(), "G".into()); MAX_PLAN_GPUS + 1], ..PlanPatch::default() };
     assert_eq!(s.apply(14, &patch_request("b2", removals, 0)).0.unwrap_err().field, "patch.remove_gpus");
+}
+
+fn batch(id: &str, puts: Vec<Request>) -> Request {
+    Request { request_id: id.into(), command: Command::Batch { puts: puts.into_iter().map(|r| r.command).collect() }, trace_parent: None }
+}
+
+#[test]
+fn a_batch_applies_every_put_in_order_as_one_entry() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("t-beta", "beta", "", Spec::Tenant(Default::default()), WriteMode::Create, 0)).0.unwrap();
+    let puts = vec![
+        put("", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0),
+        // Sees the put before it: an update of the service the batch just created.
+        put("", "svc1", "acme", service("resnet50", 40.0), WriteMode::Update, 1),
+        put("", "svc2", "beta", service("resnet50", 30.0), WriteMode::Upsert, 0),
+    ];
+    let (outcome, events) = s.apply(11, &batch("b1", puts));
+    let outcome = outcome.unwrap();
+    let written: Vec<_> = outcome.batch.iter().map(|b| (b.name.as_str(), b.resource_version)).collect();
+    assert_eq!(written, [("svc1", 1), ("svc1", 2), ("svc2", 1)]);
+    assert_eq!(outcome.resource.name, "svc2");
+    assert_eq!(
+        events.iter().map(|e| (e.change_type, e.revision)).collect::<Vec<_>>(),
+        [(ChangeType::Added, 11), (ChangeType::Modified, 11), (ChangeType::Added, 11)]
+    );
+    let Spec::Service(svc1) = &s.get(Kind::Service, "svc1").unwrap().spec else { panic!("a service") };
+    assert_eq!(svc1.slo.latency_ms, 40.0);
+    // Retried: the recorded outcome, nothing applied twice.
+    let (again, events) = s.apply(12, &batch("b1", vec![put("", "svc3", "acme", service("resnet50", 50.0), WriteMode::Create, 0)]));
+    assert!(again.unwrap().deduplicated && events.is_empty());
+    assert!(s.get(Kind::Service, "svc3").is_none());
+}
+
+#[test]
+fn a_batch_with_one_refused_put_changes_nothing_and_names_the_put() {
+    let (mut s, _) = seeded();
+    let before = s.clone();
+    let puts = vec![
+        put("", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0),
+        put("", "svc2", "acme", service("unknown-model", 50.0), WriteMode::Create, 0),
+    ];
+    let request = batch("b2", puts);
+    let refused = s.check(&request).unwrap_err();
+    assert!(refused.field.starts_with("puts[1]."), "the refusal names the put: {refused:?}");
+    let (outcome, events) = s.apply(10, &request);
+    assert_eq!(outcome.unwrap_err(), refused);
+    assert!(events.is_empty());
+    assert!(s.get(Kind::Service, "svc1").is_none(), "the first put is not applied alone");
+    assert_eq!(s.list(Kind::Service).count(), before.list(Kind::Service).count());
+}
+
+#[test]
+fn a_batch_is_bounded_and_holds_puts_of_resources_other_than_plans_only() {
+    let (s, _) = seeded();
+    let svc = || put("", "svc1", "acme", service("resnet50", 50.0), WriteMode::Upsert, 0);
+    let field = |r: Request| s.check(&r).map_err(|e| e.field).expect_err(&format!("{:?} is refused", r.request_id));
+    assert_eq!(field(batch("empty", vec![])), "puts");
+    assert_eq!(field(batch("long", (0..=crate::resources::limits::MAX_BATCH_PUTS).map(|_| svc()).collect())), "puts");
+    let delete = Request {
+        request_id: String::new(),
+        command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 0 },
+        trace_parent: None,
+    };
+    assert_eq!(field(batch("delete", vec![svc(), delete])), "puts[1]");
+    let plan = put("", "current", "", Spec::Plan(Default::default()), WriteMode::Upsert, 0);
+    assert_eq!(field(batch("plan", vec![plan])), "puts[0].kind");
+    assert!(s.check(&batch("ok", (0..crate::resources::limits::MAX_BATCH_PUTS).map(|_| svc()).collect())).is_ok());
 }
