@@ -89,6 +89,10 @@ fn service(i: usize, rate: f64) -> proto::Resource {
     }
 }
 
+/// The leader's log is settled when it grows by less than this in a second: reports
+/// change no status, only a handful of writes go through.
+const SETTLED_BYTES_PER_S: u64 = 256 * 1024;
+
 async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let dir = tempfile::tempdir().expect("temporary directory");
     let timings = DemoTimings {
@@ -162,7 +166,8 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let with_work = observed.held.lock().unwrap().values().filter(|h| h.has_work).count();
     eprintln!("[{:>6.1} s] applied: {with_work} agents with work, last after {:?} s", started.elapsed().as_secs_f64(), apply.last_s);
 
-    // 3. One Service +25%.
+    // 3. One Service +25%, once the agents' status writes after the apply are through.
+    let settled_one = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
     let bytes_before = probe.leader_log_bytes().await;
     let (one, _) = put_all(&admin, [service(0, args.rate * 1.25)]).await;
     let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout).await;
@@ -175,6 +180,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     );
 
     // 4. Every Service +10%: a fleet-wide re-plan.
+    let settled_replan = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
     let (all, replan_puts_s) = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
     let replan = measure::fan_out(&observed, all, args.quiet_s, timeout).await;
 
@@ -208,24 +214,40 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         controller_cpu: cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect(),
         leader_rss_mib: probe.leader_rss_mib().await,
         raft_bytes_one_service_change: bytes_after.zip(bytes_before).map(|(a, b)| a.saturating_sub(b)),
+        settled_s: [settled_one, settled_replan],
+        catch_up_s: None,
+        catch_up_by_snapshot: false,
     };
+    // 5. Last, as it restarts a controller: a follower that lost its data catches up.
+    let (catch_up_s, by_snapshot) = probe.follower_catch_up(&mut cluster, timeout).await;
+    eprintln!(
+        "[{:>6.1} s] a follower from nothing caught up in {catch_up_s:?} s (snapshot: {by_snapshot})",
+        started.elapsed().as_secs_f64()
+    );
+    let row = Row { catch_up_s, catch_up_by_snapshot: by_snapshot, ..row };
     cluster.shutdown();
     row
 }
 
-/// Puts `resources` (8 at a time); returns when the first was sent and how long until the
-/// last was acknowledged. Fan-out is measured from the first send: what a user applying a
-/// manifest sees.
+/// Puts `resources` as `gpuctl apply` does (in batches, one after the other); returns when
+/// the first was sent and how long until the last was acknowledged. Fan-out is measured
+/// from the first send: what a user applying a manifest sees.
 async fn put_all(client: &Client, resources: impl IntoIterator<Item = proto::Resource>) -> (Instant, f64) {
-    use futures::StreamExt;
     let first_sent = Instant::now();
-    futures::stream::iter(resources)
-        .for_each_concurrent(8, |r| async move {
-            while let Err(e) = client.put(r.clone(), proto::WriteMode::Unspecified).await {
-                eprintln!("put {}: {e}; retrying", r.name);
-                tokio::time::sleep(Duration::from_millis(200)).await;
+    for batch in controlplane::client::batches(resources.into_iter().collect()) {
+        loop {
+            let written = match batch.as_slice() {
+                [one] => client.put(one.clone(), proto::WriteMode::Unspecified).await.map(drop),
+                _ => client.put_many(batch.clone(), proto::WriteMode::Unspecified).await.map(drop),
+            };
+            match written {
+                Ok(()) => break,
+                Err(e) => {
+                    eprintln!("put of {} resources from {}: {e}; retrying", batch.len(), batch[0].name);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
             }
-        })
-        .await;
+        }
+    }
     (first_sent, first_sent.elapsed().as_secs_f64())
 }

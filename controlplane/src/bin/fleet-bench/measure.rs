@@ -123,6 +123,66 @@ impl ControllerProbe {
         out
     }
 
+    /// Waits until the leader's log grows by less than `quiet_bytes` in a second (the
+    /// agents' status writes after the last change have gone through), at most `timeout`;
+    /// returns how long that took. So each phase measures its own change, not the tail of
+    /// the one before.
+    pub async fn settle(&self, quiet_bytes: u64, timeout: Duration) -> f64 {
+        let started = Instant::now();
+        let mut last = self.leader_log_bytes().await;
+        while started.elapsed() < timeout {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = self.leader_log_bytes().await;
+            if let (Some(a), Some(b)) = (last, now) {
+                if b.saturating_sub(a) < quiet_bytes {
+                    break;
+                }
+            }
+            last = now;
+        }
+        started.elapsed().as_secs_f64()
+    }
+
+    fn applied_index(text: &str) -> Option<u64> {
+        series(text, "gpuplane_raft_applied_index").map(|v| v as u64)
+    }
+
+    /// A lagging follower: a follower other than controller 1 (which bootstraps the
+    /// cluster) is killed, loses its data and starts again; how long until it has applied
+    /// everything the leader had applied when it restarted, and whether a snapshot was
+    /// installed on the way (`None` seconds: not within `timeout`).
+    pub async fn follower_catch_up(&self, cluster: &mut DemoCluster, timeout: Duration) -> (Option<f64>, bool) {
+        let Some((leader, _)) = self.leader().await else { return (None, false) };
+        let Some(id) = (2..=self.metrics.len() as u64).find(|&id| id as usize - 1 != leader) else { return (None, false) };
+        if let Some(p) = cluster.controllers.get_mut(&id) {
+            p.kill9();
+        }
+        let data = cluster.dir.join(format!("controller-{id}"));
+        if let Err(e) = std::fs::remove_dir_all(&data) {
+            eprintln!("catch-up: cannot remove {}: {e}", data.display());
+            return (None, false);
+        }
+        let target = match self.leader().await {
+            Some((_, text)) => Self::applied_index(&text).unwrap_or(0),
+            None => return (None, false),
+        };
+        if let Err(e) = cluster.start_controller(id) {
+            eprintln!("catch-up: {e}");
+            return (None, false);
+        }
+        let started = Instant::now();
+        let log = cluster.dir.join(format!("controller-{id}.log"));
+        let installed = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("snapshot installed"));
+        while started.elapsed() < timeout {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let applied = self.scrape(id as usize - 1).await.as_deref().and_then(Self::applied_index).unwrap_or(0);
+            if applied >= target {
+                return (Some(started.elapsed().as_secs_f64()), installed());
+            }
+        }
+        (None, installed())
+    }
+
     pub async fn leader_log_bytes(&self) -> Option<u64> {
         self.leader().await.and_then(|(_, t)| series(&t, "gpuplane_raft_log_appended_bytes")).map(|b| b as u64)
     }
@@ -167,8 +227,8 @@ pub struct Row {
     pub registered_all_s: Option<f64>,
     pub agents_with_work: usize,
     pub apply_fanout_s: Option<f64>,
-    /// Of which putting the Services took (8 at a time, from the first sent to the last
-    /// acknowledged): the API's write rate under the run's load, not the fan-out.
+    /// Of which putting the Services took (in batches, as `gpuctl apply` sends them, from
+    /// the first sent to the last acknowledged): the API's write rate under the run's load.
     pub apply_puts_s: f64,
     pub one_service: FanOut,
     pub replan_fanout_s: Option<f64>,
@@ -186,6 +246,12 @@ pub struct Row {
     pub controller_cpu: Vec<f64>,
     pub leader_rss_mib: Option<f64>,
     pub raft_bytes_one_service_change: Option<u64>,
+    /// Seconds until the log stopped growing before the one-Service change and before the
+    /// re-plan.
+    pub settled_s: [f64; 2],
+    /// A follower that lost its data: seconds to catch up, and whether by a snapshot.
+    pub catch_up_s: Option<f64>,
+    pub catch_up_by_snapshot: bool,
 }
 
 impl Row {
@@ -214,8 +280,13 @@ impl Row {
             "controller_cpu_cores": self.controller_cpu,
             "leader_rss_mib": self.leader_rss_mib,
             "raft_bytes_one_service_change": self.raft_bytes_one_service_change,
-            // Not measured yet (see README, "Fleet scale").
-            "snapshot_install_s": null,
+            "settled_before_one_service_s": self.settled_s[0],
+            "settled_before_replan_s": self.settled_s[1],
+            "follower_catch_up_s": self.catch_up_s,
+            "follower_catch_up_by_snapshot": self.catch_up_by_snapshot,
+            // Catching up from nothing, through a snapshot: built, sent, installed, and the
+            // log after it applied (null when the follower caught up from the log alone).
+            "snapshot_install_s": self.catch_up_s.filter(|_| self.catch_up_by_snapshot),
         })
     }
 }
@@ -257,5 +328,8 @@ pub fn print_table(rows: &[Row]) {
         rows.iter().map(|r| r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/")).collect(),
     );
     line("leader RSS (MiB)", rows.iter().map(|r| opt(r.leader_rss_mib, 0)).collect());
-    line("snapshot install (s)", rows.iter().map(|_| "not measured".into()).collect());
+    line(
+        "follower from nothing: caught up (s), how",
+        rows.iter().map(|r| format!("{} {}", opt(r.catch_up_s, 2), if r.catch_up_by_snapshot { "snapshot" } else { "log" })).collect(),
+    );
 }
