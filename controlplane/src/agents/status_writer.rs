@@ -6,6 +6,11 @@
 //! every agent's status changes, costs one write per changed node without holding up any
 //! report behind Raft.
 //!
+//! A plan being committed goes first: while one is ([`StatusWriter::hold_back`]) no status
+//! write starts, as after a fleet-wide re-plan thousands of them (a few KB each) would
+//! otherwise share the log with the plan's parts and hold up the desired state that every
+//! agent waits for, for an observed state nobody waits for.
+//!
 //! Leader memory: it is forgotten when the term changes (another leader may have written
 //! since), and a node whose status someone else writes (the failure detector) is forgotten
 //! by that writer.
@@ -52,15 +57,23 @@ struct Memory {
 pub struct StatusWriter {
     memory: Arc<Mutex<Memory>>,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Status writes take it shared; a plan commit exclusively (fair: once a plan waits,
+    /// new status writes wait behind it).
+    plan_first: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Default for StatusWriter {
     fn default() -> Self {
-        StatusWriter { memory: Arc::default(), slots: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)) }
+        StatusWriter { memory: Arc::default(), slots: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)), plan_first: Arc::default() }
     }
 }
 
 impl StatusWriter {
+    /// Holds status writes back until the guard is dropped, once those in flight are done.
+    pub async fn hold_back(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.plan_first.clone().write_owned().await
+    }
+
     /// Whether a report with `fingerprint` shows nothing new for `node` (in `term`).
     pub fn is_current(&self, term: u64, node: &str, fingerprint: u64) -> bool {
         let mut m = self.memory.lock().expect("status writer lock");
@@ -105,6 +118,7 @@ impl StatusWriter {
                 None => false, // deleted meanwhile
                 Some(true) => true,
                 Some(false) => {
+                    let _turn = self.plan_first.read().await;
                     let _slot = self.slots.acquire().await.expect("never closed");
                     // No request id: an unconditional write of the latest observed state is
                     // idempotent, and thousands of agents' writes must not fill the

@@ -123,6 +123,8 @@ async fn commit_plan(
     // (each one written out whole in every snapshot: at 3,000 hosts, 30 plan writes made a
     // 428 MB snapshot).
     let write = |command| crate::state::Request { request_id: String::new(), command, trace_parent: None };
+    // The agents' status writes wait: the plan is what they are all waiting for.
+    let _status_held = controller.status_writer.hold_back().await;
     let (version, patch) = match change {
         PlanChange::First(plan) => {
             // The first plan is whole: check it as a whole (a GPU named twice could otherwise

@@ -23,8 +23,11 @@ use crate::raft::WatchSignal;
 use crate::resources::Kind;
 use crate::state::{ChangeEvent, ChangeType};
 
-/// Changes settle this long before a pass, so one `apply` of many resources costs one plan.
+/// Changes settle before a pass until none has come for this long (at most
+/// [`MAX_SETTLE`]), so one `apply` of many resources, in several batches, costs one plan.
 const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Settling ends after this long even while changes keep coming.
+const MAX_SETTLE: Duration = Duration::from_secs(1);
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut signals = controller.sm.subscribe();
@@ -52,9 +55,14 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             _ = tokio::time::sleep(settings.provision_interval) => {}
             change = relevant_change(&mut signals, &mut fleet_seen) => {
                 trigger = change;
-                tokio::time::sleep(DEBOUNCE).await;
-                // Everything that arrived while settling is covered by the one pass to come.
-                drain(&mut signals, &mut fleet_seen);
+                // Everything that arrives while settling is covered by the one pass to come.
+                let settling = tokio::time::Instant::now();
+                loop {
+                    tokio::time::sleep(DEBOUNCE).await;
+                    if !drain(&mut signals, &mut fleet_seen) || settling.elapsed() >= MAX_SETTLE {
+                        break;
+                    }
+                }
             }
         }
     }
@@ -105,15 +113,15 @@ async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>, seen: &
     }
 }
 
-/// Consumes the changes already queued, keeping the fingerprints current.
-fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) {
+/// Consumes the changes already queued, keeping the fingerprints current; whether any may
+/// change the plan's inputs.
+fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) -> bool {
+    let mut relevant = false;
     loop {
         match signals.try_recv() {
-            Ok(WatchSignal::Change(ev)) => {
-                seen.is_relevant(&ev);
-            }
-            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
-            Err(_) => return,
+            Ok(WatchSignal::Change(ev)) => relevant |= seen.is_relevant(&ev),
+            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => relevant = true,
+            Err(_) => return relevant,
         }
     }
 }
@@ -233,15 +241,21 @@ mod tests {
         // The first registration wakes the loop; the other 99, queued meanwhile, are drained
         // into the same pass.
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
-        drain(&mut rx, &mut seen);
+        assert!(drain(&mut rx, &mut seen), "registrations are inputs: settling goes on");
         assert!(rx.is_empty());
         assert_eq!(seen.0.len(), 100);
+        assert!(!drain(&mut rx, &mut seen), "nothing more came: settled");
         // Reports that change what the agents applied, or mark them healthy: no pass.
         for i in 0..100 {
             let status = serde_json::json!({"applied_version": 8, "health": "healthy"});
             tx.send(node_event(&format!("n{i}"), ChangeType::Modified, status)).unwrap();
         }
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_none(), "applied_version alone is no input");
+        for i in 0..10 {
+            tx.send(node_event(&format!("n{i}"), ChangeType::Modified, serde_json::json!({"applied_version": 9, "health": "healthy"})))
+                .unwrap();
+        }
+        assert!(!drain(&mut rx, &mut seen), "reports that change no input do not prolong settling");
         // A node turning unhealthy is.
         tx.send(node_event("n5", ChangeType::Modified, serde_json::json!({"applied_version": 8, "health": "unhealthy"}))).unwrap();
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
