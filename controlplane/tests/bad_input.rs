@@ -88,7 +88,7 @@ async fn malformed_and_oversized_messages_are_refused_and_change_nothing() {
     assert!(err.message().contains("too large"), "{}", err.message());
 
     // The peer service: a well-formed frame whose payload is not a Raft message.
-    let payload = prost::Message::encode_to_vec(&proto::RaftPayload { data: b"{\"not\": \"raft\"}".to_vec() });
+    let payload = prost::Message::encode_to_vec(&proto::RaftPayload { data: b"{\"not\": \"raft\"}".to_vec(), ..Default::default() });
     let err = raw_call(&addr, "/gpuplane.v1.RaftService/AppendEntries", payload).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{}", err.message());
     assert!(err.message().contains("malformed raft payload"), "{}", err.message());

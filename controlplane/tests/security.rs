@@ -263,7 +263,7 @@ async fn agents_act_only_for_their_own_node_and_raft_takes_controllers_only() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 
     // The Raft peer service: a node, an admin or a tenant is refused before Raft sees a byte.
-    let vote = || proto::RaftPayload { data: b"{}".to_vec() };
+    let vote = || proto::RaftPayload { data: b"{}".to_vec(), ..Default::default() };
     for tls in [node_a.clone(), tls_of(pki.path(), &Principal::Admin("ops".into()))] {
         let err = RaftServiceClient::new(channel(&addr, &tls).await).vote(vote()).await.unwrap_err();
         assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");

@@ -15,7 +15,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::types::*;
 
-/// Largest gRPC message between peers (log batches and snapshot chunks, JSON-encoded).
+/// Largest gRPC message between peers (log batches, JSON-encoded, and snapshot chunks).
 pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// gRPC channels to peers, one per address, created lazily and reused (a tonic channel
@@ -108,17 +108,15 @@ enum Rpc {
 struct Message(String);
 
 impl PeerClient {
-    async fn call<Req, Resp, E>(&mut self, rpc: Rpc, req: &Req, ttl: Duration) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
+    async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
     where
-        Req: Serialize,
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
         let channel = self.channels.get(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&Message(e))))?;
         let mut client =
             RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
-        let data = serde_json::to_vec(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = tonic::Request::new(RaftPayload { data });
+        let mut request = tonic::Request::new(payload);
         request.set_timeout(ttl);
         let result = match rpc {
             Rpc::Append => client.append_entries(request).await,
@@ -138,13 +136,35 @@ impl PeerClient {
     }
 }
 
+/// A request as a payload: JSON.
+fn json_payload<Req: Serialize, E: std::error::Error>(req: &Req) -> Result<RaftPayload, RPCError<NodeId, Node, RaftError<E>>> {
+    serde_json::to_vec(req).map(|data| RaftPayload { data, ..Default::default() }).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
+/// An InstallSnapshot request as a payload: the request without its chunk as JSON, the
+/// chunk raw beside it (see `RaftPayload`).
+pub(crate) fn snapshot_payload(mut req: InstallSnapshotRequest<TypeConfig>) -> Result<RaftPayload, serde_json::Error> {
+    let chunk = std::mem::take(&mut req.data);
+    Ok(RaftPayload { data: Vec::new(), snapshot_request: serde_json::to_vec(&req)?, snapshot_chunk: chunk })
+}
+
+/// The InstallSnapshot request in `payload`, in either form.
+pub(crate) fn snapshot_request(payload: RaftPayload) -> Result<InstallSnapshotRequest<TypeConfig>, serde_json::Error> {
+    if payload.snapshot_request.is_empty() {
+        return serde_json::from_slice(&payload.data);
+    }
+    let mut request: InstallSnapshotRequest<TypeConfig> = serde_json::from_slice(&payload.snapshot_request)?;
+    request.data = payload.snapshot_chunk;
+    Ok(request)
+}
+
 impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call(Rpc::Append, &rpc, option.hard_ttl()).await
+        self.call(Rpc::Append, json_payload(&rpc)?, option.hard_ttl()).await
     }
 
     async fn install_snapshot(
@@ -152,7 +172,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Node, RaftError<InstallSnapshotError>>> {
-        self.call(Rpc::Snapshot, &rpc, option.hard_ttl()).await
+        let payload = snapshot_payload(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        self.call(Rpc::Snapshot, payload, option.hard_ttl()).await
     }
 
     async fn vote(
@@ -160,6 +181,37 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call(Rpc::Vote, &rpc, option.hard_ttl()).await
+        self.call(Rpc::Vote, json_payload(&rpc)?, option.hard_ttl()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk() -> InstallSnapshotRequest<TypeConfig> {
+        InstallSnapshotRequest {
+            vote: openraft::Vote::new_committed(3, 1),
+            meta: openraft::SnapshotMeta {
+                last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 42)),
+                last_membership: Default::default(),
+                snapshot_id: "s-42".into(),
+            },
+            offset: 1 << 20,
+            data: (0..=255u8).cycle().take(4096).collect(),
+            done: false,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_chunk_travels_raw_beside_its_request_and_arrives_whole() {
+        let payload = snapshot_payload(chunk()).unwrap();
+        assert!(payload.data.is_empty(), "an older controller must refuse it, not read a chunk without bytes");
+        assert_eq!(payload.snapshot_chunk.len(), 4096, "raw: one byte per byte");
+        assert!(payload.snapshot_request.len() < 1024, "the request's JSON carries no chunk");
+        assert_eq!(snapshot_request(payload).unwrap(), chunk());
+        // A chunk from an older controller (all of it JSON) is still read.
+        let old = RaftPayload { data: serde_json::to_vec(&chunk()).unwrap(), ..Default::default() };
+        assert_eq!(snapshot_request(old).unwrap(), chunk());
     }
 }

@@ -23,7 +23,9 @@ fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
-    serde_json::to_vec(value).map(|data| Response::new(RaftPayload { data })).map_err(|e| Status::internal(e.to_string()))
+    serde_json::to_vec(value)
+        .map(|data| Response::new(RaftPayload { data, ..Default::default() }))
+        .map_err(|e| Status::internal(e.to_string()))
 }
 
 #[tonic::async_trait]
@@ -39,7 +41,8 @@ impl RaftService for RaftPeerService {
     }
 
     async fn install_snapshot(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(request)?;
+        let rpc = super::network::snapshot_request(request.into_inner())
+            .map_err(|e| Status::invalid_argument(format!("malformed raft payload: {e}")))?;
         encode(&self.raft.install_snapshot(rpc).await)
     }
 }
