@@ -216,15 +216,15 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         raft_bytes_one_service_change: bytes_after.zip(bytes_before).map(|(a, b)| a.saturating_sub(b)),
         settled_s: [settled_one, settled_replan],
         catch_up_s: None,
-        catch_up_by_snapshot: false,
+        snapshot_install_s: None,
     };
-    // 5. Last, as it restarts a controller: a follower that lost its data catches up.
-    let (catch_up_s, by_snapshot) = probe.follower_catch_up(&mut cluster, timeout).await;
+    // 5. Last, as it restarts a controller: a replaced controller catches up.
+    let (catch_up_s, snapshot_install_s) = probe.replaced_controller_catch_up(&mut cluster, &admin, timeout).await;
     eprintln!(
-        "[{:>6.1} s] a follower from nothing caught up in {catch_up_s:?} s (snapshot: {by_snapshot})",
+        "[{:>6.1} s] a replaced controller caught up in {catch_up_s:?} s (snapshot installed in {snapshot_install_s:?} s)",
         started.elapsed().as_secs_f64()
     );
-    let row = Row { catch_up_s, catch_up_by_snapshot: by_snapshot, ..row };
+    let row = Row { catch_up_s, snapshot_install_s, ..row };
     cluster.shutdown();
     row
 }

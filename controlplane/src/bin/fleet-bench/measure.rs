@@ -147,37 +147,62 @@ impl ControllerProbe {
         series(text, "gpuplane_raft_applied_index").map(|v| v as u64)
     }
 
-    /// A lagging follower: a follower other than controller 1 (which bootstraps the
-    /// cluster) is killed, loses its data and starts again; how long until it has applied
-    /// everything the leader had applied when it restarted, and whether a snapshot was
-    /// installed on the way (`None` seconds: not within `timeout`).
-    pub async fn follower_catch_up(&self, cluster: &mut DemoCluster, timeout: Duration) -> (Option<f64>, bool) {
-        let Some((leader, _)) = self.leader().await else { return (None, false) };
-        let Some(id) = (2..=self.metrics.len() as u64).find(|&id| id as usize - 1 != leader) else { return (None, false) };
+    /// A controller replaced: a follower other than controller 1 (which bootstraps the
+    /// cluster) is removed from the membership, killed, loses its data and joins again as a
+    /// learner, as an operator replaces a failed controller (Raft does not let a voter
+    /// come back without its log). How long until it has applied everything the leader
+    /// had applied when it rejoined, and whether it got there through a snapshot (the
+    /// leader keeps `keep_logs_after_snapshot` entries behind its snapshot, so a short log
+    /// is sent as it is), with how long installing the snapshot took (decoding and saving
+    /// it, from its log); then it is a voter again. `None` seconds: not within `timeout`.
+    pub async fn replaced_controller_catch_up(
+        &self,
+        cluster: &mut DemoCluster,
+        admin: &Client,
+        timeout: Duration,
+    ) -> (Option<f64>, Option<f64>) {
+        let Some((leader, _)) = self.leader().await else { return (None, None) };
+        let Some(id) = (2..=self.metrics.len() as u64).find(|&id| id as usize - 1 != leader) else { return (None, None) };
+        if let Err(e) = admin.remove_member(id).await {
+            eprintln!("catch-up: removing controller {id}: {e}");
+            return (None, None);
+        }
         if let Some(p) = cluster.controllers.get_mut(&id) {
             p.kill9();
         }
         let data = cluster.dir.join(format!("controller-{id}"));
         if let Err(e) = std::fs::remove_dir_all(&data) {
             eprintln!("catch-up: cannot remove {}: {e}", data.display());
-            return (None, false);
+            return (None, None);
+        }
+        if let Err(e) = cluster.start_controller(id) {
+            eprintln!("catch-up: {e}");
+            return (None, None);
         }
         let target = match self.leader().await {
             Some((_, text)) => Self::applied_index(&text).unwrap_or(0),
-            None => return (None, false),
+            None => return (None, None),
         };
-        if let Err(e) = cluster.start_controller(id) {
-            eprintln!("catch-up: {e}");
-            return (None, false);
-        }
         let started = Instant::now();
+        let address = cluster.addrs[&id].clone();
+        while let Err(e) = admin.add_member(id, &address, false).await {
+            if started.elapsed() > timeout {
+                eprintln!("catch-up: adding controller {id} back: {e}");
+                return (None, None);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let log = cluster.dir.join(format!("controller-{id}.log"));
-        let installed = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("snapshot installed"));
+        let installed = || std::fs::read_to_string(&log).ok().and_then(|l| installed_seconds(&l));
         while started.elapsed() < timeout {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let applied = self.scrape(id as usize - 1).await.as_deref().and_then(Self::applied_index).unwrap_or(0);
             if applied >= target {
-                return (Some(started.elapsed().as_secs_f64()), installed());
+                let caught_up = started.elapsed().as_secs_f64();
+                if let Err(e) = admin.add_member(id, &address, true).await {
+                    eprintln!("catch-up: promoting controller {id} again: {e}");
+                }
+                return (Some(caught_up), installed());
             }
         }
         (None, installed())
@@ -219,6 +244,22 @@ impl ControllerProbe {
     }
 }
 
+/// The `seconds` field of the "snapshot installed" line in a controller's log (its fields
+/// may be coloured: escape sequences are dropped first).
+fn installed_seconds(log: &str) -> Option<f64> {
+    let line = log.lines().find(|l| l.contains("snapshot installed"))?;
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain.split_whitespace().find_map(|w| w.strip_prefix("seconds="))?.parse().ok()
+}
+
 /// One fleet size's results.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -249,9 +290,10 @@ pub struct Row {
     /// Seconds until the log stopped growing before the one-Service change and before the
     /// re-plan.
     pub settled_s: [f64; 2],
-    /// A follower that lost its data: seconds to catch up, and whether by a snapshot.
+    /// A replaced controller (joined again with no data): seconds to catch up, and how long
+    /// installing a snapshot took on the way (`None`: it caught up from the log alone).
     pub catch_up_s: Option<f64>,
-    pub catch_up_by_snapshot: bool,
+    pub snapshot_install_s: Option<f64>,
 }
 
 impl Row {
@@ -282,11 +324,8 @@ impl Row {
             "raft_bytes_one_service_change": self.raft_bytes_one_service_change,
             "settled_before_one_service_s": self.settled_s[0],
             "settled_before_replan_s": self.settled_s[1],
-            "follower_catch_up_s": self.catch_up_s,
-            "follower_catch_up_by_snapshot": self.catch_up_by_snapshot,
-            // Catching up from nothing, through a snapshot: built, sent, installed, and the
-            // log after it applied (null when the follower caught up from the log alone).
-            "snapshot_install_s": self.catch_up_s.filter(|_| self.catch_up_by_snapshot),
+            "replaced_controller_catch_up_s": self.catch_up_s,
+            "snapshot_install_s": self.snapshot_install_s,
         })
     }
 }
@@ -329,7 +368,23 @@ pub fn print_table(rows: &[Row]) {
     );
     line("leader RSS (MiB)", rows.iter().map(|r| opt(r.leader_rss_mib, 0)).collect());
     line(
-        "follower from nothing: caught up (s), how",
-        rows.iter().map(|r| format!("{} {}", opt(r.catch_up_s, 2), if r.catch_up_by_snapshot { "snapshot" } else { "log" })).collect(),
+        "controller replaced: caught up (snapshot install) s",
+        rows.iter()
+            .map(|r| match r.snapshot_install_s {
+                Some(s) => format!("{} ({s:.1})", opt(r.catch_up_s, 1)),
+                None => format!("{} (log)", opt(r.catch_up_s, 1)),
+            })
+            .collect(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_install_time_is_read_from_a_coloured_log_line() {
+        let line = "2026-11-24T15:02:15Z \u{1b}[32m INFO\u{1b}[0m snapshot installed \u{1b}[3mbytes\u{1b}[0m\u{1b}[2m=\u{1b}[0m76623057 \u{1b}[3mseconds\u{1b}[0m\u{1b}[2m=\u{1b}[0m2.98 \u{1b}[3msnapshot\u{1b}[0m\u{1b}[2m=\u{1b}[0mT1";
+        assert_eq!(super::installed_seconds(&format!("other\n{line}\n")), Some(2.98));
+        assert_eq!(super::installed_seconds("snapshot installed bytes=1 seconds=0.5"), Some(0.5));
+        assert_eq!(super::installed_seconds("snapshot built seconds=3"), None);
+    }
 }
