@@ -82,9 +82,8 @@ impl Controller {
         }
         self.read(|d| d.cluster.check(&request))?;
         let started = std::time::Instant::now();
-        let span = tracing::info_span!("raft.proposal", request_id = %request.request_id);
         let mut request = request;
-        request.trace_parent = span.in_scope(telemetry_otlp::current_traceparent);
+        let span = proposal_span(&mut request);
         let answer = async {
             let rx = self.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
             Ok(rx.await)
@@ -116,19 +115,35 @@ impl Controller {
         }
         let mut in_flight = std::collections::VecDeque::with_capacity(window);
         let mut last = None;
-        for request in requests {
+        for mut request in requests {
             if in_flight.len() >= window.max(1) {
-                let (started, rx) = in_flight.pop_front().expect("non-empty");
-                last = Some(self.outcome(started, rx.await)?);
+                let (started, span, rx) = in_flight.pop_front().expect("non-empty");
+                last = Some(self.answered(started, span, rx).await?);
             }
             let started = std::time::Instant::now();
-            let rx = self.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
-            in_flight.push_back((started, rx));
+            let span = proposal_span(&mut request);
+            let rx = self
+                .raft
+                .client_write_ff(request)
+                .instrument(span.clone())
+                .await
+                .map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
+            in_flight.push_back((started, span, rx));
         }
-        for (started, rx) in in_flight {
-            last = Some(self.outcome(started, rx.await)?);
+        for (started, span, rx) in in_flight {
+            last = Some(self.answered(started, span, rx).await?);
         }
         last.ok_or_else(|| ApiError::Internal("an empty chain of writes".into()))
+    }
+
+    /// The outcome of a proposal once Raft answers `rx`, in the proposal's span.
+    async fn answered<E: std::fmt::Display>(
+        &self,
+        started: std::time::Instant,
+        span: tracing::Span,
+        rx: impl std::future::Future<Output = Result<openraft::raft::ClientWriteResult<crate::raft::TypeConfig>, E>>,
+    ) -> Result<CommandOutcome, ApiError> {
+        self.outcome(started, rx.instrument(span).await)
     }
 
     /// The outcome of a proposal from what Raft answered, counted in the proposal metrics.
@@ -358,4 +373,12 @@ fn membership_error(e: RE<NodeId, crate::raft::ClientWriteError>) -> ApiError {
         }
         other => ApiError::Unavailable(other.to_string()),
     }
+}
+
+/// The span of proposing `request`, whose trace the entry carries (`Request::trace_parent`)
+/// so that every controller's `raft.apply`, and the agents applying a plan, continue it.
+fn proposal_span(request: &mut Request) -> tracing::Span {
+    let span = tracing::info_span!("raft.proposal", request_id = %request.request_id);
+    request.trace_parent = span.in_scope(telemetry_otlp::current_traceparent);
+    span
 }
