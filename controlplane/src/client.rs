@@ -167,6 +167,33 @@ impl Client {
         .await
     }
 
+    /// Puts one of [`batches`]: a lone resource with `Put` (a Plan, an oversized spec), the
+    /// rest with `PutMany`. Each resource as written, and whether the write was a retry's
+    /// recorded outcome; refused: the status, and which resource of the batch it names.
+    pub async fn put_batch(&self, batch: &[proto::Resource]) -> Result<(Vec<proto::Written>, bool), BatchRefused> {
+        let refused = |status: Status| {
+            let which = status
+                .message()
+                .strip_prefix("puts[")
+                .and_then(|m| m.split(']').next())
+                .and_then(|i| i.parse::<usize>().ok())
+                .filter(|&i| i < batch.len())
+                .or((batch.len() == 1).then_some(0));
+            BatchRefused { status, which }
+        };
+        match batch {
+            [one] => {
+                let out = self.put(one.clone(), proto::WriteMode::Unspecified).await.map_err(refused)?;
+                let version = out.resource.map_or(0, |r| r.resource_version);
+                Ok((vec![proto::Written { kind: one.kind.clone(), name: one.name.clone(), resource_version: version }], out.deduplicated))
+            }
+            _ => {
+                let out = self.put_many(batch.to_vec(), proto::WriteMode::Unspecified).await.map_err(refused)?;
+                Ok((out.written, out.deduplicated))
+            }
+        }
+    }
+
     pub async fn put_status(
         &self,
         kind: &str,
@@ -323,6 +350,13 @@ impl Client {
         })
         .await
     }
+}
+
+/// A batch refused: nothing of it was applied. `which`: the resource the refusal names.
+#[derive(Debug)]
+pub struct BatchRefused {
+    pub status: Status,
+    pub which: Option<usize>,
 }
 
 /// `resources` in order, as batches for [`Client::put_many`]: each within

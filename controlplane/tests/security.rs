@@ -178,6 +178,9 @@ async fn a_tenants_batch_is_checked_put_by_put_and_applied_whole_or_not_at_all()
     assert!(err.message().starts_with("puts[1]"), "{}", err.message());
     assert!(!err.message().contains("globex\""), "{}", err.message());
     assert_eq!(admin.get("Service", "acme-b1", false).await.unwrap_err().code(), Code::NotFound);
+    // What gpuctl apply uses names the refused resource by its place.
+    let refused = acme.put_batch(&[tenant_service("acme-b1", ""), tenant_service("globex-web", "")]).await.unwrap_err();
+    assert_eq!((refused.status.code(), refused.which), (Code::PermissionDenied, Some(1)));
     // A refusal by the state machine (an unknown model) is all or nothing too.
     let mut bad = tenant_service("acme-b2", "");
     bad.spec_json = json!({"model": "no-such-model", "slo": {"latency_ms": 50.0, "request_rate": 10.0}}).to_string();

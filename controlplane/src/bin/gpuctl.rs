@@ -250,37 +250,21 @@ async fn run(args: Args) -> Result<(), String> {
             // In batches (each one Raft entry, applied whole or not at all), so a manifest of
             // thousands of Services costs a few writes and one provisioning pass.
             for batch in controlplane::client::batches(all) {
-                let written: Vec<(String, String, u64, bool)> = if let [r] = batch.as_slice() {
-                    let (kind, name) = (r.kind.clone(), r.name.clone());
-                    let out = client
-                        .put(r.clone(), proto::WriteMode::Unspecified)
-                        .await
-                        .map_err(|s| format!("{kind} {name:?}: {}", describe_status(s)))?;
-                    vec![(kind, name, out.resource.unwrap_or_default().resource_version, out.deduplicated)]
-                } else {
-                    let out = client.put_many(batch.clone(), proto::WriteMode::Unspecified).await.map_err(|s| {
-                        // The refused one is named by its place in the batch: name it by kind and name.
-                        let which = s
-                            .message()
-                            .strip_prefix("puts[")
-                            .and_then(|m| m.split(']').next())
-                            .and_then(|i| i.parse::<usize>().ok())
-                            .and_then(|i| batch.get(i))
-                            .map(|r| format!("{} {:?}: ", r.kind, r.name))
-                            .unwrap_or_default();
-                        format!("{which}{} (nothing of this batch of {} was applied)", describe_status(s), batch.len())
-                    })?;
-                    out.written.into_iter().map(|w| (w.kind, w.name, w.resource_version, out.deduplicated)).collect()
-                };
-                for (kind, name, version, deduplicated) in written {
+                let (written, deduplicated) = client.put_batch(&batch).await.map_err(|refused| {
+                    let which = refused.which.map(|i| format!("{} {:?}: ", batch[i].kind, batch[i].name)).unwrap_or_default();
+                    let rest =
+                        if batch.len() > 1 { format!(" (nothing of this batch of {} was applied)", batch.len()) } else { String::new() };
+                    format!("{which}{}{rest}", describe_status(refused.status))
+                })?;
+                for w in written {
                     let verb = if deduplicated {
                         "unchanged"
-                    } else if version == 1 {
+                    } else if w.resource_version == 1 {
                         "created"
                     } else {
                         "configured"
                     };
-                    println!("{kind}/{name} {verb} (version {version})");
+                    println!("{}/{} {verb} (version {})", w.kind, w.name, w.resource_version);
                 }
             }
             Ok(())

@@ -235,18 +235,9 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
 async fn put_all(client: &Client, resources: impl IntoIterator<Item = proto::Resource>) -> (Instant, f64) {
     let first_sent = Instant::now();
     for batch in controlplane::client::batches(resources.into_iter().collect()) {
-        loop {
-            let written = match batch.as_slice() {
-                [one] => client.put(one.clone(), proto::WriteMode::Unspecified).await.map(drop),
-                _ => client.put_many(batch.clone(), proto::WriteMode::Unspecified).await.map(drop),
-            };
-            match written {
-                Ok(()) => break,
-                Err(e) => {
-                    eprintln!("put of {} resources from {}: {e}; retrying", batch.len(), batch[0].name);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+        while let Err(refused) = client.put_batch(&batch).await {
+            eprintln!("put of {} resources from {}: {}; retrying", batch.len(), batch[0].name, refused.status);
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     (first_sent, first_sent.elapsed().as_secs_f64())
