@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -28,10 +29,22 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// A loopback address with a port that was free a moment ago.
+/// A loopback address with a port that was free a moment ago. Below the kernel's ephemeral
+/// range (32768 and up): a port the kernel picked for `:0` is one it also hands to outgoing
+/// connections, which other tests' processes open by the hundred, so it could be taken
+/// before the controller binds it (a cluster once came up without its bootstrap node under
+/// a full test run's load). Ports come from a counter shared by this process's test
+/// threads, in a block of 10,000-16,999 chosen by process id.
 pub fn free_addr() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 10_000 + (std::process::id() % 35) as u16 * 200;
+    for _ in 0..200 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 200;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap().to_string();
+        }
+    }
+    panic!("no free loopback port in {base}..{}", base + 200);
 }
 
 /// A child process killed (SIGKILL) when dropped.
