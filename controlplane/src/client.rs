@@ -298,10 +298,17 @@ impl Client {
         .await
     }
 
-    /// A node's desired state, then each change to it (what its agent watches).
-    pub async fn watch_desired(&self, node: &str, from_version: u64) -> Result<tonic::Streaming<proto::DesiredState>, Status> {
+    /// A node's desired state, then each change to it (what its agent watches). An agent
+    /// names each stream it opens by a new nonzero `session` (see `WatchDesiredRequest`);
+    /// tools pass 0.
+    pub async fn watch_desired(
+        &self,
+        node: &str,
+        from_version: u64,
+        session: u64,
+    ) -> Result<tonic::Streaming<proto::DesiredState>, Status> {
         self.call(|ch, _| {
-            let r = self.request(proto::WatchDesiredRequest { node: node.to_string(), from_version }, None);
+            let r = self.request(proto::WatchDesiredRequest { node: node.to_string(), from_version, session }, None);
             async move { proto::agent_client::AgentClient::new(ch).watch_desired(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -310,7 +317,7 @@ impl Client {
     /// The version of `node`'s desired state: the index of the last change to what it is to
     /// run (0: never had any). An agent has converged when it reports this version applied.
     pub async fn desired_version(&self, node: &str) -> Result<u64, Status> {
-        let mut stream = self.watch_desired(node, 0).await?;
+        let mut stream = self.watch_desired(node, 0, 0).await?;
         match stream.message().await? {
             Some(desired) => Ok(desired.version),
             None => Err(Status::unavailable("the desired-state watch ended before its first message")),

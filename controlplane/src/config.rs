@@ -103,6 +103,9 @@ pub struct LoopsConfig {
     pub heartbeat_interval_ms: Option<u64>,
     /// Heartbeats a node may miss before it is unhealthy (default 5).
     pub missed_heartbeats: Option<u32>,
+    /// Milliseconds after its agent's desired-state stream ended, with no report from a new
+    /// stream, before a node is unhealthy (default 2000; at most 600000).
+    pub watch_grace_ms: Option<u64>,
     /// Reports a second the whole fleet may send (default 2000): past `budget × heartbeat`
     /// nodes, agents are told to report less often, up to once a minute.
     pub report_budget_per_s: Option<u32>,
@@ -160,6 +163,11 @@ impl LoopsConfig {
             Some(n) => n,
             None => d.missed_heartbeats,
         };
+        let watch_grace = match self.watch_grace_ms {
+            Some(ms) if ms == 0 || ms > 600_000 => return Err(format!("loops.watch_grace_ms: must be in [1, 600000], got {ms}")),
+            Some(ms) => std::time::Duration::from_millis(ms),
+            None => d.watch_grace,
+        };
         let report_budget_per_s = match self.report_budget_per_s {
             Some(0) => return Err("loops.report_budget_per_s: must be at least 1".into()),
             Some(n) => n,
@@ -176,6 +184,7 @@ impl LoopsConfig {
             heartbeat_interval: heartbeat,
             report_budget_per_s,
             missed_heartbeats: missed,
+            watch_grace,
             enabled,
             provider: None,
             scale_window_s: non_negative("scale_window_s", self.scale_window_s, d.scale_window_s)?,
@@ -381,5 +390,13 @@ heartbeat_interval_ms = 50
         assert_eq!(loops("[loops]\nreport_budget_per_s = 500").unwrap().report_budget_per_s, 500);
         let err = loops("[loops]\nreport_budget_per_s = 0").unwrap_err();
         assert_eq!(err, "loops.report_budget_per_s: must be at least 1");
+    }
+
+    #[test]
+    fn the_watch_grace_defaults_to_two_seconds_and_is_bounded() {
+        assert_eq!(loops("").unwrap().watch_grace, std::time::Duration::from_secs(2));
+        assert_eq!(loops("[loops]\nwatch_grace_ms = 500").unwrap().watch_grace, std::time::Duration::from_millis(500));
+        assert_eq!(loops("[loops]\nwatch_grace_ms = 0").unwrap_err(), "loops.watch_grace_ms: must be in [1, 600000], got 0");
+        assert!(loops("[loops]\nwatch_grace_ms = 600001").unwrap_err().starts_with("loops.watch_grace_ms: "));
     }
 }

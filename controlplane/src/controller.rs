@@ -38,6 +38,9 @@ pub struct Controller {
     pub channels: PeerChannels,
     /// Latest agent reports; meaningful on the leader only.
     pub reports: AgentReports,
+    /// Ends of the agents' desired-state streams this controller served, for the leader's
+    /// failure detector.
+    pub watch_ends: crate::agents::WatchEnds,
     /// Writes the agents' observed state to their Nodes (leader only).
     pub status_writer: crate::agents::StatusWriter,
     /// How often agents are told to report, by fleet size.

@@ -52,6 +52,11 @@ pub struct NodeOptions {
     pub security: Security,
 }
 
+/// See `serve`: how often an idle connection is pinged, and how long the ping may go
+/// unanswered before the connection is closed.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub struct RunningNode {
     pub controller: Controller,
     pub addr: SocketAddr,
@@ -61,6 +66,7 @@ pub struct RunningNode {
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     loops: Option<JoinHandle<()>>,
+    watch_relay: Option<JoinHandle<()>>,
 }
 
 impl RunningNode {
@@ -84,6 +90,11 @@ impl RunningNode {
     }
 
     async fn stop(&mut self) {
+        // Agents' streams end from here on because this controller stops, not their agents.
+        self.controller.watch_ends.stop();
+        if let Some(r) = self.watch_relay.take() {
+            r.abort();
+        }
         if let Some(l) = self.loops.take() {
             l.abort();
         }
@@ -103,6 +114,10 @@ impl RunningNode {
 
 impl Drop for RunningNode {
     fn drop(&mut self) {
+        self.controller.watch_ends.stop();
+        if let Some(r) = self.watch_relay.take() {
+            r.abort();
+        }
         if let Some(l) = self.loops.take() {
             l.abort();
         }
@@ -183,12 +198,19 @@ where
         log_bytes: handle.appended_bytes.clone(),
         channels,
         reports: AgentReports::default(),
+        watch_ends: Default::default(),
         status_writer: Default::default(),
         report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let mut builder = tonic::transport::Server::builder();
+    // HTTP/2 pings on idle connections: a host that dies without closing its connection
+    // (power, kernel, network) ends its agent's stream within 3 s, which the failure
+    // detector takes as the host's end (`agents::watch_ends`); without them the connection
+    // would linger until TCP gives up, minutes later.
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     if let Some(tls) = &opts.security.tls {
         builder = builder.tls_config(tls.server_config()?)?;
     }
@@ -218,6 +240,16 @@ where
     let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?;
     let metrics = metrics_listener.map(|l| tokio::spawn(serve_controller(l, controller.clone())));
     let loops = loops::spawn(controller.clone(), opts.loops.clone());
+    let watch_relay = tokio::spawn(crate::agents::watch_ends::relay(controller.clone()));
     tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
-    Ok(RunningNode { controller, addr, metrics_addr, metrics, shutdown: Some(shutdown_tx), server: Some(server), loops: Some(loops) })
+    Ok(RunningNode {
+        controller,
+        addr,
+        metrics_addr,
+        metrics,
+        shutdown: Some(shutdown_tx),
+        server: Some(server),
+        loops: Some(loops),
+        watch_relay: Some(watch_relay),
+    })
 }

@@ -63,7 +63,8 @@ async fn desired_state_is_the_plan_projected_on_the_node_and_resumes_by_version(
     // Any controller serves the watch, followers included.
     let endpoints = cluster.endpoints();
     let mut agent = agent_client(&endpoints[2]).await;
-    let mut stream = agent.watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: 0 }).await.unwrap().into_inner();
+    let mut stream =
+        agent.watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: 0, session: 0 }).await.unwrap().into_inner();
     // From 0, the current state comes first: nothing planned yet.
     let nothing = next(&mut stream).await;
     assert_eq!((nothing.node.as_str(), nothing.version, nothing.gpus.len()), ("n1", 0, 0));
@@ -85,8 +86,11 @@ async fn desired_state_is_the_plan_projected_on_the_node_and_resumes_by_version(
     assert_eq!(second.gpus[0].workloads[0].batch, 16);
 
     // Resuming from the current version sends nothing until the next change.
-    let mut resumed =
-        agent.watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: second.version }).await.unwrap().into_inner();
+    let mut resumed = agent
+        .watch_desired(proto::WatchDesiredRequest { node: "n1".into(), from_version: second.version, session: 0 })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(tokio::time::timeout(Duration::from_millis(500), resumed.message()).await.is_err(), "nothing newer to send");
     client.put(service("web", 100.0, 60.0), proto::WriteMode::Update).await.unwrap();
     let third = next(&mut resumed).await;
@@ -122,7 +126,7 @@ async fn a_change_reaches_only_the_watchers_of_the_nodes_it_changes() {
     let endpoints = cluster.endpoints();
     let mut agent = agent_client(&endpoints[1]).await;
     let watch = |n: &str| {
-        let req = proto::WatchDesiredRequest { node: n.into(), from_version: 0 };
+        let req = proto::WatchDesiredRequest { node: n.into(), from_version: 0, session: 0 };
         let mut agent = agent.clone();
         async move { agent.watch_desired(req).await.unwrap().into_inner() }
     };
@@ -147,7 +151,7 @@ async fn a_change_reaches_only_the_watchers_of_the_nodes_it_changes() {
     assert_eq!(second2.gpus[0].workloads[0].slo_ms, 60.0, "n2's next message is api's change, not n1's");
     assert!(second2.version > second1.version);
     // The Plan's own version is not the node's: n2 is still at the version of its last change.
-    let resumed = agent.watch_desired(proto::WatchDesiredRequest { node: "n2".into(), from_version: second2.version }).await;
+    let resumed = agent.watch_desired(proto::WatchDesiredRequest { node: "n2".into(), from_version: second2.version, session: 0 }).await;
     let mut resumed = resumed.unwrap().into_inner();
     // n3 receives its first state when work is placed on it.
     let with_n3 = json!({"strategy": "parvagpu", "gpus": [
@@ -193,6 +197,7 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
             arrival_rps: 90.0,
             ..Default::default()
         }],
+        watch_session: 0,
     };
     agent.report(report.clone()).await.unwrap();
     let (observed, version) = node_status_when(&client, "n1", |s| s["applied_version"] == 3).await;
@@ -210,4 +215,92 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
     let err = agent.report(proto::ReportRequest { node: "ghost".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     assert!(err.message().contains("not registered"), "{}", err.message());
+}
+
+/// The failure detector's fast path: a node whose agent's desired-state stream ends, with no
+/// report from a new stream within the grace, is marked unhealthy long before its report
+/// timeout; the end of a stream the agent has already replaced, or a quick reconnection,
+/// marks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_whose_agent_stream_ends_is_marked_unhealthy_unless_it_reports_a_new_stream() {
+    let loops = controlplane::loops::LoopSettings {
+        // Reports are never late: only ended streams can mark a node.
+        heartbeat_interval: Duration::from_millis(100),
+        missed_heartbeats: 100_000,
+        watch_grace: Duration::from_secs(3),
+        tuner: false,
+        ..Default::default()
+    };
+    let cluster = TestCluster::start_with_loops(3, fast_settings(), loops).await;
+    let client = cluster.client();
+    seed(&client).await;
+    for n in ["dies", "moved", "blinks"] {
+        client.put(node(n), proto::WriteMode::Create).await.unwrap();
+    }
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    let other = (1..=3).find(|&id| id != leader && id != follower).unwrap();
+    let mut at_follower = agent_client(&cluster.node(follower).addr.to_string()).await;
+    let mut at_other = agent_client(&cluster.node(other).addr.to_string()).await;
+    let watch = |agent: &mut AgentClient<tonic::transport::Channel>, node: &str, session: u64| {
+        let req = proto::WatchDesiredRequest { node: node.into(), from_version: 0, session };
+        let mut agent = agent.clone();
+        async move { agent.watch_desired(req).await.unwrap().into_inner() }
+    };
+    let report = |node: &str, watch_session: u64| proto::ReportRequest { node: node.into(), watch_session, ..Default::default() };
+    let healthy = |s: &serde_json::Value| s["health"] == "healthy";
+    let mut streams = std::collections::BTreeMap::new();
+    for (node, session) in [("dies", 11), ("moved", 21), ("blinks", 31)] {
+        let mut stream = watch(&mut at_follower, node, session).await;
+        next(&mut stream).await;
+        streams.insert(node, stream);
+        at_follower.report(report(node, session)).await.unwrap();
+        node_status_when(&client, node, healthy).await;
+    }
+    // "moved" opens a stream on another controller and reports it before its old stream's
+    // end is relayed; "blinks" loses its stream and comes back at once; "dies" goes away.
+    let mut moved = watch(&mut at_other, "moved", 22).await;
+    next(&mut moved).await;
+    at_other.report(report("moved", 22)).await.unwrap();
+    drop(streams.remove("moved"));
+    drop(streams.remove("blinks"));
+    let mut blinked = watch(&mut at_other, "blinks", 32).await;
+    next(&mut blinked).await;
+    at_other.report(report("blinks", 32)).await.unwrap();
+    drop(streams.remove("dies"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = client.get("Node", "dies", false).await.unwrap();
+        let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap();
+        if status["health"] == "unhealthy" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the node whose stream ended was never marked: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The grace has passed for all three ends: the two agents that reported new streams
+    // are still healthy.
+    for n in ["moved", "blinks"] {
+        let r = client.get("Node", n, false).await.unwrap();
+        let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap();
+        assert_eq!(status["health"], "healthy", "{n}");
+    }
+    // Its next report, from a new stream, turns it healthy again.
+    let mut back = watch(&mut at_other, "dies", 12).await;
+    next(&mut back).await;
+    at_other.report(report("dies", 12)).await.unwrap();
+    node_status_when(&client, "dies", healthy).await;
+    // Only controllers (and operators) may relay ends; the leader checks what it is sent.
+    let too_many = proto::WatchesEndedRequest {
+        ended: (0..=controlplane::agents::watch_ends::MAX_ENDS_PER_RELAY)
+            .map(|i| proto::EndedWatch { node: format!("n{i}"), session: 1 })
+            .collect(),
+    };
+    let mut at_leader = agent_client(&cluster.node(leader).addr.to_string()).await;
+    let err = at_leader.watches_ended(too_many).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("4097 ended streams"), "{}", err.message());
+    let bad_name = proto::WatchesEndedRequest { ended: vec![proto::EndedWatch { node: "Not A Name!".into(), session: 1 }] };
+    let err = at_leader.watches_ended(bad_name).await.unwrap_err();
+    assert!(err.message().contains("ended[0].node"), "{}", err.message());
 }

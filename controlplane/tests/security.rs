@@ -245,15 +245,21 @@ async fn agents_act_only_for_their_own_node_and_raft_takes_controllers_only() {
     let node_a = tls_of(pki.path(), &Principal::Node("node-a".into()));
     let mut agent = AgentClient::new(channel(&addr, &node_a).await);
 
-    agent.watch_desired(proto::WatchDesiredRequest { node: "node-a".into(), from_version: 0 }).await.unwrap();
-    let err = agent.watch_desired(proto::WatchDesiredRequest { node: "node-b".into(), from_version: 0 }).await.unwrap_err();
+    agent.watch_desired(proto::WatchDesiredRequest { node: "node-a".into(), from_version: 0, session: 0 }).await.unwrap();
+    let err = agent.watch_desired(proto::WatchDesiredRequest { node: "node-b".into(), from_version: 0, session: 0 }).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().starts_with("node:"), "names the field: {}", err.message());
     let err = agent.report(proto::ReportRequest { node: "node-b".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 
+    // Nor may it say that another node's agent went away (controllers relay that).
+    let ended = proto::WatchesEndedRequest { ended: vec![proto::EndedWatch { node: "node-b".into(), session: 1 }] };
+    let err = agent.watches_ended(ended).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("controllers only"), "{}", err.message());
+
     // Claiming another principal in metadata counts only from a controller.
-    let mut spoofed = tonic::Request::new(proto::WatchDesiredRequest { node: "node-b".into(), from_version: 0 });
+    let mut spoofed = tonic::Request::new(proto::WatchDesiredRequest { node: "node-b".into(), from_version: 0, session: 0 });
     spoofed.metadata_mut().insert(proto::meta::PRINCIPAL, "admin:ops".parse().unwrap());
     assert_eq!(agent.watch_desired(spoofed).await.unwrap_err().code(), Code::PermissionDenied);
 

@@ -18,10 +18,10 @@ use proto::control_plane_client::ControlPlaneClient;
 use rand::Rng;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Per-call deadline on controller RPCs (the watch stream has none).
@@ -42,6 +42,11 @@ pub struct Agent {
     registered: AtomicBool,
     /// Holds a desired state (from a controller or from disk).
     has_desired: AtomicBool,
+    /// The session of the desired-state stream held now (0: none yet), named in reports.
+    watch_session: AtomicU64,
+    /// Wakes the report loop at once: a new stream was opened, and the leader must hear of
+    /// it before the end of the old one makes it take this node for dead.
+    report_now: Notify,
 }
 
 impl Agent {
@@ -87,6 +92,8 @@ impl Agent {
             telemetry: AgentMetrics::default(),
             registered: AtomicBool::new(false),
             has_desired: AtomicBool::new(false),
+            watch_session: AtomicU64::new(0),
+            report_now: Notify::new(),
         })
     }
 
@@ -218,10 +225,15 @@ impl Agent {
         ControlPlaneClient::new(channel.clone()).put(put).await?;
         self.registered.store(true, Ordering::Relaxed);
         let from_version = tx.borrow().as_ref().map_or(0, |d| d.version);
+        // Nonzero and new for every stream: the controllers tell this stream's end from the
+        // end of the ones before it.
+        let session = rand::rng().random_range(1..=u64::MAX);
         let mut stream = AgentClient::new(channel)
-            .watch_desired(proto::WatchDesiredRequest { node: self.cfg.node.clone(), from_version })
+            .watch_desired(proto::WatchDesiredRequest { node: self.cfg.node.clone(), from_version, session })
             .await?
             .into_inner();
+        self.watch_session.store(session, Ordering::Relaxed);
+        self.report_now.notify_one();
         tracing::info!(controller = %addr, from_version, "registered; following the desired state");
         while let Some(state) = stream.message().await? {
             match decode(&state, &self.cfg.node, &self.models) {
@@ -263,7 +275,10 @@ impl Agent {
         let mut interval = own;
         let mut k = 0usize;
         loop {
-            tokio::time::sleep(interval).await;
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = self.report_now.notified() => {}
+            }
             // The executor may be busy in a reconcile round (waiting for a process to be
             // ready): build the report off the async workers.
             let (me, watch) = (self.clone(), rx.clone());
@@ -307,6 +322,7 @@ impl Agent {
             None => last.clone().unwrap_or_else(|| proto::ReportRequest { node: self.cfg.node.clone(), ..Default::default() }),
         };
         report.metrics = self.routers.metrics();
+        report.watch_session = self.watch_session.load(Ordering::Relaxed);
         // The controller accepts metrics only for services the committed plan places here;
         // a router of a service just planned away lingers until its workloads drain.
         if let Some(desired) = rx.borrow().as_ref() {
@@ -360,6 +376,7 @@ impl Agent {
             applied_version: if converged { desired.map_or(0, |d| d.version) } else { 0 },
             gpus,
             metrics: Vec::new(),
+            watch_session: 0,
         }
     }
 }

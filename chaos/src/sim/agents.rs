@@ -61,7 +61,7 @@ pub async fn run(node: String, controllers: Vec<String>, phase: Phase, views: Ag
         target += 1;
         let Ok(channel) = channels.get(addr) else { continue };
         let from_version = views.lock().unwrap().get(&node).and_then(|v| v.desired.as_ref()).map_or(0, |d| d.version);
-        let mut request = tonic::Request::new(proto::WatchDesiredRequest { node: node.clone(), from_version });
+        let mut request = tonic::Request::new(proto::WatchDesiredRequest { node: node.clone(), from_version, session: 0 });
         request.set_timeout(Duration::from_secs(3600));
         let mut stream = match AgentClient::new(channel).watch_desired(request).await {
             Ok(s) => s.into_inner(),

@@ -7,8 +7,10 @@ pub mod report_check;
 pub mod report_pace;
 mod reports;
 mod status_writer;
+pub mod watch_ends;
 
 pub use desired::desired_state;
 pub use report_pace::ReportPace;
-pub use reports::{AgentReports, NodeReport};
+pub use reports::{AgentReports, Heard, NodeReport};
 pub use status_writer::{fingerprint, StatusWriter};
+pub use watch_ends::WatchEnds;

@@ -170,6 +170,7 @@ mod tests {
             applied_version: 3,
             gpus: vec![proto::ObservedGpu { gpu_uuid: "GPU-0".into(), ..Default::default() }],
             metrics: m,
+            watch_session: 0,
         }
     }
 

@@ -1,6 +1,6 @@
-//! The latest report of every agent, kept in the leader's memory. Soft state: lost on a
-//! failover and rebuilt from the next round of reports (ARCHITECTURE.md, "Controller
-//! internals"), so it never goes through Raft.
+//! The latest report of every agent, and the desired-state streams that agents ended, kept
+//! in the leader's memory. Soft state: lost on a failover and rebuilt from the next round of
+//! reports (ARCHITECTURE.md, "Controller internals"), so it never goes through Raft.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -17,27 +17,123 @@ pub struct NodeReport {
 /// reports, under the lock every Report call takes.
 #[derive(Clone, Default)]
 pub struct AgentReports {
-    inner: Arc<Mutex<HashMap<String, Arc<NodeReport>>>>,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    latest: HashMap<String, Arc<NodeReport>>,
+    /// Nodes whose agent ended the stream it last reported holding: that stream's session,
+    /// and when the leader learnt it; cleared by a report naming another stream. At most
+    /// one entry per node.
+    watch_ended: HashMap<String, (u64, Instant)>,
 }
 
 impl AgentReports {
-    /// Records `report`; returns the previous one of the same node.
+    /// Records `report`; returns the previous one of the same node. A report from a stream
+    /// other than the one that ended clears the end; one naming the ended stream does not
+    /// (it was sent before the end, and arrived after it: a host that died right after
+    /// reporting).
     pub fn record(&self, report: proto::ReportRequest, now: Instant) -> Option<Arc<NodeReport>> {
         let node = report.node.clone();
-        self.inner.lock().expect("reports lock").insert(node, Arc::new(NodeReport { report, received: now }))
+        let mut inner = self.inner.lock().expect("reports lock");
+        if inner.watch_ended.get(&node).is_some_and(|(ended, _)| *ended != report.watch_session) {
+            inner.watch_ended.remove(&node);
+        }
+        inner.latest.insert(node, Arc::new(NodeReport { report, received: now }))
+    }
+
+    /// `node`'s agent ended its desired-state stream `session` (its connection closed, or
+    /// the agent closed the stream). Taken as a sign the agent is gone unless the agent has
+    /// reported a different stream since (it moved to another controller; the end of the
+    /// old stream can reach the leader after the report on the new one). Session 0 (an
+    /// agent that does not name its streams) says nothing. Returns whether it was newly
+    /// taken (a repeat keeps the first time: it does not push the grace further out).
+    pub fn watch_ended(&self, node: &str, session: u64, now: Instant) -> bool {
+        if session == 0 {
+            return false;
+        }
+        let mut inner = self.inner.lock().expect("reports lock");
+        if inner.latest.get(node).is_some_and(|r| r.report.watch_session != session) {
+            return false;
+        }
+        match inner.watch_ended.entry(node.to_string()) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert((session, now));
+                true
+            }
+        }
     }
 
     pub fn get(&self, node: &str) -> Option<Arc<NodeReport>> {
-        self.inner.lock().expect("reports lock").get(node).cloned()
+        self.inner.lock().expect("reports lock").latest.get(node).cloned()
     }
 
     /// Every node's latest report, in node order.
     pub fn all(&self) -> BTreeMap<String, Arc<NodeReport>> {
-        self.inner.lock().expect("reports lock").iter().map(|(n, r)| (n.clone(), r.clone())).collect()
+        self.inner.lock().expect("reports lock").latest.iter().map(|(n, r)| (n.clone(), r.clone())).collect()
     }
 
-    /// When each node last reported.
-    pub fn last_heard(&self) -> HashMap<String, Instant> {
-        self.inner.lock().expect("reports lock").iter().map(|(n, r)| (n.clone(), r.received)).collect()
+    /// When each node last reported, and when the leader learnt that each node whose
+    /// watch ended without a report since ended it.
+    pub fn last_heard(&self) -> Heard {
+        let inner = self.inner.lock().expect("reports lock");
+        Heard {
+            reported: inner.latest.iter().map(|(n, r)| (n.clone(), r.received)).collect(),
+            watch_ended: inner.watch_ended.iter().map(|(n, (_, at))| (n.clone(), *at)).collect(),
+        }
+    }
+}
+
+/// What the failure detector goes by (see [`AgentReports::last_heard`]).
+#[derive(Clone, Debug, Default)]
+pub struct Heard {
+    pub reported: HashMap<String, Instant>,
+    pub watch_ended: HashMap<String, Instant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn report(node: &str, watch_session: u64) -> proto::ReportRequest {
+        proto::ReportRequest { node: node.into(), watch_session, ..Default::default() }
+    }
+
+    #[test]
+    fn the_end_of_the_stream_an_agent_last_reported_counts_until_its_next_report() {
+        let reports = AgentReports::default();
+        let t0 = Instant::now();
+        reports.record(report("a", 7), t0);
+        assert!(reports.watch_ended("a", 7, t0 + Duration::from_secs(1)));
+        // A repeat keeps the first time.
+        assert!(!reports.watch_ended("a", 7, t0 + Duration::from_secs(2)));
+        assert_eq!(reports.last_heard().watch_ended.get("a"), Some(&(t0 + Duration::from_secs(1))));
+        // A report the agent sent from the ended stream, arriving late, does not clear it.
+        reports.record(report("a", 7), t0 + Duration::from_secs(2));
+        assert_eq!(reports.last_heard().watch_ended.get("a"), Some(&(t0 + Duration::from_secs(1))));
+        // The agent came back on a new stream and said so.
+        reports.record(report("a", 8), t0 + Duration::from_secs(3));
+        assert!(reports.last_heard().watch_ended.is_empty());
+    }
+
+    #[test]
+    fn the_end_of_an_older_stream_or_of_an_unnamed_one_says_nothing() {
+        let reports = AgentReports::default();
+        let t0 = Instant::now();
+        // The agent moved to another controller and reported its new stream before the
+        // old controller's word of the old one arrived.
+        reports.record(report("a", 8), t0);
+        assert!(!reports.watch_ended("a", 7, t0));
+        // Agents that do not name their streams.
+        reports.record(report("b", 0), t0);
+        assert!(!reports.watch_ended("b", 0, t0));
+        assert!(reports.last_heard().watch_ended.is_empty());
+        // A node this leader has not heard from yet: the end counts (a new leader learns
+        // of a dead agent without waiting for the report timeout).
+        assert!(reports.watch_ended("c", 3, t0));
+        assert_eq!(reports.last_heard().watch_ended.keys().collect::<Vec<_>>(), ["c"]);
     }
 }

@@ -11,9 +11,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::errors::{permission_denied, ApiError};
+use super::errors::{not_leader_status, permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::report_check::{check_report, ReportRefusal};
+use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
 use crate::agents::{desired_state, fingerprint};
 use crate::controller::Controller;
 use crate::resources::{validate_name, ErrorCode, FieldError, Kind, Spec};
@@ -87,6 +88,7 @@ impl Agent for AgentService {
         // an entry changed), so a fleet of watchers costs nothing for a change elsewhere.
         let mut wake = sm.node_wakers.subscribe(&req.node);
         let (tx, rx) = mpsc::channel(16);
+        let ends = self.controller.watch_ends.clone();
         tokio::spawn(async move {
             // Versions only go up, on every controller alike: send what is newer than what
             // the agent holds (`from_version` when it resumes from another controller). A
@@ -98,12 +100,14 @@ impl Agent for AgentService {
                 if desired.version > last_sent || std::mem::take(&mut first) {
                     last_sent = desired.version;
                     if tx.send(Ok(desired)).await.is_err() {
-                        return;
+                        return ends.ended(&req.node, req.session);
                     }
                 }
                 tokio::select! {
+                    // The state machine is gone: this controller stops.
                     woken = wake.changed() => if woken.is_err() { return },
-                    () = tx.closed() => return,
+                    // The agent's side went away (its process, or its connection).
+                    () = tx.closed() => return ends.ended(&req.node, req.session),
                 }
             }
         });
@@ -166,5 +170,27 @@ impl Agent for AgentService {
         self.controller.reports.record(req, Instant::now());
         let report_interval_ms = u32::try_from(self.controller.report_pace.interval(nodes).as_millis()).unwrap_or(u32::MAX);
         Ok(Response::new(proto::ReportResponse { desired_version, report_interval_ms }))
+    }
+
+    async fn watches_ended(&self, request: Request<proto::WatchesEndedRequest>) -> Result<Response<proto::WatchesEndedResponse>, Status> {
+        let caller = caller(&request)?;
+        if !caller.is_admin() {
+            return Err(permission_denied("ended", format!("{caller} may not say whose agents went away: controllers only")));
+        }
+        let req = request.into_inner();
+        if req.ended.len() > MAX_ENDS_PER_RELAY {
+            let reason = format!("{} ended streams in one request; at most {MAX_ENDS_PER_RELAY}", req.ended.len());
+            return Err(ApiError::Field(FieldError::invalid("ended", reason)).into());
+        }
+        for (i, e) in req.ended.iter().enumerate() {
+            validate_name(&format!("ended[{i}].node"), &e.node).map_err(ApiError::from)?;
+        }
+        // Soft state of the leader alone: a follower (the sender's view of the leader is
+        // stale) says so, and the sender drops the batch.
+        if !self.controller.is_leader() {
+            return Err(not_leader_status(self.controller.leader()));
+        }
+        watch_ends::record(&self.controller, &req.ended);
+        Ok(Response::new(proto::WatchesEndedResponse {}))
     }
 }

@@ -276,7 +276,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
         Command::Get { kind, name, .. } if kind == "desired" => {
             let node = name.ok_or("get desired NODE: name the node")?;
-            let desired = connect()?.watch_desired(&node, 0).await.map_err(describe_status)?.message().await.map_err(describe_status)?;
+            let desired = connect()?.watch_desired(&node, 0, 0).await.map_err(describe_status)?.message().await.map_err(describe_status)?;
             print_desired(&desired.ok_or("the controller closed the watch before sending the node's state")?, args.output)
         }
         Command::Get { kind, name, tenant, stale, limit } => {

@@ -34,6 +34,9 @@ pub struct LoopSettings {
     pub report_budget_per_s: u32,
     /// Heartbeats a node may miss before it is marked unhealthy.
     pub missed_heartbeats: u32,
+    /// How long after its agent's desired-state stream ended (with no report from a new
+    /// one) a node is marked unhealthy: time for a live agent to reconnect and report.
+    pub watch_grace: Duration,
     /// `false` turns every loop off (tests of the bare Raft cluster).
     pub enabled: bool,
     /// The autoscaler's node provider; `None`: no node is launched or terminated (services
@@ -66,6 +69,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("report_budget_per_s", &self.report_budget_per_s)
             .field("missed_heartbeats", &self.missed_heartbeats)
+            .field("watch_grace", &self.watch_grace)
             .field("enabled", &self.enabled)
             .field("provider", &self.provider.is_some())
             .field("scale_window_s", &self.scale_window_s)
@@ -93,6 +97,7 @@ impl Default for LoopSettings {
             heartbeat_interval: Duration::from_secs(1),
             report_budget_per_s: crate::agents::ReportPace::default().budget_per_s,
             missed_heartbeats: 5,
+            watch_grace: Duration::from_secs(2),
             enabled: true,
             provider: None,
             scale_window_s: 60.0,

@@ -2,7 +2,7 @@
 //! reports once a second echoing it, as `node-agent` does, over a shared pool of gRPC
 //! connections (one `Client`, so one HTTP/2 connection per controller, per group of agents).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,6 @@ pub struct Held {
 }
 
 /// Everything the agents observed, shared with the measuring side.
-#[derive(Default)]
 pub struct Observed {
     pub held: Mutex<BTreeMap<String, Held>>,
     pub registered: Mutex<Vec<Instant>>,
@@ -30,6 +29,32 @@ pub struct Observed {
     pub reports_failed: std::sync::atomic::AtomicU64,
     /// Failed reports by gRPC code and the start of the message.
     pub report_errors: Mutex<BTreeMap<String, u64>>,
+    /// Agents killed: they drop their stream and stop reporting, as a host that dies.
+    pub dead: tokio::sync::watch::Sender<BTreeSet<String>>,
+}
+
+impl Default for Observed {
+    fn default() -> Self {
+        Observed {
+            held: Mutex::default(),
+            registered: Mutex::default(),
+            report_ms: Mutex::default(),
+            reports_failed: Default::default(),
+            report_errors: Mutex::default(),
+            dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
+        }
+    }
+}
+
+impl Observed {
+    /// Kills the agents `names` at once.
+    pub fn kill(&self, names: &[String]) {
+        self.dead.send_modify(|dead| dead.extend(names.iter().cloned()));
+    }
+
+    fn is_dead(&self, name: &str) -> bool {
+        self.dead.borrow().contains(name)
+    }
 }
 
 pub const GPUS_PER_NODE: usize = 8;
@@ -51,8 +76,8 @@ fn node_resource(name: &str) -> proto::Resource {
 
 /// The report an agent that applied `desired` sends: the GPUs as configured, its workloads
 /// running, and a window of metrics per service placed on it.
-fn report(node: &str, desired: Option<&proto::DesiredState>) -> proto::ReportRequest {
-    let mut r = proto::ReportRequest { node: node.into(), ..Default::default() };
+fn report(node: &str, watch_session: u64, desired: Option<&proto::DesiredState>) -> proto::ReportRequest {
+    let mut r = proto::ReportRequest { node: node.into(), watch_session, ..Default::default() };
     let Some(d) = desired else { return r };
     r.applied_version = d.version;
     let mut services = std::collections::BTreeSet::new();
@@ -97,21 +122,43 @@ pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed:
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             observed.registered.lock().unwrap().push(Instant::now());
-            let latest: Arc<Mutex<Option<proto::DesiredState>>> = Arc::default();
-            tokio::spawn(report_loop(client.clone(), name.clone(), latest.clone(), observed.clone()));
-            watch_loop(client, name, latest, observed).await;
+            let link = Arc::new(Link::default());
+            tokio::spawn(report_loop(client.clone(), name.clone(), link.clone(), observed.clone()));
+            watch_loop(client, name, link, observed).await;
         });
     }
 }
 
-async fn watch_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<proto::DesiredState>>>, observed: Arc<Observed>) {
+/// What an agent's watch shares with its reports.
+#[derive(Default)]
+struct Link {
+    latest: Mutex<Option<proto::DesiredState>>,
+    /// The session of the stream held now, reported at once when it is new (as `node-agent`).
+    session: std::sync::atomic::AtomicU64,
+    report_now: tokio::sync::Notify,
+}
+
+async fn watch_loop(client: Arc<Client>, name: String, link: Arc<Link>, observed: Arc<Observed>) {
+    let mut dead = observed.dead.subscribe();
+    let mut sessions = 0u64;
     loop {
-        let from = latest.lock().unwrap().as_ref().map_or(0, |d| d.version);
-        let Ok(mut stream) = client.watch_desired(&name, from).await else {
+        let from = link.latest.lock().unwrap().as_ref().map_or(0, |d| d.version);
+        // Unique per agent and stream, never 0.
+        sessions += 1;
+        let session = (sessions << 20) | (name_number(&name) + 1);
+        let Ok(mut stream) = client.watch_desired(&name, from, session).await else {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
-        while let Ok(Some(d)) = stream.message().await {
+        link.session.store(session, std::sync::atomic::Ordering::Relaxed);
+        link.report_now.notify_one();
+        loop {
+            let message = tokio::select! {
+                m = stream.message() => m,
+                // A dead host: the stream is dropped (reset) and nothing more is sent.
+                _ = dead.wait_for(|d| d.contains(&name)) => return,
+            };
+            let Ok(Some(d)) = message else { break };
             let now = Instant::now();
             {
                 let mut held = observed.held.lock().unwrap();
@@ -121,20 +168,30 @@ async fn watch_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<
                 h.has_work = !d.gpus.is_empty();
                 h.received += 1;
             }
-            *latest.lock().unwrap() = Some(d);
+            *link.latest.lock().unwrap() = Some(d);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn report_loop(client: Arc<Client>, name: String, latest: Arc<Mutex<Option<proto::DesiredState>>>, observed: Arc<Observed>) {
+fn name_number(name: &str) -> u64 {
+    name.trim_start_matches("host-").parse().unwrap_or(0)
+}
+
+async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observed: Arc<Observed>) {
     // Like the node agent: once a second, or at the longer interval the controllers ask
-    // for (at most a minute).
+    // for (at most a minute), and at once on a new stream.
     let own = Duration::from_secs(1);
     let mut interval = own;
     loop {
-        tokio::time::sleep(interval).await;
-        let r = report(&name, latest.lock().unwrap().as_ref());
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = link.report_now.notified() => {}
+        }
+        if observed.is_dead(&name) {
+            return;
+        }
+        let r = report(&name, link.session.load(std::sync::atomic::Ordering::Relaxed), link.latest.lock().unwrap().as_ref());
         let sent = Instant::now();
         match client.report(r).await {
             Ok(answer) => {

@@ -3,7 +3,7 @@
 //! agent registers its Node, watches its desired state and reports once a second echoing it.
 //! Then one resnet50 Service per 4 hosts is applied, one Service's rate is raised by 25%,
 //! and every Service's by 10% (a fleet-wide re-plan), each time waiting for the agents to
-//! go quiet. Prints a table per N and, with `--report-json FILE`, a JSON list (one object
+//! go quiet; then 1% of the agents die at once, and a controller is replaced. Prints a table per N and, with `--report-json FILE`, a JSON list (one object
 //! per N).
 //!
 //!   cargo build --release --bins && target/release/fleet-bench [--agents 1000] [--report-json FILE]
@@ -15,6 +15,7 @@
 mod agents;
 mod measure;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,7 +133,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let start_terms = probe.terms().await;
     let cpu_start = probe.cpu_seconds();
     let wall_start = Instant::now();
-    let unhealthy = measure::count_unhealthy_marks(Client::new(servers.clone()));
+    let unhealthy = measure::UnhealthyMarks::watch(Client::new(servers.clone()));
 
     // 1. Registration.
     let observed = Arc::new(Observed::default());
@@ -162,7 +163,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     // 2. The Services: every agent with work holds it.
     let services = n.div_ceil(args.hosts_per_service);
     let (applied, apply_puts_s) = put_all(&admin, (0..services).map(|i| service(i, args.rate))).await;
-    let apply = measure::fan_out(&observed, applied, args.quiet_s, timeout).await;
+    let apply = measure::fan_out(&observed, applied, args.quiet_s, timeout, true).await;
     let with_work = observed.held.lock().unwrap().values().filter(|h| h.has_work).count();
     eprintln!("[{:>6.1} s] applied: {with_work} agents with work, last after {:?} s", started.elapsed().as_secs_f64(), apply.last_s);
 
@@ -170,7 +171,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let settled_one = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
     let bytes_before = probe.leader_log_bytes().await;
     let (one, _) = put_all(&admin, [service(0, args.rate * 1.25)]).await;
-    let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout).await;
+    let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout, false).await;
     let bytes_after = probe.leader_log_bytes().await;
     eprintln!(
         "[{:>6.1} s] one service changed: {} agents, max {:?} s",
@@ -182,7 +183,24 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     // 4. Every Service +10%: a fleet-wide re-plan.
     let settled_replan = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
     let (all, replan_puts_s) = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
-    let replan = measure::fan_out(&observed, all, args.quiet_s, timeout).await;
+    let replan = measure::fan_out(&observed, all, args.quiet_s, timeout, false).await;
+
+    // 5. Dead hosts: 1% of the agents (at least 5) die at once, as hosts that lose power
+    // (their streams end; the controllers relay that to the leader's failure detector).
+    let settle_dead = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
+    let victims: BTreeSet<String> = {
+        let k = (n / 100).clamp(5.min(n), n);
+        (0..k).map(|j| agents::node_name(j * (n / k.max(1)))).collect()
+    };
+    let killed = Instant::now();
+    observed.kill(&victims.iter().cloned().collect::<Vec<_>>());
+    let detected = unhealthy.detected(&victims, killed, timeout).await;
+    eprintln!(
+        "[{:>6.1} s] {} hosts killed (after {settle_dead:.1} s of settling): marked unhealthy after {:?} s (max)",
+        started.elapsed().as_secs_f64(),
+        victims.len(),
+        detected.as_ref().and_then(|d| d.iter().copied().reduce(f64::max))
+    );
 
     let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
     for (error, count) in observed.report_errors.lock().unwrap().iter() {
@@ -210,7 +228,10 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         reports: reports.len(),
         reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),
         leader_changes: end_terms.iter().max().copied().unwrap_or(0).saturating_sub(start_terms.iter().max().copied().unwrap_or(0)),
-        unhealthy_marked: unhealthy.load(std::sync::atomic::Ordering::Relaxed),
+        unhealthy_marked: unhealthy.of_healthy(&victims),
+        dead_hosts: victims.len(),
+        dead_host_detected_p50_s: detected.as_deref().and_then(|d| percentile(d, 50.0)),
+        dead_host_detected_max_s: detected.as_deref().and_then(|d| d.iter().copied().reduce(f64::max)),
         controller_cpu: cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect(),
         leader_rss_mib: probe.leader_rss_mib().await,
         raft_bytes_one_service_change: bytes_after.zip(bytes_before).map(|(a, b)| a.saturating_sub(b)),
@@ -218,7 +239,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         catch_up_s: None,
         snapshot_install_s: None,
     };
-    // 5. Last, as it restarts a controller: a replaced controller catches up.
+    // 6. Last, as it restarts a controller: a replaced controller catches up.
     let (catch_up_s, snapshot_install_s) = probe.replaced_controller_catch_up(&mut cluster, &admin, timeout).await;
     eprintln!(
         "[{:>6.1} s] a replaced controller caught up in {catch_up_s:?} s (snapshot installed in {snapshot_install_s:?} s)",

@@ -1,7 +1,7 @@
 //! What fleet-bench measures and how it prints it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
@@ -30,8 +30,10 @@ pub struct FanOut {
 }
 
 /// Waits until agents stop receiving desired states after `since` (no new one for `quiet_s`
-/// after at least one arrived, or `timeout`), and returns the latencies from `since`.
-pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout: Duration) -> FanOut {
+/// after at least one arrived, or `timeout`), and returns the latencies from `since`. With
+/// `work_only`, desired states with nothing placed do not count (agents whose watch opened
+/// late still receive their first, empty one after `since`).
+pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout: Duration, work_only: bool) -> FanOut {
     let quiet = Duration::from_secs_f64(quiet_s);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -40,6 +42,7 @@ pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout:
             .lock()
             .unwrap()
             .values()
+            .filter(|h| h.has_work || !work_only)
             .filter_map(|h| h.at.filter(|&at| at > since).map(|at| at.duration_since(since).as_secs_f64()))
             .collect();
         let last = latencies.iter().copied().fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.max(l))));
@@ -58,25 +61,60 @@ pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout:
     }
 }
 
-/// Counts the times a node's status turns unhealthy from now on (a Node watch).
-pub fn count_unhealthy_marks(client: Client) -> Arc<AtomicU64> {
-    let count = Arc::new(AtomicU64::new(0));
-    let c = count.clone();
-    tokio::spawn(async move {
-        let Ok(mut stream) = client.watch("Node", 0).await else { return };
-        let mut unhealthy = std::collections::HashSet::new();
-        while let Ok(Some(ev)) = stream.message().await {
-            let Some(r) = ev.resource else { continue };
-            let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
-            let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
-            if is && unhealthy.insert(r.name.clone()) {
-                c.fetch_add(1, Ordering::Relaxed);
-            } else if !is {
-                unhealthy.remove(&r.name);
+/// When nodes' statuses turned unhealthy, from now on (a Node watch).
+#[derive(Default)]
+pub struct UnhealthyMarks {
+    marks: Mutex<Vec<(String, Instant)>>,
+}
+
+impl UnhealthyMarks {
+    pub fn watch(client: Client) -> Arc<Self> {
+        let marks = Arc::new(UnhealthyMarks::default());
+        let m = marks.clone();
+        tokio::spawn(async move {
+            let Ok(mut stream) = client.watch("Node", 0).await else { return };
+            let mut unhealthy = std::collections::HashSet::new();
+            while let Ok(Some(ev)) = stream.message().await {
+                let Some(r) = ev.resource else { continue };
+                let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+                let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
+                if is && unhealthy.insert(r.name.clone()) {
+                    m.marks.lock().unwrap().push((r.name, Instant::now()));
+                } else if !is {
+                    unhealthy.remove(&r.name);
+                }
             }
+        });
+        marks
+    }
+
+    /// Marks of nodes other than `dead`.
+    pub fn of_healthy(&self, dead: &BTreeSet<String>) -> u64 {
+        self.marks.lock().unwrap().iter().filter(|(n, _)| !dead.contains(n)).count() as u64
+    }
+
+    /// Seconds from `since` until each of `nodes` was marked, once all were (`None`: not
+    /// all within `timeout`).
+    pub async fn detected(&self, nodes: &BTreeSet<String>, since: Instant, timeout: Duration) -> Option<Vec<f64>> {
+        loop {
+            let seen: Vec<f64> = self
+                .marks
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(n, at)| nodes.contains(n) && *at >= since)
+                .map(|(_, at)| at.duration_since(since).as_secs_f64())
+                .collect();
+            if seen.len() >= nodes.len() {
+                return Some(seen);
+            }
+            if since.elapsed() > timeout {
+                eprintln!("dead hosts: {} of {} marked unhealthy after {timeout:?}", seen.len(), nodes.len());
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    });
-    count
+    }
 }
 
 /// The controllers' processes and `/metrics`.
@@ -283,6 +321,10 @@ pub struct Row {
     pub reports_failed: u64,
     pub leader_changes: u64,
     pub unhealthy_marked: u64,
+    /// Agents killed at once, and seconds until each was marked unhealthy (p50, max).
+    pub dead_hosts: usize,
+    pub dead_host_detected_p50_s: Option<f64>,
+    pub dead_host_detected_max_s: Option<f64>,
     /// Cores used by each controller over the run.
     pub controller_cpu: Vec<f64>,
     pub leader_rss_mib: Option<f64>,
@@ -319,6 +361,9 @@ impl Row {
             "reports_failed": self.reports_failed,
             "leader_changes": self.leader_changes,
             "unhealthy_marked": self.unhealthy_marked,
+            "dead_hosts": self.dead_hosts,
+            "dead_host_detected_p50_s": self.dead_host_detected_p50_s,
+            "dead_host_detected_max_s": self.dead_host_detected_max_s,
             "controller_cpu_cores": self.controller_cpu,
             "leader_rss_mib": self.leader_rss_mib,
             "raft_bytes_one_service_change": self.raft_bytes_one_service_change,
@@ -362,6 +407,12 @@ pub fn print_table(rows: &[Row]) {
     line("reports sent/failed", rows.iter().map(|r| format!("{}/{}", r.reports, r.reports_failed)).collect());
     line("leader changes", rows.iter().map(|r| r.leader_changes.to_string()).collect());
     line("healthy nodes marked unhealthy", rows.iter().map(|r| r.unhealthy_marked.to_string()).collect());
+    line(
+        "hosts killed: marked unhealthy p50/max (s)",
+        rows.iter()
+            .map(|r| format!("{}: {}/{}", r.dead_hosts, opt(r.dead_host_detected_p50_s, 1), opt(r.dead_host_detected_max_s, 1)))
+            .collect(),
+    );
     line(
         "controller CPU (cores, each)",
         rows.iter().map(|r| r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/")).collect(),
