@@ -5,16 +5,19 @@
 //! fleet has, of the instance type with the least price-and-launch-latency objective, and
 //! launched nodes that hold nothing for the cool-down are terminated.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launches_for, provisioned_rate, shortfall};
-use crate::provision::{fleet, plan_pools, planning_input, strategy_overrides};
+use crate::provision::{fleet, plan_pools, planning_input, strategy_overrides, MigStrategy};
+use crate::raft::WatchSignal;
 use crate::resources::{InstanceTypeSpec, Kind, Spec};
-use crate::state::{Command, Request};
+use crate::state::{ClusterState, Command, Request};
+use super::provisioner::FleetFingerprints;
 
 /// HetSev's saturation threshold: capacity is provisioned so that load is 80% of it.
 const TARGET_SATURATION: f64 = 0.8;
@@ -28,6 +31,67 @@ struct Pending {
     deadline_s: f64,
 }
 
+/// What the node decisions need of the fleet (see [`FleetView::of`]).
+struct FleetView {
+    /// GPUs the services' plan needs, by model (before it meets the fleet).
+    planned: BTreeMap<String, u32>,
+    /// Healthy GPUs, by model.
+    available: BTreeMap<String, u32>,
+    types: BTreeMap<String, InstanceTypeSpec>,
+    /// Nodes the committed plan places something on.
+    plan_nodes: BTreeSet<String>,
+    /// Nodes the autoscaler launched.
+    autoscaled: Vec<String>,
+}
+
+impl FleetView {
+    /// O(fleet) and a planning pass: run off the workers, on a copy of the state.
+    fn of(cluster: &ClusterState, strategy: MigStrategy) -> Self {
+        let mut planned: BTreeMap<String, u32> = BTreeMap::new();
+        for g in &plan_pools(&planning_input(cluster), &strategy_overrides(cluster), strategy).gpus {
+            *planned.entry(g.gpu_type.clone()).or_default() += 1;
+        }
+        let mut available: BTreeMap<String, u32> = BTreeMap::new();
+        for g in fleet(cluster) {
+            *available.entry(g.model).or_default() += 1;
+        }
+        let types = cluster
+            .list(Kind::InstanceType)
+            .filter_map(|r| match &r.spec {
+                Spec::InstanceType(s) => Some((r.name.clone(), s.clone())),
+                _ => None,
+            })
+            .collect();
+        let autoscaled = cluster
+            .list(Kind::Node)
+            .filter(|n| matches!(&n.spec, Spec::Node(s) if s.labels.get(AUTOSCALED_LABEL).is_some_and(|v| v == "true")))
+            .map(|n| n.name.clone())
+            .collect();
+        FleetView { planned, available, types, plan_nodes: plan_nodes(cluster), autoscaled }
+    }
+}
+
+fn plan_nodes(cluster: &ClusterState) -> BTreeSet<String> {
+    match cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
+        Some(Spec::Plan(p)) => p.gpus.iter().map(|g| g.node.clone()).collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// Consumes the changes queued since the last tick: whether any may change the planning
+/// inputs or the fleet (as the provisioner judges it), and whether the Plan changed.
+fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) -> (bool, bool) {
+    let (mut inputs, mut plan) = (false, false);
+    loop {
+        match signals.try_recv() {
+            Ok(WatchSignal::Change(ev)) if ev.resource.kind() == Kind::Plan => plan = true,
+            Ok(WatchSignal::Change(ev)) => inputs |= seen.is_relevant(&ev),
+            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => return (true, true),
+            Err(_) => return (inputs, plan),
+        }
+    }
+}
+
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let started = Instant::now();
     let now_s = move || started.elapsed().as_secs_f64();
@@ -38,6 +102,9 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
     let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
     let mut idle_since: BTreeMap<String, f64> = BTreeMap::new();
     let mut launched = 0u64;
+    let mut signals = controller.sm.subscribe();
+    let mut seen = FleetFingerprints::default();
+    let mut view: Option<FleetView> = None;
     loop {
         tick.tick().await;
         let _pass = controller.telemetry.time_loop_pass("autoscaler");
@@ -92,55 +159,41 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         // Without a provider nodes come and go by hand; services are still re-sized.
         let Some(provider) = settings.provider.clone() else { continue };
         // 2. Nodes: launch what the plan needs beyond the healthy fleet and launches in flight.
-        let (input, overrides, available, types, plan_nodes, autoscaled) = controller.read(|d| {
-            let input = planning_input(&d.cluster);
-            let overrides = strategy_overrides(&d.cluster);
-            let mut available: BTreeMap<String, u32> = BTreeMap::new();
-            for g in fleet(&d.cluster) {
-                *available.entry(g.model).or_default() += 1;
+        // The view of the fleet is computed again only when what it is made of changed: at
+        // 10,000 hosts it is a full planning pass over 80,000 GPUs, which every second kept
+        // the state locked and a runtime worker busy while reports waited.
+        let (inputs_changed, plan_changed) = drain(&mut signals, &mut seen);
+        if view.is_none() || inputs_changed || plan_changed {
+            let sm = controller.sm.clone();
+            let strategy = settings.mig_strategy;
+            let previous = view.take().filter(|_| !inputs_changed);
+            // An O(1) copy of the state under its lock; the rest off the workers.
+            let refreshed = super::off_runtime(&settings, "autoscaler planning", move |_| {
+                let cluster = sm.data.read().expect("state lock").cluster.resources_only();
+                match previous {
+                    Some(v) => FleetView { plan_nodes: plan_nodes(&cluster), ..v },
+                    None => FleetView::of(&cluster, strategy),
+                }
+            })
+            .await;
+            match refreshed {
+                Ok(v) => view = Some(v),
+                Err(e) => {
+                    controller.telemetry.observe_loop_outcome("autoscaler", true);
+                    tracing::warn!(error = %e, "autoscaler: planning failed; retrying at the next tick");
+                    continue;
+                }
             }
-            let types: BTreeMap<String, InstanceTypeSpec> = d
-                .cluster
-                .list(Kind::InstanceType)
-                .filter_map(|r| match &r.spec {
-                    Spec::InstanceType(s) => Some((r.name.clone(), s.clone())),
-                    _ => None,
-                })
-                .collect();
-            let plan_nodes: Vec<String> = match d.cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
-                Some(Spec::Plan(p)) => p.gpus.iter().map(|g| g.node.clone()).collect(),
-                _ => Vec::new(),
-            };
-            let autoscaled: Vec<String> = d
-                .cluster
-                .list(Kind::Node)
-                .filter(|n| matches!(&n.spec, Spec::Node(s) if s.labels.get(AUTOSCALED_LABEL).is_some_and(|v| v == "true")))
-                .map(|n| n.name.clone())
-                .collect();
-            (input, overrides, available, types, plan_nodes, autoscaled)
-        });
-        // Plan outside the state lock and off the runtime's workers.
-        let strategy = settings.mig_strategy;
-        let plan = match super::off_runtime(&settings, "autoscaler planning", move |_| plan_pools(&input, &overrides, strategy)).await {
-            Ok(plan) => plan,
-            Err(e) => {
-                controller.telemetry.observe_loop_outcome("autoscaler", true);
-                tracing::warn!(error = %e, "autoscaler: planning failed; retrying at the next tick");
-                continue;
-            }
-        };
-        controller.telemetry.observe_loop_outcome("autoscaler", false);
-        let mut planned: BTreeMap<String, u32> = BTreeMap::new();
-        for g in &plan.gpus {
-            *planned.entry(g.gpu_type.clone()).or_default() += 1;
         }
+        controller.telemetry.observe_loop_outcome("autoscaler", false);
+        let FleetView { planned, available, types, plan_nodes, autoscaled } = view.as_ref().expect("refreshed above");
         // A launch is in flight until its node registers, or three launch latencies pass.
         pending.retain(|node, p| !autoscaled.contains(node) && p.since.elapsed().as_secs_f64() < p.deadline_s);
         let mut with_pending = available.clone();
         for p in pending.values() {
             *with_pending.entry(p.gpu_model.clone()).or_default() += p.gpus;
         }
-        for launch in launches_for(&shortfall(&planned, &with_pending), &types, settings.lambda_per_s) {
+        for launch in launches_for(&shortfall(planned, &with_pending), types, settings.lambda_per_s) {
             let spec = &types[&launch.instance_type];
             for _ in 0..launch.count {
                 launched += 1;
@@ -165,7 +218,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
 
         // 3. Scale-in: launched nodes the plan leaves empty for the cool-down.
         idle_since.retain(|n, _| autoscaled.contains(n) && !plan_nodes.contains(n));
-        for n in &autoscaled {
+        for n in autoscaled {
             if !plan_nodes.contains(n) {
                 idle_since.entry(n.clone()).or_insert(t);
             }
@@ -186,5 +239,39 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 Err(e) => tracing::warn!(node, error = %e, "autoscaler: node not removed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loops::provisioner::tests::node_event;
+    use crate::state::ChangeType;
+
+    #[test]
+    fn the_fleet_view_is_recomputed_only_for_changes_of_its_inputs_or_of_the_plan() {
+        let (tx, mut rx) = broadcast::channel(16);
+        let mut seen = FleetFingerprints::default();
+        assert_eq!(drain(&mut rx, &mut seen), (false, false), "nothing happened");
+        tx.send(node_event("n1", ChangeType::Added, serde_json::Value::Null)).unwrap();
+        assert_eq!(drain(&mut rx, &mut seen), (true, false), "a node joined");
+        // Reports that change only what the agent applied: the view stands.
+        for v in 1..=5 {
+            tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"applied_version": v, "health": "healthy"}))).unwrap();
+        }
+        assert_eq!(drain(&mut rx, &mut seen), (false, false));
+        tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"health": "unhealthy"}))).unwrap();
+        assert_eq!(drain(&mut rx, &mut seen), (true, false), "its health is an input");
+        let WatchSignal::Change(node) = node_event("n1", ChangeType::Modified, serde_json::Value::Null) else { unreachable!() };
+        let mut plan = (*node).clone();
+        plan.resource.name = "current".into();
+        plan.resource.spec = Spec::Plan(Default::default());
+        tx.send(WatchSignal::Change(std::sync::Arc::new(plan))).unwrap();
+        assert_eq!(drain(&mut rx, &mut seen), (false, true), "a plan commit changes which nodes hold work");
+        // Missed changes: everything again.
+        for v in 0..20 {
+            tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"applied_version": v}))).unwrap();
+        }
+        assert_eq!(drain(&mut rx, &mut seen), (true, true));
     }
 }

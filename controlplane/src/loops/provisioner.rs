@@ -72,11 +72,11 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
 /// health), as a fingerprint: a report that changes only what the agent applied or serves
 /// does not wake the provisioner.
 #[derive(Default)]
-struct FleetFingerprints(HashMap<String, u64>);
+pub(super) struct FleetFingerprints(HashMap<String, u64>);
 
 impl FleetFingerprints {
     /// Whether `event` may change the plan's inputs.
-    fn is_relevant(&mut self, event: &ChangeEvent) -> bool {
+    pub(super) fn is_relevant(&mut self, event: &ChangeEvent) -> bool {
         match event.resource.kind() {
             Kind::Plan | Kind::Tenant => false,
             Kind::Node if event.change_type == ChangeType::Deleted => {
@@ -152,13 +152,16 @@ async fn pass(
     // Taken: a pass that fails plans in full next time.
     let previous = memory.take();
     let sm = controller.sm.clone();
-    // All of it on the blocking pool: copying the inputs (every GPU of the fleet) under the
-    // state lock, the digest (which encodes them), planning, placement and the patch.
+    // All of it on the blocking pool: copying the inputs (every GPU of the fleet), the digest
+    // (which encodes them), planning, placement and the patch.
     let decision = super::off_runtime(settings, "provisioning", move |cancel: super::Cancel| {
-        let (inputs, version) = {
+        // An O(1) copy under the lock: copying every GPU of the fleet under it kept applies,
+        // and the reports queued behind them, waiting.
+        let (cluster, version) = {
             let d = sm.data.read().expect("state lock");
-            (gather(&d.cluster), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version))
+            (d.cluster.resources_only(), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version))
         };
+        let inputs = gather(&cluster);
         let digest = inputs_digest(&inputs, strategy);
         let current = inputs.current.as_ref();
         if current.is_some_and(|p| p.inputs_digest == digest) || last.as_deref() == Some(digest.as_str()) {
@@ -206,13 +209,13 @@ async fn pass(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::resources::{NodeGpu, NodeSpec, Spec, StoredResource};
     use futures::FutureExt;
     use std::sync::Arc;
 
-    fn node_event(name: &str, change_type: ChangeType, status: serde_json::Value) -> WatchSignal {
+    pub(in crate::loops) fn node_event(name: &str, change_type: ChangeType, status: serde_json::Value) -> WatchSignal {
         let spec = Spec::Node(NodeSpec {
             address: format!("{name}:7000"),
             instance_type: "a100-1x".into(),

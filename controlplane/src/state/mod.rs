@@ -101,6 +101,13 @@ impl ClusterState {
         }
     }
 
+    /// The resources alone, in O(1) (persistent maps): for reading them off the state lock,
+    /// e.g. a planning pass over the whole fleet. Its desired-state index and request
+    /// records are empty: never apply to it.
+    pub fn resources_only(&self) -> ClusterState {
+        ClusterState { resources: self.resources.clone(), revision: self.revision, ..ClusterState::default() }
+    }
+
     pub fn get(&self, kind: Kind, name: &str) -> Option<&StoredResource> {
         self.resources.get(&kind)?.get(name)
     }

@@ -420,3 +420,15 @@ fn a_batch_is_bounded_and_holds_puts_of_resources_other_than_plans_only() {
     assert_eq!(field(batch("plan", vec![plan])), "puts[0].kind");
     assert!(s.check(&batch("ok", (0..crate::resources::limits::MAX_BATCH_PUTS).map(|_| svc()).collect())).is_ok());
 }
+
+#[test]
+fn a_resources_only_copy_holds_the_resources_then_and_none_of_the_later_changes() {
+    let (mut s, i) = seeded();
+    s.apply(i + 1, &put("a", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    let copy = s.resources_only();
+    s.apply(i + 2, &put("b", "svc2", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    assert_eq!(copy.count(Kind::Service), 1);
+    assert_eq!(copy.get(Kind::Service, "svc1"), s.get(Kind::Service, "svc1"));
+    assert_eq!((copy.revision(), s.count(Kind::Service)), (i + 1, 2));
+    assert!(copy.applied_outcome("a").is_none(), "request records are not copied");
+}

@@ -26,6 +26,8 @@ pub struct Observed {
     pub registered: Mutex<Vec<Instant>>,
     /// Report round trips (ms) and failures.
     pub report_ms: Mutex<Vec<f64>>,
+    /// When each of those reports was sent, in the same order.
+    pub report_sent: Mutex<Vec<Instant>>,
     pub reports_failed: std::sync::atomic::AtomicU64,
     /// Failed reports by gRPC code and the start of the message.
     pub report_errors: Mutex<BTreeMap<String, u64>>,
@@ -39,6 +41,7 @@ impl Default for Observed {
             held: Mutex::default(),
             registered: Mutex::default(),
             report_ms: Mutex::default(),
+            report_sent: Mutex::default(),
             reports_failed: Default::default(),
             report_errors: Mutex::default(),
             dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
@@ -195,7 +198,9 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
         let sent = Instant::now();
         match client.report(r).await {
             Ok(answer) => {
-                observed.report_ms.lock().unwrap().push(sent.elapsed().as_secs_f64() * 1e3);
+                let mut ms = observed.report_ms.lock().unwrap();
+                ms.push(sent.elapsed().as_secs_f64() * 1e3);
+                observed.report_sent.lock().unwrap().push(sent);
                 interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
             }
             Err(status) => {

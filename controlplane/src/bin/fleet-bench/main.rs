@@ -15,7 +15,7 @@
 mod agents;
 mod measure;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,12 +203,23 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     );
 
     let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
+    // Where the slow reports are: p99 per 5 s of the run.
+    let sent: Vec<Instant> = observed.report_sent.lock().unwrap()[reports_from..].to_vec();
+    let mut windows: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for (at, ms) in sent.iter().zip(&reports) {
+        windows.entry(at.duration_since(started).as_secs() / 5 * 5).or_default().push(*ms);
+    }
+    for (from, ms) in &windows {
+        eprintln!("  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms", from + 5, ms.len(), percentile(ms, 50.0).unwrap_or(0.0), percentile(ms, 99.0).unwrap_or(0.0));
+    }
     for (error, count) in observed.report_errors.lock().unwrap().iter() {
         eprintln!("reports failed ×{count}: {error}");
     }
     let wall = wall_start.elapsed().as_secs_f64();
     let cpu_end = probe.cpu_seconds();
     let end_terms = probe.terms().await;
+    // Each controller's, then this process's.
+    let cores: Vec<f64> = cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect();
     let planning = probe.planning().await;
     let row = Row {
         agents: n,
@@ -232,7 +243,8 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         dead_hosts: victims.len(),
         dead_host_detected_p50_s: detected.as_deref().and_then(|d| percentile(d, 50.0)),
         dead_host_detected_max_s: detected.as_deref().and_then(|d| d.iter().copied().reduce(f64::max)),
-        controller_cpu: cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect(),
+        controller_cpu: cores[..cores.len() - 1].to_vec(),
+        simulator_cpu: cores[cores.len() - 1],
         leader_rss_mib: probe.leader_rss_mib().await,
         raft_bytes_one_service_change: bytes_after.zip(bytes_before).map(|(a, b)| a.saturating_sub(b)),
         settled_s: [settled_one, settled_replan],

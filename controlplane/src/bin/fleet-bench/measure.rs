@@ -267,19 +267,19 @@ impl ControllerProbe {
 
     /// User + system CPU seconds of each controller so far (clock ticks of 1/100 s, Linux's
     /// USER_HZ on every architecture it runs here).
+    /// CPU seconds used by each controller, then by this process (the simulated agents).
     pub fn cpu_seconds(&self) -> Vec<f64> {
-        self.pids
-            .iter()
-            .map(|pid| {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                // Fields after the command name (which may hold spaces) start at field 3.
-                let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-                (ticks(11) + ticks(12)) / 100.0
-            })
-            .collect()
+        self.pids.iter().map(|pid| cpu_seconds_of(&pid.to_string())).chain([cpu_seconds_of("self")]).collect()
     }
+}
+
+fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The `seconds` field of the "snapshot installed" line in a controller's log (its fields
@@ -327,6 +327,8 @@ pub struct Row {
     pub dead_host_detected_max_s: Option<f64>,
     /// Cores used by each controller over the run.
     pub controller_cpu: Vec<f64>,
+    /// Cores used by this process (the simulated agents) over the run.
+    pub simulator_cpu: f64,
     pub leader_rss_mib: Option<f64>,
     pub raft_bytes_one_service_change: Option<u64>,
     /// Seconds until the log stopped growing before the one-Service change and before the
@@ -365,6 +367,7 @@ impl Row {
             "dead_host_detected_p50_s": self.dead_host_detected_p50_s,
             "dead_host_detected_max_s": self.dead_host_detected_max_s,
             "controller_cpu_cores": self.controller_cpu,
+            "simulator_cpu_cores": self.simulator_cpu,
             "leader_rss_mib": self.leader_rss_mib,
             "raft_bytes_one_service_change": self.raft_bytes_one_service_change,
             "settled_before_one_service_s": self.settled_s[0],
@@ -414,8 +417,10 @@ pub fn print_table(rows: &[Row]) {
             .collect(),
     );
     line(
-        "controller CPU (cores, each)",
-        rows.iter().map(|r| r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/")).collect(),
+        "CPU (cores): controllers; agents' simulator",
+        rows.iter()
+            .map(|r| format!("{}; {:.2}", r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/"), r.simulator_cpu))
+            .collect(),
     );
     line("leader RSS (MiB)", rows.iter().map(|r| opt(r.leader_rss_mib, 0)).collect());
     line(
