@@ -41,6 +41,8 @@ pub struct Controller {
     /// Ends of the agents' desired-state streams this controller served, for the leader's
     /// failure detector.
     pub watch_ends: crate::agents::WatchEnds,
+    /// Reports this controller answered as a follower, for the leader.
+    pub report_relay: crate::agents::report_relay::ReportRelay,
     /// Writes the agents' observed state to their Nodes (leader only).
     pub status_writer: crate::agents::StatusWriter,
     /// How often agents are told to report, by fleet size.

@@ -66,7 +66,8 @@ pub struct RunningNode {
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     loops: Option<JoinHandle<()>>,
-    watch_relay: Option<JoinHandle<()>>,
+    /// Relays ended agent streams and reports to the leader.
+    relays: Vec<JoinHandle<()>>,
 }
 
 impl RunningNode {
@@ -84,6 +85,14 @@ impl RunningNode {
         }
     }
 
+    fn stop_relays(&mut self) {
+        self.controller.watch_ends.stop();
+        self.controller.report_relay.stop();
+        for r in self.relays.drain(..) {
+            r.abort();
+        }
+    }
+
     /// Stops serving and shuts Raft down (the data dir stays as it is).
     pub async fn shutdown(mut self) {
         self.stop().await;
@@ -91,10 +100,7 @@ impl RunningNode {
 
     async fn stop(&mut self) {
         // Agents' streams end from here on because this controller stops, not their agents.
-        self.controller.watch_ends.stop();
-        if let Some(r) = self.watch_relay.take() {
-            r.abort();
-        }
+        self.stop_relays();
         if let Some(l) = self.loops.take() {
             l.abort();
         }
@@ -114,10 +120,7 @@ impl RunningNode {
 
 impl Drop for RunningNode {
     fn drop(&mut self) {
-        self.controller.watch_ends.stop();
-        if let Some(r) = self.watch_relay.take() {
-            r.abort();
-        }
+        self.stop_relays();
         if let Some(l) = self.loops.take() {
             l.abort();
         }
@@ -199,6 +202,7 @@ where
         channels,
         reports: AgentReports::default(),
         watch_ends: Default::default(),
+        report_relay: Default::default(),
         status_writer: Default::default(),
         report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),
@@ -240,7 +244,10 @@ where
     let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?;
     let metrics = metrics_listener.map(|l| tokio::spawn(serve_controller(l, controller.clone())));
     let loops = loops::spawn(controller.clone(), opts.loops.clone());
-    let watch_relay = tokio::spawn(crate::agents::watch_ends::relay(controller.clone()));
+    let relays = vec![
+        tokio::spawn(crate::agents::watch_ends::relay(controller.clone())),
+        tokio::spawn(crate::agents::report_relay::relay(controller.clone())),
+    ];
     tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
     Ok(RunningNode {
         controller,
@@ -250,6 +257,6 @@ where
         shutdown: Some(shutdown_tx),
         server: Some(server),
         loops: Some(loops),
-        watch_relay: Some(watch_relay),
+        relays,
     })
 }

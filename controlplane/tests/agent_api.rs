@@ -299,7 +299,10 @@ async fn a_node_whose_agent_stream_ends_is_marked_unhealthy_unless_it_reports_a_
     let mut at_leader = agent_client(&cluster.node(leader).addr.to_string()).await;
     let err = at_leader.watches_ended(too_many).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(err.message().contains("4097 ended streams"), "{}", err.message());
+    assert!(err.message().starts_with("ended: 4097 items in one request; at most 4096"), "{}", err.message());
+    let too_many = proto::ReportBatchRequest { reports: vec![proto::ReportRequest::default(); 513] };
+    let err = at_leader.report_batch(too_many).await.unwrap_err();
+    assert!(err.message().starts_with("reports: 513 items in one request; at most 512"), "{}", err.message());
     let bad_name = proto::WatchesEndedRequest { ended: vec![proto::EndedWatch { node: "Not A Name!".into(), session: 1 }] };
     let err = at_leader.watches_ended(bad_name).await.unwrap_err();
     assert!(err.message().contains("ended[0].node"), "{}", err.message());

@@ -97,8 +97,17 @@ async fn metrics_exist_and_move_with_writes_and_reports() {
         ..Default::default()
     };
     agent.report(proto::ReportRequest { node: "n1".into(), metrics: vec![window], ..Default::default() }).await.unwrap();
-    let reported = scrape(&cluster, leader).await;
+    // The follower answered; the leader has it in its next batch, moments later.
     let labels = "{service=\"web\",node=\"n1\"}";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let reported = loop {
+        let text = scrape(&cluster, leader).await;
+        if value(&text, &format!("gpuplane_service_p99_ms{labels}")).is_some() {
+            break text;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the report never reached the leader:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(value(&reported, &format!("gpuplane_service_p99_ms{labels}")), Some(12.5), "{reported}");
     assert_eq!(value(&reported, &format!("gpuplane_service_throughput_rps{labels}")), Some(90.0));
     assert_eq!(value(&reported, &format!("gpuplane_service_arrival_rps{labels}")), Some(95.0));

@@ -258,6 +258,11 @@ async fn agents_act_only_for_their_own_node_and_raft_takes_controllers_only() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("controllers only"), "{}", err.message());
 
+    // Nor relay reports in the name of others.
+    let batch = proto::ReportBatchRequest { reports: vec![proto::ReportRequest { node: "node-b".into(), ..Default::default() }] };
+    let err = agent.report_batch(batch).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
     // Claiming another principal in metadata counts only from a controller.
     let mut spoofed = tonic::Request::new(proto::WatchDesiredRequest { node: "node-b".into(), from_version: 0, session: 0 });
     spoofed.metadata_mut().insert(proto::meta::PRINCIPAL, "admin:ops".parse().unwrap());

@@ -3,8 +3,10 @@
 
 mod desired;
 pub mod endpoints;
+mod relay;
 pub mod report_check;
 pub mod report_pace;
+pub mod report_relay;
 mod reports;
 mod status_writer;
 pub mod watch_ends;

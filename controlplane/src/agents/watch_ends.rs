@@ -10,49 +10,50 @@
 //! at once (a network partition) sends a few requests, not thousands. Soft state like the
 //! reports: an end that cannot be delivered is dropped (the timeout still applies).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::relay::Queue;
 use crate::controller::Controller;
 
 /// The most ends one relay request carries (~300 KB of node names at most); the leader
 /// refuses more.
 pub const MAX_ENDS_PER_RELAY: usize = 4_096;
 
+/// Ends waiting to be relayed, at most (one per stream this controller served; beyond, the
+/// report timeout still applies).
+const MAX_PENDING_ENDS: usize = 100_000;
+
 /// How long the leader may take to take a relay.
 const RELAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct WatchEnds {
-    /// One entry per stream that ended: bounded by the streams this controller served.
-    pending: Arc<Mutex<Vec<proto::EndedWatch>>>,
-    wake: Arc<Notify>,
-    /// Set when this controller stops: its streams end because it does, not their agents.
-    stopping: Arc<AtomicBool>,
+    queue: Arc<Queue<proto::EndedWatch>>,
+}
+
+impl Default for WatchEnds {
+    fn default() -> Self {
+        WatchEnds { queue: Queue::new(MAX_PENDING_ENDS) }
+    }
 }
 
 impl WatchEnds {
     /// The agent of `node` ended its stream `session` (0: an unnamed stream, ignored).
     pub fn ended(&self, node: &str, session: u64) {
-        if session == 0 || self.stopping.load(Ordering::Relaxed) {
-            return;
+        if session != 0 {
+            self.queue.push(proto::EndedWatch { node: node.to_string(), session });
         }
-        self.pending.lock().expect("watch ends lock").push(proto::EndedWatch { node: node.to_string(), session });
-        self.wake.notify_one();
     }
 
     /// From now on, streams end because this controller stops: nothing is relayed.
     pub fn stop(&self) {
-        self.stopping.store(true, Ordering::Relaxed);
+        self.queue.stop();
     }
 
     fn take(&self) -> Vec<proto::EndedWatch> {
-        let mut pending = self.pending.lock().expect("watch ends lock");
-        let n = pending.len().min(MAX_ENDS_PER_RELAY);
-        pending.drain(..n).collect()
+        self.queue.take(MAX_ENDS_PER_RELAY)
     }
 }
 
@@ -60,7 +61,7 @@ impl WatchEnds {
 /// it leads, else to the leader; runs as long as the controller.
 pub async fn relay(controller: Controller) {
     loop {
-        controller.watch_ends.wake.notified().await;
+        controller.watch_ends.queue.pushed().await;
         loop {
             let batch = controller.watch_ends.take();
             if batch.is_empty() {

@@ -1,10 +1,12 @@
-//! The node agents' API: desired-state watch (served by any controller from its applied
-//! state) and reports (served by the leader, forwarded from followers).
+//! The node agents' API: desired-state watch and reports, both served by any controller from
+//! its applied state (a follower relays the reports it answered to the leader in batches,
+//! `agents::report_relay`), and the controllers' relays to the leader.
 
 use std::pin::Pin;
 use tokio::time::Instant;
 
 use proto::agent_client::AgentClient;
+
 use proto::agent_server::Agent;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -14,6 +16,7 @@ use tonic::{Request, Response, Status};
 use super::errors::{not_leader_status, permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::report_check::{check_report, ReportRefusal};
+use crate::agents::report_relay::MAX_REPORTS_PER_BATCH;
 use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
 use crate::agents::{desired_state, fingerprint};
 use crate::controller::Controller;
@@ -28,6 +31,56 @@ impl AgentService {
     pub fn new(controller: Controller) -> Self {
         Self { controller }
     }
+
+    /// Checks `req` against this controller's applied state (one node's entry of the
+    /// desired-state index, not a scan of the plan); drops the windows of services moved
+    /// away from a lagging agent; the answer to the agent.
+    fn check(&self, req: &mut proto::ReportRequest) -> Result<proto::ReportResponse, Status> {
+        let (spec, desired, nodes) = self.controller.read(|d| {
+            let spec = d.cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
+                Spec::Node(s) => Some(s.clone()),
+                _ => None,
+            });
+            (spec, desired_state(&d.cluster, &req.node), d.cluster.count(Kind::Node))
+        });
+        let Some(spec) = spec else {
+            return Err(ApiError::Field(FieldError::new(
+                ErrorCode::NotFound,
+                "node",
+                format!("node {:?} is not registered: put its Node resource first", req.node),
+            ))
+            .into());
+        };
+        let stale = match check_report(req, &spec, &desired) {
+            Ok(stale) => stale,
+            Err(refusal) => {
+                self.controller.telemetry.observe_report_refused(refusal.reason());
+                tracing::warn!(node = %req.node, %refusal, "agent report refused");
+                return Err(match refusal {
+                    ReportRefusal::NotTheNodes(e) => permission_denied(&e.field, e.reason),
+                    ReportRefusal::Invalid(e) => ApiError::Field(e).into(),
+                });
+            }
+        };
+        // Windows of services moved away from a lagging agent: never used (see check_report).
+        for i in stale.into_iter().rev() {
+            req.metrics.remove(i);
+        }
+        let report_interval_ms = u32::try_from(self.controller.report_pace.interval(nodes).as_millis()).unwrap_or(u32::MAX);
+        Ok(proto::ReportResponse { desired_version: desired.version, report_interval_ms })
+    }
+
+    /// The leader keeps a checked report: observed state goes through Raft only when it
+    /// changes, written in the background (`StatusWriter`), so the report is answered without
+    /// waiting for Raft; metrics stay in memory.
+    fn keep(&self, req: proto::ReportRequest) {
+        let term = self.controller.term();
+        let print = fingerprint(&req);
+        if !self.controller.status_writer.is_current(term, &req.node, print) {
+            self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req));
+        }
+        self.controller.reports.record(req, Instant::now());
+    }
 }
 
 /// An agent acts for its own node only; admins and controllers for any.
@@ -38,6 +91,21 @@ fn check_node(caller: &Principal, node: &str) -> Result<(), Status> {
         Principal::Node(own) => Err(permission_denied("node", format!("the certificate of node {own:?} does not speak for node {node:?}"))),
         other => Err(permission_denied("node", format!("{other} is not a node agent"))),
     }
+}
+
+/// A relay from another controller (admins may send one too): its message, once the caller
+/// and the number of items in its `field` (at most `max`) are checked.
+fn relayed<T>(request: Request<T>, field: &str, items: impl FnOnce(&T) -> usize, max: usize) -> Result<T, Status> {
+    let caller = caller(&request)?;
+    if !caller.is_admin() {
+        return Err(permission_denied(field, format!("{caller} may not relay what agents did: controllers only")));
+    }
+    let message = request.into_inner();
+    let n = items(&message);
+    if n > max {
+        return Err(ApiError::Field(FieldError::invalid(field, format!("{n} items in one request; at most {max}"))).into());
+    }
+    Ok(message)
 }
 
 type DesiredStream = Pin<Box<dyn Stream<Item = Result<proto::DesiredState, Status>> + Send>>;
@@ -117,71 +185,58 @@ impl Agent for AgentService {
     async fn report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
         let forwarded = was_forwarded(&request);
         let caller = caller(&request)?;
-        let mut req = request.into_inner();
+        let req = request.into_inner();
         validate_name("node", &req.node).map_err(ApiError::from)?;
         check_node(&caller, &req.node)?;
-        if !self.controller.is_leader() {
-            let leader = self.controller.leader();
-            return to_leader(&self.controller, forwarded, leader, |ch| async move {
-                AgentClient::new(ch).report(forwarded_request(req, &caller)).await
-            })
-            .await;
+        let leading = self.controller.is_leader();
+        if forwarded && !leading {
+            // The sender's view of the leader is stale: let the agent retry.
+            return Err(not_leader_status(self.controller.leader()));
         }
-        // One node's entry of the desired-state index, not a scan of the plan.
-        let (spec, desired, nodes) = self.controller.read(|d| {
-            let spec = d.cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
-                Spec::Node(s) => Some(s.clone()),
-                _ => None,
-            });
-            (spec, desired_state(&d.cluster, &req.node), d.cluster.count(Kind::Node))
-        });
-        let Some(spec) = spec else {
-            return Err(ApiError::Field(FieldError::new(
-                ErrorCode::NotFound,
-                "node",
-                format!("node {:?} is not registered: put its Node resource first", req.node),
-            ))
-            .into());
-        };
-        let stale = match check_report(&req, &spec, &desired) {
-            Ok(stale) => stale,
-            Err(refusal) => {
-                self.controller.telemetry.observe_report_refused(refusal.reason());
-                tracing::warn!(node = %req.node, %refusal, "agent report refused");
-                return Err(match refusal {
-                    ReportRefusal::NotTheNodes(e) => permission_denied(&e.field, e.reason),
-                    ReportRefusal::Invalid(e) => ApiError::Field(e).into(),
-                });
+        let mut req = req;
+        let answer = match self.check(&mut req) {
+            // Registered moments ago through the leader and not applied here yet: the leader
+            // is the one to say whether it exists.
+            Err(e) if e.code() == tonic::Code::NotFound && !leading => {
+                return to_leader(&self.controller, forwarded, self.controller.leader(), |ch| async move {
+                    AgentClient::new(ch).report(forwarded_request(req, &caller)).await
+                })
+                .await;
             }
+            answer => answer?,
         };
-        // Windows of services moved away from a lagging agent: never used (see check_report).
-        for i in stale.into_iter().rev() {
-            req.metrics.remove(i);
+        if leading {
+            self.keep(req);
+        } else {
+            // Answered here from this controller's state; the leader gets it in a batch.
+            self.controller.report_relay.submit(req).map_err(Status::unavailable)?;
         }
-        let desired_version = desired.version;
-        // Observed state goes through Raft only when it changes, written in the background
-        // (`StatusWriter`): the report is answered without waiting for Raft. Metrics stay in
-        // memory.
-        let term = self.controller.term();
-        let print = fingerprint(&req);
-        if !self.controller.status_writer.is_current(term, &req.node, print) {
-            self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req));
+        Ok(Response::new(answer))
+    }
+
+    async fn report_batch(&self, request: Request<proto::ReportBatchRequest>) -> Result<Response<proto::ReportBatchResponse>, Status> {
+        let req = relayed(request, "reports", |r| r.reports.len(), MAX_REPORTS_PER_BATCH)?;
+        if !self.controller.is_leader() {
+            return Err(not_leader_status(self.controller.leader()));
         }
-        self.controller.reports.record(req, Instant::now());
-        let report_interval_ms = u32::try_from(self.controller.report_pace.interval(nodes).as_millis()).unwrap_or(u32::MAX);
-        Ok(Response::new(proto::ReportResponse { desired_version, report_interval_ms }))
+        for (i, report) in req.reports.into_iter().enumerate() {
+            // Checked again against the leader's state: a refusal here drops this report
+            // alone (the follower checked it against its own).
+            let mut report = report;
+            match validate_name("node", &report.node).map_err(|e| Status::from(ApiError::from(e))).and_then(|()| self.check(&mut report)) {
+                Ok(_) => self.keep(report),
+                Err(e) => tracing::warn!(report = i, error = %e.message(), "relayed report refused"),
+            }
+            // A batch is hundreds of reports: let the other tasks of this worker run.
+            if i % 64 == 63 {
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok(Response::new(proto::ReportBatchResponse {}))
     }
 
     async fn watches_ended(&self, request: Request<proto::WatchesEndedRequest>) -> Result<Response<proto::WatchesEndedResponse>, Status> {
-        let caller = caller(&request)?;
-        if !caller.is_admin() {
-            return Err(permission_denied("ended", format!("{caller} may not say whose agents went away: controllers only")));
-        }
-        let req = request.into_inner();
-        if req.ended.len() > MAX_ENDS_PER_RELAY {
-            let reason = format!("{} ended streams in one request; at most {MAX_ENDS_PER_RELAY}", req.ended.len());
-            return Err(ApiError::Field(FieldError::invalid("ended", reason)).into());
-        }
+        let req = relayed(request, "ended", |r| r.ended.len(), MAX_ENDS_PER_RELAY)?;
         for (i, e) in req.ended.iter().enumerate() {
             validate_name(&format!("ended[{i}].node"), &e.node).map_err(ApiError::from)?;
         }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
+use super::provisioner::FleetFingerprints;
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
@@ -17,7 +18,6 @@ use crate::provision::{fleet, plan_pools, planning_input, strategy_overrides, Mi
 use crate::raft::WatchSignal;
 use crate::resources::{InstanceTypeSpec, Kind, Spec};
 use crate::state::{ClusterState, Command, Request};
-use super::provisioner::FleetFingerprints;
 
 /// HetSev's saturation threshold: capacity is provisioned so that load is 80% of it.
 const TARGET_SATURATION: f64 = 0.8;

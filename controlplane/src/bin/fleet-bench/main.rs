@@ -210,7 +210,13 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         windows.entry(at.duration_since(started).as_secs() / 5 * 5).or_default().push(*ms);
     }
     for (from, ms) in &windows {
-        eprintln!("  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms", from + 5, ms.len(), percentile(ms, 50.0).unwrap_or(0.0), percentile(ms, 99.0).unwrap_or(0.0));
+        eprintln!(
+            "  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms",
+            from + 5,
+            ms.len(),
+            percentile(ms, 50.0).unwrap_or(0.0),
+            percentile(ms, 99.0).unwrap_or(0.0)
+        );
     }
     for (error, count) in observed.report_errors.lock().unwrap().iter() {
         eprintln!("reports failed ×{count}: {error}");

@@ -419,7 +419,9 @@ pub fn print_table(rows: &[Row]) {
     line(
         "CPU (cores): controllers; agents' simulator",
         rows.iter()
-            .map(|r| format!("{}; {:.2}", r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/"), r.simulator_cpu))
+            .map(|r| {
+                format!("{}; {:.2}", r.controller_cpu.iter().map(|c| format!("{c:.2}")).collect::<Vec<_>>().join("/"), r.simulator_cpu)
+            })
             .collect(),
     );
     line("leader RSS (MiB)", rows.iter().map(|r| opt(r.leader_rss_mib, 0)).collect());
