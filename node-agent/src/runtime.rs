@@ -196,7 +196,17 @@ impl Agent {
             Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.clone())?,
             None => Endpoint::from_shared(format!("http://{addr}"))?,
         };
-        endpoint.connect_timeout(Duration::from_secs(2)).connect().await
+        // HTTP/2 pings, as the controllers send theirs: a controller cut off from this host
+        // without a reset ends the desired-state stream within 3 s, so the agent reconnects
+        // elsewhere and reports its new stream before the leader's grace for the old one
+        // runs out (the controller, seeing the same silence, relays the stream's end).
+        endpoint
+            .connect_timeout(Duration::from_secs(2))
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true)
+            .connect()
+            .await
     }
 
     /// Registers and follows the desired state through any controller; on failure, backs

@@ -6,7 +6,6 @@ use std::pin::Pin;
 use tokio::time::Instant;
 
 use proto::agent_client::AgentClient;
-
 use proto::agent_server::Agent;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -185,7 +184,7 @@ impl Agent for AgentService {
     async fn report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
         let forwarded = was_forwarded(&request);
         let caller = caller(&request)?;
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         validate_name("node", &req.node).map_err(ApiError::from)?;
         check_node(&caller, &req.node)?;
         let leading = self.controller.is_leader();
@@ -193,7 +192,6 @@ impl Agent for AgentService {
             // The sender's view of the leader is stale: let the agent retry.
             return Err(not_leader_status(self.controller.leader()));
         }
-        let mut req = req;
         let answer = match self.check(&mut req) {
             // Registered moments ago through the leader and not applied here yet: the leader
             // is the one to say whether it exists.
