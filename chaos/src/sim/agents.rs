@@ -56,12 +56,17 @@ pub async fn run(node: String, controllers: Vec<String>, phase: Phase, views: Ag
     let channels = sim_channels();
     let mut target = 0usize;
     let mut behind = 0;
+    // Each stream is named, as node-agent names its own (a random session there; numbered
+    // here, so that a seed replays): the controllers relay the end of a stream to the leader's
+    // failure detector, which the faults then exercise.
+    let mut session = 0u64;
     while phase.get() != Stage::FinalReads {
         let addr = &controllers[target % controllers.len()];
         target += 1;
         let Ok(channel) = channels.get(addr) else { continue };
         let from_version = views.lock().unwrap().get(&node).and_then(|v| v.desired.as_ref()).map_or(0, |d| d.version);
-        let mut request = tonic::Request::new(proto::WatchDesiredRequest { node: node.clone(), from_version, session: 0 });
+        session += 1;
+        let mut request = tonic::Request::new(proto::WatchDesiredRequest { node: node.clone(), from_version, session });
         request.set_timeout(Duration::from_secs(3600));
         let mut stream = match AgentClient::new(channel).watch_desired(request).await {
             Ok(s) => s.into_inner(),
@@ -86,7 +91,9 @@ pub async fn run(node: String, controllers: Vec<String>, phase: Phase, views: Ag
                         return Ok(());
                     }
                     let held = views.lock().unwrap().get(&node).and_then(|v| v.desired.as_ref()).map_or(0, |d| d.version);
-                    let req = proto::ReportRequest { node: node.clone(), applied_version: held, ..Default::default() };
+                    // The first tick is at once: a new stream is reported before the
+                    // leader's grace for the old one runs out.
+                    let req = proto::ReportRequest { node: node.clone(), applied_version: held, watch_session: session, ..Default::default() };
                     let answer = client
                         .call(|ch, t| {
                             let mut r = tonic::Request::new(req.clone());
