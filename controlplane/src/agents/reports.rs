@@ -66,6 +66,16 @@ impl AgentReports {
         }
     }
 
+    /// Forgets what is kept of `nodes` (deleted: nothing else would clear their entries, and
+    /// their last metrics would count for ever).
+    pub fn forget(&self, nodes: &[String]) {
+        let mut inner = self.inner.lock().expect("reports lock");
+        for n in nodes {
+            inner.latest.remove(n);
+            inner.watch_ended.remove(n);
+        }
+    }
+
     pub fn get(&self, node: &str) -> Option<Arc<NodeReport>> {
         self.inner.lock().expect("reports lock").latest.get(node).cloned()
     }
@@ -135,5 +145,10 @@ mod tests {
         // of a dead agent without waiting for the report timeout).
         assert!(reports.watch_ended("c", 3, t0));
         assert_eq!(reports.last_heard().watch_ended.keys().collect::<Vec<_>>(), ["c"]);
+        // Deleted nodes are forgotten, their reports and ended streams alike.
+        reports.forget(&["a".to_string(), "c".to_string()]);
+        let heard = reports.last_heard();
+        assert_eq!(heard.reported.keys().map(String::as_str).collect::<Vec<_>>(), ["b"]);
+        assert!(heard.watch_ended.is_empty());
     }
 }

@@ -61,7 +61,11 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         let _pass = controller.telemetry.time_loop_pass("failure_detector");
         let heard = controller.reports.last_heard();
         // Names only: statuses are copied for the overdue nodes alone.
-        let names: Vec<String> = controller.read(|d| d.cluster.list(Kind::Node).map(|n| n.name.clone()).collect());
+        let (names, gone): (Vec<String>, Vec<String>) = controller.read(|d| {
+            let gone = heard.reported.keys().chain(heard.watch_ended.keys()).filter(|n| d.cluster.get(Kind::Node, n).is_none()).cloned();
+            (d.cluster.list(Kind::Node).map(|n| n.name.clone()).collect(), gone.collect())
+        });
+        controller.reports.forget(&gone);
         let now = Instant::now();
         let timeout = timeouts.at(controller.report_pace.interval(names.len()), seconds(now));
         let patience = Patience { report_timeout: timeout, watch_grace: settings.watch_grace };
