@@ -51,7 +51,28 @@ pub struct Controller {
     pub telemetry: ControllerMetrics,
 }
 
+/// Why a request meant for the leader cannot be sent to it from this controller.
+#[derive(Debug)]
+pub enum NoLeaderChannel {
+    /// No leader is known (an election is under way).
+    Unknown,
+    /// This controller leads.
+    ThisNode,
+    /// The leader's address gives no channel.
+    Channel(String),
+}
+
 impl Controller {
+    /// A channel to `leader` (as [`Controller::leader`] gave it) when it is another
+    /// controller: what forwarding and the relays to the leader send through.
+    pub fn leader_channel(&self, leader: Option<(NodeId, String)>) -> Result<(NodeId, tonic::transport::Channel), NoLeaderChannel> {
+        let (id, addr) = leader.ok_or(NoLeaderChannel::Unknown)?;
+        if id == self.id {
+            return Err(NoLeaderChannel::ThisNode);
+        }
+        self.channels.get(&addr).map(|ch| (id, ch)).map_err(NoLeaderChannel::Channel)
+    }
+
     /// The current leader's id and address, if one is known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
         let metrics = self.raft.metrics().borrow().clone();

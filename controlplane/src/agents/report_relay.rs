@@ -15,7 +15,7 @@ use prost::Message;
 use tokio::time::Instant;
 
 use super::relay::Queue;
-use crate::controller::Controller;
+use crate::controller::{Controller, NoLeaderChannel};
 
 /// The most reports one batch carries; the leader refuses more.
 pub const MAX_REPORTS_PER_BATCH: usize = 512;
@@ -98,19 +98,13 @@ fn by_bytes(reports: Vec<proto::ReportRequest>, budget: usize) -> Vec<Vec<proto:
 
 async fn deliver(controller: &Controller, reports: Vec<proto::ReportRequest>) -> bool {
     let n = reports.len();
-    let Some((id, addr)) = controller.leader() else {
-        tracing::debug!(reports = n, "no leader to relay reports to; dropped");
-        return false;
-    };
-    if id == controller.id {
+    let (id, channel) = match controller.leader_channel(controller.leader()) {
+        Ok(leader) => leader,
         // This controller took over meanwhile: the new leader waits a full timeout for every
         // node anyway; their next reports come to it.
-        return true;
-    }
-    let channel = match controller.channels.get(&addr) {
-        Ok(ch) => ch,
-        Err(e) => {
-            tracing::debug!(error = %e, "reports not relayed");
+        Err(NoLeaderChannel::ThisNode) => return true,
+        Err(why) => {
+            tracing::debug!(reports = n, ?why, "reports not relayed");
             return false;
         }
     };

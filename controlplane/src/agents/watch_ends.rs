@@ -77,18 +77,12 @@ async fn deliver(controller: &Controller, batch: Vec<proto::EndedWatch>) {
         record(controller, &batch);
         return;
     }
-    let Some((id, addr)) = controller.leader() else {
-        tracing::debug!(ends = batch.len(), "no leader to tell of ended agent streams; dropped");
-        return;
-    };
-    if id == controller.id {
-        return;
-    }
-    let channel = match controller.channels.get(&addr) {
-        Ok(ch) => ch,
-        Err(e) => return tracing::debug!(error = %e, "ended agent streams not relayed"),
-    };
     let n = batch.len();
+    // This controller took over meanwhile (dropped: soft state), no leader, no channel.
+    let (id, channel) = match controller.leader_channel(controller.leader()) {
+        Ok(leader) => leader,
+        Err(why) => return tracing::debug!(ends = n, ?why, "ended agent streams not relayed"),
+    };
     let mut request = tonic::Request::new(proto::WatchesEndedRequest { ended: batch });
     request.set_timeout(RELAY_TIMEOUT);
     if let Err(e) = proto::agent_client::AgentClient::new(channel).watches_ended(request).await {

@@ -7,7 +7,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use super::errors::not_leader_status;
-use crate::controller::Controller;
+use crate::controller::{Controller, NoLeaderChannel};
 use crate::raft::NodeId;
 use crate::security::Principal;
 
@@ -46,12 +46,10 @@ where
     F: FnOnce(Channel) -> Fut,
     Fut: Future<Output = Result<R, Status>>,
 {
-    let Some((id, addr)) = leader.filter(|_| !already_forwarded) else {
-        return Err(not_leader_status(controller.leader()));
-    };
-    if id == controller.id {
-        return Err(Status::unavailable("leadership is changing; retry"));
+    match controller.leader_channel(leader.filter(|_| !already_forwarded)) {
+        Ok((_, channel)) => call(channel).await,
+        Err(NoLeaderChannel::Unknown) => Err(not_leader_status(controller.leader())),
+        Err(NoLeaderChannel::ThisNode) => Err(Status::unavailable("leadership is changing; retry")),
+        Err(NoLeaderChannel::Channel(e)) => Err(Status::internal(e)),
     }
-    let channel = controller.channels.get(&addr).map_err(Status::internal)?;
-    call(channel).await
 }

@@ -6,16 +6,14 @@
 //! launched nodes that hold nothing for the cool-down are terminated.
 
 use std::collections::{BTreeMap, BTreeSet};
-use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::provisioner::FleetFingerprints;
+use super::provisioner::{drain, Drained, FleetFingerprints};
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launches_for, provisioned_rate, shortfall};
-use crate::provision::{fleet, plan_pools, planning_input, strategy_overrides, MigStrategy};
-use crate::raft::WatchSignal;
+use crate::provision::{fleet, plan_services, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, Spec};
 use crate::state::{ClusterState, Command, Request};
 
@@ -48,7 +46,7 @@ impl FleetView {
     /// O(fleet) and a planning pass: run off the workers, on a copy of the state.
     fn of(cluster: &ClusterState, strategy: MigStrategy) -> Self {
         let mut planned: BTreeMap<String, u32> = BTreeMap::new();
-        for g in &plan_pools(&planning_input(cluster), &strategy_overrides(cluster), strategy).gpus {
+        for g in &plan_services(cluster, strategy).gpus {
             *planned.entry(g.gpu_type.clone()).or_default() += 1;
         }
         let mut available: BTreeMap<String, u32> = BTreeMap::new();
@@ -75,20 +73,6 @@ fn plan_nodes(cluster: &ClusterState) -> BTreeSet<String> {
     match cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
         Some(Spec::Plan(p)) => p.gpus.iter().map(|g| g.node.clone()).collect(),
         _ => BTreeSet::new(),
-    }
-}
-
-/// Consumes the changes queued since the last tick: whether any may change the planning
-/// inputs or the fleet (as the provisioner judges it), and whether the Plan changed.
-fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) -> (bool, bool) {
-    let (mut inputs, mut plan) = (false, false);
-    loop {
-        match signals.try_recv() {
-            Ok(WatchSignal::Change(ev)) if ev.resource.kind() == Kind::Plan => plan = true,
-            Ok(WatchSignal::Change(ev)) => inputs |= seen.is_relevant(&ev),
-            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => return (true, true),
-            Err(_) => return (inputs, plan),
-        }
     }
 }
 
@@ -162,7 +146,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
         // The view of the fleet is computed again only when what it is made of changed: at
         // 10,000 hosts it is a full planning pass over 80,000 GPUs, which every second kept
         // the state locked and a runtime worker busy while reports waited.
-        let (inputs_changed, plan_changed) = drain(&mut signals, &mut seen);
+        let Drained { inputs: inputs_changed, plan: plan_changed } = drain(&mut signals, &mut seen);
         if view.is_none() || inputs_changed || plan_changed {
             let sm = controller.sm.clone();
             let strategy = settings.mig_strategy;
@@ -246,32 +230,38 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
 mod tests {
     use super::*;
     use crate::loops::provisioner::tests::node_event;
+    use crate::raft::WatchSignal;
     use crate::state::ChangeType;
+    use tokio::sync::broadcast;
+
+    fn changed(inputs: bool, plan: bool) -> Drained {
+        Drained { inputs, plan }
+    }
 
     #[test]
     fn the_fleet_view_is_recomputed_only_for_changes_of_its_inputs_or_of_the_plan() {
         let (tx, mut rx) = broadcast::channel(16);
         let mut seen = FleetFingerprints::default();
-        assert_eq!(drain(&mut rx, &mut seen), (false, false), "nothing happened");
+        assert_eq!(drain(&mut rx, &mut seen), changed(false, false), "nothing happened");
         tx.send(node_event("n1", ChangeType::Added, serde_json::Value::Null)).unwrap();
-        assert_eq!(drain(&mut rx, &mut seen), (true, false), "a node joined");
+        assert_eq!(drain(&mut rx, &mut seen), changed(true, false), "a node joined");
         // Reports that change only what the agent applied: the view stands.
         for v in 1..=5 {
             tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"applied_version": v, "health": "healthy"}))).unwrap();
         }
-        assert_eq!(drain(&mut rx, &mut seen), (false, false));
+        assert_eq!(drain(&mut rx, &mut seen), changed(false, false));
         tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"health": "unhealthy"}))).unwrap();
-        assert_eq!(drain(&mut rx, &mut seen), (true, false), "its health is an input");
+        assert_eq!(drain(&mut rx, &mut seen), changed(true, false), "its health is an input");
         let WatchSignal::Change(node) = node_event("n1", ChangeType::Modified, serde_json::Value::Null) else { unreachable!() };
         let mut plan = (*node).clone();
         plan.resource.name = "current".into();
         plan.resource.spec = Spec::Plan(Default::default());
         tx.send(WatchSignal::Change(std::sync::Arc::new(plan))).unwrap();
-        assert_eq!(drain(&mut rx, &mut seen), (false, true), "a plan commit changes which nodes hold work");
+        assert_eq!(drain(&mut rx, &mut seen), changed(false, true), "a plan commit changes which nodes hold work");
         // Missed changes: everything again.
         for v in 0..20 {
             tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"applied_version": v}))).unwrap();
         }
-        assert_eq!(drain(&mut rx, &mut seen), (true, true));
+        assert_eq!(drain(&mut rx, &mut seen), changed(true, true));
     }
 }

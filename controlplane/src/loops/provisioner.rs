@@ -59,7 +59,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 let settling = tokio::time::Instant::now();
                 loop {
                     tokio::time::sleep(DEBOUNCE).await;
-                    if !drain(&mut signals, &mut fleet_seen) || settling.elapsed() >= MAX_SETTLE {
+                    if !drain(&mut signals, &mut fleet_seen).inputs || settling.elapsed() >= MAX_SETTLE {
                         break;
                     }
                 }
@@ -113,15 +113,27 @@ async fn relevant_change(signals: &mut broadcast::Receiver<WatchSignal>, seen: &
     }
 }
 
-/// Consumes the changes already queued, keeping the fingerprints current; whether any may
-/// change the plan's inputs.
-fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) -> bool {
-    let mut relevant = false;
+/// What the changes [`drain`] consumed may have changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Drained {
+    /// The plan's inputs (services, profiles, models, instance types, the healthy fleet).
+    pub inputs: bool,
+    /// The committed Plan itself.
+    pub plan: bool,
+}
+
+/// Consumes the changes already queued, keeping the fingerprints current (missed changes
+/// count as both).
+pub(super) fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut FleetFingerprints) -> Drained {
+    let mut drained = Drained::default();
     loop {
         match signals.try_recv() {
-            Ok(WatchSignal::Change(ev)) => relevant |= seen.is_relevant(&ev),
-            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => relevant = true,
-            Err(_) => return relevant,
+            Ok(WatchSignal::Change(ev)) if ev.resource.kind() == Kind::Plan => drained.plan = true,
+            Ok(WatchSignal::Change(ev)) => drained.inputs |= seen.is_relevant(&ev),
+            Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                drained = Drained { inputs: true, plan: true }
+            }
+            Err(_) => return drained,
         }
     }
 }
@@ -244,10 +256,10 @@ pub(super) mod tests {
         // The first registration wakes the loop; the other 99, queued meanwhile, are drained
         // into the same pass.
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
-        assert!(drain(&mut rx, &mut seen), "registrations are inputs: settling goes on");
+        assert!(drain(&mut rx, &mut seen).inputs, "registrations are inputs: settling goes on");
         assert!(rx.is_empty());
         assert_eq!(seen.0.len(), 100);
-        assert!(!drain(&mut rx, &mut seen), "nothing more came: settled");
+        assert!(!drain(&mut rx, &mut seen).inputs, "nothing more came: settled");
         // Reports that change what the agents applied, or mark them healthy: no pass.
         for i in 0..100 {
             let status = serde_json::json!({"applied_version": 8, "health": "healthy"});
@@ -258,7 +270,7 @@ pub(super) mod tests {
             tx.send(node_event(&format!("n{i}"), ChangeType::Modified, serde_json::json!({"applied_version": 9, "health": "healthy"})))
                 .unwrap();
         }
-        assert!(!drain(&mut rx, &mut seen), "reports that change no input do not prolong settling");
+        assert!(!drain(&mut rx, &mut seen).inputs, "reports that change no input do not prolong settling");
         // A node turning unhealthy is.
         tx.send(node_event("n5", ChangeType::Modified, serde_json::json!({"applied_version": 8, "health": "unhealthy"}))).unwrap();
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
