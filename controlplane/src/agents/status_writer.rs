@@ -2,9 +2,12 @@
 //! answered at once; what it observed goes through Raft only when it differs from what was
 //! last written for that node (compared by a fingerprint of the report, not by building and
 //! comparing JSON), at most one write per node in flight (a newer state waiting replaces an
-//! older one), and a bounded number in flight overall. So a fleet-wide re-plan, after which
-//! every agent's status changes, costs one write per changed node without holding up any
-//! report behind Raft.
+//! older one). Nodes' states share Raft entries (`Command::PutStatuses`, up to
+//! `MAX_STATUSES_PER_ENTRY`), with a bounded number of entries in flight: while they are in
+//! flight the next entry fills up, so a quiet fleet writes a state at once and a fleet-wide
+//! re-plan, after which every agent's status changes, costs tens of entries, not one per
+//! host (each entry costs every controller a proposal, a flush, a replication round and an
+//! apply), without holding up any report behind Raft.
 //!
 //! A plan being committed goes first: while one is ([`StatusWriter::hold_back`]) no status
 //! write starts, as after a fleet-wide re-plan thousands of them (a few KB each) would
@@ -15,19 +18,21 @@
 //! since), and a node whose status someone else writes (the failure detector) is forgotten
 //! by that writer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use prost::Message;
 
 use crate::controller::Controller;
+use crate::resources::limits::{MAX_STATUSES_PER_ENTRY, MAX_STATUS_ENTRY_BYTES};
 use crate::resources::Kind;
-use crate::state::{Command, Request};
+use crate::state::{Command, Request, StatusPut};
 
-/// Status writes in flight at once: enough to fill Raft's batches, few enough that a burst
-/// of them does not crowd other writes out.
-const MAX_IN_FLIGHT: usize = 64;
+/// Status entries in flight at once: enough to keep Raft's pipeline busy, few enough that
+/// a burst of them does not crowd other writes out, and that the next entry fills up while
+/// they commit.
+const MAX_ENTRIES_IN_FLIGHT: usize = 4;
 
 /// What of a report the Node's status shows, as a fingerprint.
 pub fn fingerprint(report: &proto::ReportRequest) -> u64 {
@@ -42,15 +47,27 @@ pub fn fingerprint(report: &proto::ReportRequest) -> u64 {
     h.finish()
 }
 
+/// A node's newest observed state waiting to be written.
+struct Pending {
+    fingerprint: u64,
+    status: serde_json::Value,
+    /// Encoded size of the report it came from, to bound an entry's size.
+    bytes: usize,
+}
+
 #[derive(Default)]
 struct Memory {
     term: u64,
     /// Fingerprint of the status last written (or found already stored) per node.
     written: HashMap<String, u64>,
-    /// The newest status waiting to be written per node, with its fingerprint.
-    pending: HashMap<String, (u64, serde_json::Value)>,
+    /// The newest status waiting to be written per node.
+    pending: HashMap<String, Pending>,
+    /// Nodes with a pending status and none in flight, oldest first.
+    ready: VecDeque<String>,
     /// Nodes with a write in flight.
     writing: HashSet<String>,
+    /// Whether a task is forming entries from `ready`.
+    forming: bool,
 }
 
 #[derive(Clone)]
@@ -64,7 +81,11 @@ pub struct StatusWriter {
 
 impl Default for StatusWriter {
     fn default() -> Self {
-        StatusWriter { memory: Arc::default(), slots: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)), plan_first: Arc::default() }
+        StatusWriter {
+            memory: Arc::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_ENTRIES_IN_FLIGHT)),
+            plan_first: Arc::default(),
+        }
     }
 }
 
@@ -78,7 +99,7 @@ impl StatusWriter {
     pub fn is_current(&self, term: u64, node: &str, fingerprint: u64) -> bool {
         let mut m = self.memory.lock().expect("status writer lock");
         m.reset_if_new(term);
-        m.pending.get(node).map(|(f, _)| *f).or_else(|| m.written.get(node).copied()) == Some(fingerprint)
+        m.pending.get(node).map(|p| p.fingerprint).or_else(|| m.written.get(node).copied()) == Some(fingerprint)
     }
 
     /// Forgets what was written for `node`: its next report is compared with the stored status.
@@ -86,63 +107,107 @@ impl StatusWriter {
         self.memory.lock().expect("status writer lock").written.remove(node);
     }
 
-    /// Queues `status` for `node`'s Node; writes it unless it is already stored.
-    pub fn submit(&self, controller: &Controller, term: u64, node: &str, fingerprint: u64, status: serde_json::Value) {
+    /// Queues `status` (from a report of `bytes` encoded) for `node`'s Node; writes it
+    /// unless it is already stored.
+    pub fn submit(&self, controller: &Controller, term: u64, node: &str, fingerprint: u64, status: serde_json::Value, bytes: usize) {
         let start = {
             let mut m = self.memory.lock().expect("status writer lock");
             m.reset_if_new(term);
-            m.pending.insert(node.to_string(), (fingerprint, status));
-            m.writing.insert(node.to_string())
+            let waited = m.pending.insert(node.to_string(), Pending { fingerprint, status, bytes }).is_some();
+            if !waited && !m.writing.contains(node) {
+                m.ready.push_back(node.to_string());
+            }
+            m.start_forming()
         };
         if start {
-            tokio::spawn(self.clone().drain(controller.clone(), node.to_string()));
+            tokio::spawn(self.clone().form_entries(controller.clone()));
         }
     }
 
-    /// Writes `node`'s pending status until none is left.
-    async fn drain(self, controller: Controller, node: String) {
+    /// Takes ready nodes into entries, one entry per free slot, until none is ready.
+    async fn form_entries(self, controller: Controller) {
         loop {
-            let next = {
+            let turn = self.plan_first.clone().read_owned().await;
+            let slot = self.slots.clone().acquire_owned().await.expect("never closed");
+            let entry = {
                 let mut m = self.memory.lock().expect("status writer lock");
-                match m.pending.remove(&node) {
-                    Some(p) => p,
-                    None => {
-                        m.writing.remove(&node);
-                        return;
-                    }
+                let entry = m.take_entry();
+                if entry.is_empty() {
+                    m.forming = false;
+                    return;
                 }
+                entry
             };
-            let (fingerprint, status) = next;
-            let stored = controller.read(|d| d.cluster.get(Kind::Node, &node).map(|n| n.status == status));
-            let written = match stored {
-                None => false, // deleted meanwhile
-                Some(true) => true,
-                Some(false) => {
-                    let _turn = self.plan_first.read().await;
-                    let _slot = self.slots.acquire().await.expect("never closed");
-                    // No request id: an unconditional write of the latest observed state is
-                    // idempotent, and thousands of agents' writes must not fill the
-                    // de-duplication window (kept in memory and in every snapshot).
-                    let write = Request {
-                        request_id: String::new(),
-                        command: Command::PutStatus { kind: Kind::Node, name: node.clone(), status, expected_version: 0 },
-                        trace_parent: None,
-                    };
-                    match controller.write(write).await {
-                        Ok(_) => true,
-                        Err(e) => {
-                            tracing::warn!(node = %node, error = %e, "could not write the node's observed state; the next report retries");
-                            false
-                        }
-                    }
+            let writer = self.clone();
+            let controller = controller.clone();
+            tokio::spawn(async move {
+                let outcome = writer.write_entry(&controller, entry).await;
+                drop((slot, turn));
+                writer.finish(&controller, outcome);
+            });
+        }
+    }
+
+    /// Writes the states in `entry` that differ from the stored ones, as one Raft entry.
+    /// Returns each node's fingerprint and whether its state is now stored.
+    async fn write_entry(&self, controller: &Controller, entry: Vec<(String, Pending)>) -> Vec<(String, u64, bool)> {
+        let mut done = Vec::with_capacity(entry.len());
+        let mut puts = Vec::with_capacity(entry.len());
+        controller.read(|d| {
+            for (node, p) in entry {
+                match d.cluster.get(Kind::Node, &node) {
+                    None => done.push((node, p.fingerprint, false)), // deleted meanwhile
+                    Some(n) if n.status == p.status => done.push((node, p.fingerprint, true)),
+                    Some(_) => puts.push((p.fingerprint, StatusPut { name: node, status: p.status })),
                 }
-            };
-            let mut m = self.memory.lock().expect("status writer lock");
-            if written {
-                m.written.insert(node.clone(), fingerprint);
-            } else {
-                m.written.remove(&node);
             }
+        });
+        if puts.is_empty() {
+            return done;
+        }
+        let (prints, statuses): (Vec<u64>, Vec<StatusPut>) = puts.into_iter().unzip();
+        // No request id: an unconditional write of the latest observed states is
+        // idempotent, and thousands of agents' writes must not fill the de-duplication
+        // window (kept in memory and in every snapshot).
+        let write = Request {
+            request_id: String::new(),
+            command: Command::PutStatuses { kind: Kind::Node, statuses: statuses.clone() },
+            trace_parent: None,
+        };
+        let written: HashSet<String> = match controller.write(write).await {
+            Ok(outcome) => outcome.batch.into_iter().map(|item| item.name).collect(),
+            Err(e) => {
+                tracing::warn!(nodes = statuses.len(), first = %statuses[0].name, error = %e,
+                    "could not write the nodes' observed states; their next reports retry");
+                HashSet::new()
+            }
+        };
+        for (print, s) in prints.into_iter().zip(statuses) {
+            let stored = written.contains(&s.name);
+            done.push((s.name, print, stored));
+        }
+        done
+    }
+
+    /// Records what was written and readies the nodes whose newer state waited meanwhile.
+    fn finish(&self, controller: &Controller, done: Vec<(String, u64, bool)>) {
+        let start = {
+            let mut m = self.memory.lock().expect("status writer lock");
+            for (node, fingerprint, stored) in done {
+                m.writing.remove(&node);
+                if stored {
+                    m.written.insert(node.clone(), fingerprint);
+                } else {
+                    m.written.remove(&node);
+                }
+                if m.pending.contains_key(&node) {
+                    m.ready.push_back(node);
+                }
+            }
+            !m.ready.is_empty() && m.start_forming()
+        };
+        if start {
+            tokio::spawn(self.clone().form_entries(controller.clone()));
         }
     }
 }
@@ -153,5 +218,67 @@ impl Memory {
             self.term = term;
             self.written.clear();
         }
+    }
+
+    /// Whether the caller is to start the task forming entries (none runs).
+    fn start_forming(&mut self) -> bool {
+        !std::mem::replace(&mut self.forming, true)
+    }
+
+    /// The next entry: ready nodes, oldest first, up to `MAX_STATUSES_PER_ENTRY` of them and
+    /// `MAX_STATUS_ENTRY_BYTES` of reports (at least one). They are now in flight.
+    fn take_entry(&mut self) -> Vec<(String, Pending)> {
+        let mut entry = Vec::new();
+        let mut bytes = 0;
+        while entry.len() < MAX_STATUSES_PER_ENTRY {
+            let Some(node) = self.ready.front() else { break };
+            let next = self.pending.get(node).map_or(0, |p| p.bytes);
+            if !entry.is_empty() && bytes + next > MAX_STATUS_ENTRY_BYTES {
+                break;
+            }
+            let node = self.ready.pop_front().expect("front exists");
+            if let Some(p) = self.pending.remove(&node) {
+                bytes += p.bytes;
+                self.writing.insert(node.clone());
+                entry.push((node, p));
+            }
+        }
+        entry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(m: &mut Memory, node: &str, bytes: usize) {
+        m.pending.insert(node.to_string(), Pending { fingerprint: 1, status: serde_json::Value::Null, bytes });
+        m.ready.push_back(node.to_string());
+    }
+
+    #[test]
+    fn an_entry_takes_the_oldest_ready_nodes_up_to_the_count_and_byte_bounds() {
+        let mut m = Memory::default();
+        for i in 0..MAX_STATUSES_PER_ENTRY + 3 {
+            ready(&mut m, &format!("n{i}"), 10);
+        }
+        let first = m.take_entry();
+        assert_eq!(first.len(), MAX_STATUSES_PER_ENTRY);
+        assert_eq!(first[0].0, "n0");
+        assert!(first.iter().all(|(n, _)| m.writing.contains(n) && !m.pending.contains_key(n)));
+        assert_eq!(m.take_entry().len(), 3);
+        assert!(m.take_entry().is_empty());
+
+        // Bytes: two reports of 60% of the bound do not share an entry; one over it goes alone.
+        let big = MAX_STATUS_ENTRY_BYTES * 6 / 10;
+        ready(&mut m, "a", big);
+        ready(&mut m, "b", big);
+        ready(&mut m, "huge", MAX_STATUS_ENTRY_BYTES * 2);
+        ready(&mut m, "c", 10);
+        let names = |e: Vec<(String, Pending)>| e.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        assert_eq!(names(m.take_entry()), ["a"]);
+        assert_eq!(names(m.take_entry()), ["b"]);
+        assert_eq!(names(m.take_entry()), ["huge"]);
+        assert_eq!(names(m.take_entry()), ["c"]);
     }
 }

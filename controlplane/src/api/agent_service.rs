@@ -3,6 +3,8 @@
 //! `agents::report_relay`), and the controllers' relays to the leader.
 
 use std::pin::Pin;
+
+use prost::Message;
 use tokio::time::Instant;
 
 use proto::agent_client::AgentClient;
@@ -76,7 +78,7 @@ impl AgentService {
         let term = self.controller.term();
         let print = fingerprint(&req);
         if !self.controller.status_writer.is_current(term, &req.node, print) {
-            self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req));
+            self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req), req.encoded_len());
         }
         self.controller.reports.record(req, Instant::now());
     }

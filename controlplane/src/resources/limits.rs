@@ -79,6 +79,12 @@ pub const MAX_REPORTED_FAILED: u64 = 1_000_000_000;
 pub const MAX_BATCH_PUTS: usize = 500;
 pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 
+/// Node statuses one Raft entry carries (`PutStatuses`, the leader's status writer). It
+/// also stops adding reports to an entry at [`MAX_STATUS_ENTRY_BYTES`] of reports (one
+/// larger report still goes alone), so an entry stays well inside one AppendEntries message.
+pub const MAX_STATUSES_PER_ENTRY: usize = 64;
+pub const MAX_STATUS_ENTRY_BYTES: usize = 256 * 1024;
+
 /// One row of README's "Limits" table.
 pub struct Limit {
     pub name: &'static str,
@@ -129,6 +135,12 @@ pub fn limits() -> Vec<Limit> {
         row("MAX_REPORTED_FAILED", MAX_REPORTED_FAILED, "failed requests in one report"),
         row("MAX_BATCH_PUTS", MAX_BATCH_PUTS, "resources in one batch of puts (one Raft entry)"),
         row("MAX_BATCH_BYTES", MAX_BATCH_BYTES, "encoded specs of one batch of puts, together"),
+        row("MAX_STATUSES_PER_ENTRY", MAX_STATUSES_PER_ENTRY, "agents' observed states the leader writes in one Raft entry"),
+        row(
+            "MAX_STATUS_ENTRY_BYTES",
+            MAX_STATUS_ENTRY_BYTES,
+            "encoded reports whose states share one Raft entry (a larger one goes alone)",
+        ),
     ]
 }
 

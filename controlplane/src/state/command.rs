@@ -39,6 +39,15 @@ pub enum Command {
         status: serde_json::Value,
         expected_version: u64,
     },
+    /// Observed states of several resources of one kind in one Raft entry, each written on
+    /// its own: a resource deleted meanwhile is skipped, not an error for the others (the
+    /// outcome's `batch` lists those written). The leader's status writer groups agents'
+    /// reports this way, so a fleet-wide re-plan costs an entry per group, not per host.
+    /// 1 to [`crate::resources::limits::MAX_STATUSES_PER_ENTRY`]; unconditional.
+    PutStatuses {
+        kind: Kind,
+        statuses: Vec<StatusPut>,
+    },
     Delete {
         kind: Kind,
         name: String,
@@ -58,6 +67,13 @@ pub enum Command {
         /// As for `Put`; the patch was computed from this version.
         expected_version: u64,
     },
+}
+
+/// One resource's new status in a [`Command::PutStatuses`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusPut {
+    pub name: String,
+    pub status: serde_json::Value,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

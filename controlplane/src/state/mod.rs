@@ -7,7 +7,7 @@ mod command;
 mod desired_index;
 mod references;
 
-pub use command::{BatchItem, ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, WriteMode};
+pub use command::{BatchItem, ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, StatusPut, WriteMode};
 pub use desired_index::DesiredIndex;
 
 use std::collections::BTreeMap;
@@ -152,6 +152,7 @@ impl ClusterState {
         }
         match &request.command {
             Command::Batch { puts } => self.plan_batch(puts).map(|_| ()),
+            Command::PutStatuses { kind, statuses } => self.plan_statuses(*kind, statuses).map(|_| ()),
             command => self.plan_change(command).map(|_| ()),
         }
     }
@@ -169,6 +170,7 @@ impl ClusterState {
         }
         let result = match &request.command {
             Command::Batch { puts } => self.plan_batch(puts).map(|changes| self.commit_batch(index, changes)),
+            Command::PutStatuses { kind, statuses } => self.plan_statuses(*kind, statuses).map(|changes| self.commit_batch(index, changes)),
             command => self.plan_change(command).map(|change| {
                 let (outcome, event) = self.commit_change(index, change);
                 (outcome, vec![event])
@@ -204,6 +206,31 @@ impl ClusterState {
             let change = trial.plan_change(put).map_err(in_batch)?;
             trial.commit_change(self.revision, change.clone());
             changes.push(change);
+        }
+        Ok(changes)
+    }
+
+    /// The status writes of a `PutStatuses` for the resources that still exist; refused
+    /// only when the count is out of bounds or none of them exists.
+    fn plan_statuses(&self, kind: Kind, statuses: &[StatusPut]) -> Result<Vec<PlannedChange>, FieldError> {
+        use crate::resources::limits::MAX_STATUSES_PER_ENTRY;
+        if statuses.is_empty() || statuses.len() > MAX_STATUSES_PER_ENTRY {
+            return Err(FieldError::invalid(
+                "statuses",
+                format!("{} statuses; one entry holds 1 to {MAX_STATUSES_PER_ENTRY}", statuses.len()),
+            ));
+        }
+        let changes: Vec<PlannedChange> = statuses
+            .iter()
+            .filter(|s| self.get(kind, &s.name).is_some())
+            .map(|s| PlannedChange::Status { kind, name: s.name.clone(), status: s.status.clone() })
+            .collect();
+        if changes.is_empty() {
+            return Err(FieldError::new(
+                ErrorCode::NotFound,
+                "statuses",
+                format!("none of the {} {kind}s exists (first: {:?})", statuses.len(), statuses[0].name),
+            ));
         }
         Ok(changes)
     }
@@ -276,6 +303,8 @@ impl ClusterState {
             }
             // Only through `plan_batch` (from `check` and `apply`).
             Command::Batch { .. } => Err(FieldError::invalid("puts", "a batch cannot hold another batch")),
+            // Only through `plan_statuses` (from `check` and `apply`).
+            Command::PutStatuses { .. } => Err(FieldError::invalid("puts", "a batch holds puts of resources only")),
             Command::PatchPlan { name, patch, expected_version } => {
                 let current = self.get(Kind::Plan, name).ok_or_else(|| not_found(Kind::Plan, name))?;
                 check_version(current, *expected_version)?;

@@ -189,6 +189,38 @@ fn status_update_keeps_spec() {
 }
 
 #[test]
+fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_of_bounds() {
+    use crate::resources::limits::MAX_STATUSES_PER_ENTRY;
+    let (mut s, _) = seeded();
+    let statuses = |names: &[&str]| Request {
+        request_id: String::new(),
+        command: Command::PutStatuses {
+            kind: Kind::Tenant,
+            statuses: names.iter().map(|n| StatusPut { name: n.to_string(), status: serde_json::json!({"seen": n}) }).collect(),
+        },
+        trace_parent: None,
+    };
+    let before = s.get(Kind::Tenant, "acme").unwrap().resource_version;
+    let (out, events) = s.apply(10, &statuses(&["gone", "acme"]));
+    let out = out.unwrap();
+    assert_eq!(out.batch.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), vec!["acme"], "the missing one is skipped");
+    assert_eq!(events.len(), 1);
+    let acme = s.get(Kind::Tenant, "acme").unwrap();
+    assert_eq!((acme.status["seen"].as_str(), acme.resource_version, acme.mod_revision), (Some("acme"), before + 1, 10));
+
+    let none = s.apply(11, &statuses(&["gone", "also-gone"])).0.unwrap_err();
+    assert_eq!((none.code, none.field.as_str()), (ErrorCode::NotFound, "statuses"));
+    for names in [vec![], vec!["acme"; MAX_STATUSES_PER_ENTRY + 1]] {
+        let request = statuses(&names);
+        let err = s.check(&request).unwrap_err();
+        assert_eq!(err.field, "statuses", "{err:?}");
+        assert!(err.reason.contains(&format!("{} statuses", names.len())), "{}", err.reason);
+        assert!(s.apply(12, &request).0.is_err());
+    }
+    assert_eq!(s.get(Kind::Tenant, "acme").unwrap().resource_version, before + 1, "refused entries change nothing");
+}
+
+#[test]
 fn dedup_window_is_bounded() {
     let (mut s, mut i) = seeded();
     for n in 0..(DEDUP_WINDOW + 10) {
