@@ -89,7 +89,8 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let original = std::fs::read_to_string(&format_file).unwrap();
 
     for (what, contents, expect) in [
-        ("wrong version", original.replace("format_version=1", "format_version=9"), "format version 9"),
+        // A data dir of the version before single-term-leader ids.
+        ("old version", original.replace("format_version=2", "format_version=1"), "format version 1, this binary reads version 2"),
         ("truncated", original[..original.len() / 2].to_string(), "FORMAT"),
         ("other node", original.replace("node_id=1", "node_id=2"), "belongs to node 2"),
     ] {

@@ -1,56 +1,89 @@
-//! The invariants checked while a run goes on: leadership within a term only moves up to
-//! higher node ids (openraft's leader ids), every committed plan legal, and after the faults
-//! heal, every agent holding the latest plan.
+//! The invariants checked while a run goes on: at most one leader per term (Election
+//! Safety), controllers that applied the same index hold the same state (State Machine
+//! Safety), every committed plan legal, and after the faults heal, every agent holding the
+//! latest plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use controlplane::agents::desired_state;
 use controlplane::controller::Controller;
+use controlplane::raft::LogId;
 use controlplane::resources::{Kind, Spec};
 use controlplane::state::ClusterState;
 use planner::mig::GpuModel;
 
 use super::agents::AgentViews;
 
-/// Leaders seen per term, from every controller's Raft metrics (its own state when it
-/// leads, and whom it follows).
-///
-/// openraft (0.9, without its `single-term-leader` feature) identifies a leadership by the
-/// leader id (term, node id), totally ordered: a candidate of the same term with a higher
-/// node id may be granted votes after another won, and then supersedes it (nodes that
-/// granted the higher id refuse the lower one). So one term may see several leaders, one
-/// after the other, with rising node ids (simulation seed 1109: c1 won term 9, then c2 won
-/// term 9 with c3's second grant). What must never happen is a leader of a lower id in a term
-/// after a higher one: that would take a quorum that had already granted the higher id.
+/// The leader seen per term, from every controller's Raft metrics (its own state when it
+/// leads, and whom it follows). openraft runs with `single-term-leader`: a term has at most
+/// one leader, as in the Raft paper (Election Safety, §5.2) and etcd.
 #[derive(Default)]
 pub struct LeadersPerTerm {
-    leaders: BTreeMap<u64, BTreeSet<u64>>,
+    leaders: BTreeMap<u64, u64>,
 }
 
 impl LeadersPerTerm {
-    /// Notes what `controller` believes now; an error names the term whose leadership went
-    /// down to a lower leader id.
+    /// Notes what `controller` believes now (the term and leader, when new); an error names
+    /// the term that had two leaders.
     pub fn observe(&mut self, controller: &Controller) -> Result<Option<(u64, u64)>, String> {
         let metrics = controller.raft.metrics().borrow().clone();
         let Some(leader) = metrics.current_leader else { return Ok(None) };
         let term = metrics.current_term;
-        let seen = self.leaders.entry(term).or_default();
-        if seen.contains(&leader) {
-            return Ok(None);
-        }
-        if let Some(higher) = seen.last().filter(|&&highest| highest > leader) {
-            return Err(format!(
-                "leader id went down in term {term}: {leader} leads after {higher} did (reported by controller {})",
+        match self.leaders.get(&term) {
+            Some(&first) if first == leader => Ok(None),
+            Some(&first) => Err(format!(
+                "Election Safety: term {term} has two leaders, {first} and then {leader} (reported by controller {})",
                 controller.id
-            ));
+            )),
+            None => {
+                self.leaders.insert(term, leader);
+                Ok(Some((term, leader)))
+            }
         }
-        seen.insert(leader);
-        Ok(Some((term, leader)))
     }
 
     /// Terms that had a leader.
     pub fn terms(&self) -> usize {
         self.leaders.len()
+    }
+}
+
+/// State Machine Safety (Raft §5.4.3): a controller that applied index `i` applied the same
+/// entry there as every other controller that applied `i`, so their states after it are
+/// equal. The first state seen at each index is kept (persistent maps: clones share
+/// structure) and every later one is compared with it.
+#[derive(Default)]
+pub struct AppliedStates {
+    /// Index -> the controller that first applied it, the entry's id and the state after it.
+    at: BTreeMap<u64, (u64, LogId, ClusterState)>,
+    /// The index each controller was last checked at (its state changes only by applying).
+    checked: BTreeMap<u64, u64>,
+}
+
+impl AppliedStates {
+    pub fn observe(&mut self, controller: &Controller) -> Result<(), String> {
+        let (applied, state) = controller.read(|d| (d.last_applied, d.cluster.clone()));
+        let Some(applied) = applied else { return Ok(()) };
+        if self.checked.insert(controller.id, applied.index) == Some(applied.index) {
+            return Ok(());
+        }
+        let Some((first, id, expected)) = self.at.get(&applied.index) else {
+            self.at.insert(applied.index, (controller.id, applied, state));
+            return Ok(());
+        };
+        if *id != applied {
+            return Err(format!(
+                "State Machine Safety: at index {} controller {} applied {applied}, controller {first} applied {id}",
+                applied.index, controller.id
+            ));
+        }
+        if *expected != state {
+            return Err(format!(
+                "State Machine Safety: controllers {first} and {} applied the same entry at index {} but hold different states",
+                controller.id, applied.index
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -45,7 +45,7 @@ use agents::{agent_host, node_name, AgentViews};
 use clients::{client_host, keys, run_operator, run_register_client, OPERATOR_HOST};
 use cluster::{add_controller, controller_addr, controller_host, Disk, Running};
 use faults::Scheduled;
-use invariants::{agents_with_work, check_plan, unconverged, unsettled, LeadersPerTerm};
+use invariants::{agents_with_work, check_plan, unconverged, unsettled, AppliedStates, LeadersPerTerm};
 use phase::{Phase, Stage, Trace};
 
 /// One simulated step.
@@ -145,6 +145,7 @@ struct Run<'a> {
     crashed: BTreeSet<u64>,
     trace: Trace,
     leaders: LeadersPerTerm,
+    applied: AppliedStates,
     plans: BTreeSet<u64>,
     /// Per controller: term, leader, last log index, applied index, as last traced.
     raft_seen: BTreeMap<u64, RaftView>,
@@ -260,6 +261,7 @@ impl Run<'_> {
                 Ok(Some((term, leader))) => self.note(format!("term {term}: leader c{leader}")),
                 Ok(None) => {}
             }
+            self.applied.observe(&c).map_err(|e| self.failure(e))?;
             let m = c.raft.metrics().borrow().clone();
             let now = (m.current_term, m.current_leader, m.last_log_index, m.last_applied.map(|l| l.index));
             if self.raft_seen.insert(c.id, now) != Some(now) {
@@ -309,6 +311,7 @@ pub fn run_seed(seed: u64, opts: &SimOptions) -> Result<SimReport, SimFailure> {
         crashed: BTreeSet::new(),
         trace: Trace::new(opts.keep_trace),
         leaders: LeadersPerTerm::default(),
+        applied: AppliedStates::default(),
         plans: BTreeSet::new(),
         raft_seen: BTreeMap::new(),
         views: AgentViews::default(),

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use super::{KvBackend, SledBackend, Tree};
 
 /// Version of the on-disk layout. Bump it on any incompatible change of keys or encodings.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: openraft's `single-term-leader` ids (one leader per term); the votes and log ids of
+/// version 1 were leader ids of another order.
+pub const FORMAT_VERSION: u32 = 2;
 const MARKER: &str = "gpuplane-controller-data";
 const FORMAT_FILE: &str = "FORMAT";
 const SLED_DIR: &str = "sled";
@@ -181,9 +183,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         drop(open_data_dir(tmp.path(), 1).unwrap());
         let marker = tmp.path().join(FORMAT_FILE);
-        fs::write(&marker, format!("{MARKER}\nformat_version=2\nnode_id=1\n")).unwrap();
-        assert_refused(tmp.path(), 1, "format version 2");
+        // A data dir of version 1 (leader ids before single-term-leader) names both versions.
         fs::write(&marker, format!("{MARKER}\nformat_version=1\nnode_id=1\n")).unwrap();
+        assert_refused(tmp.path(), 1, "format version 1, this binary reads version 2");
+        fs::write(&marker, format!("{MARKER}\nformat_version={}\nnode_id=1\n", FORMAT_VERSION + 1)).unwrap();
+        assert_refused(tmp.path(), 1, &format!("format version {}", FORMAT_VERSION + 1));
+        fs::write(&marker, format!("{MARKER}\nformat_version={FORMAT_VERSION}\nnode_id=1\n")).unwrap();
         assert_refused(tmp.path(), 3, "belongs to node 1");
         fs::write(&marker, format!("{MARKER}\nformat_ver")).unwrap();
         assert_refused(tmp.path(), 1, "FORMAT");
