@@ -165,26 +165,24 @@ impl StatusWriter {
         if puts.is_empty() {
             return done;
         }
-        let (prints, statuses): (Vec<u64>, Vec<StatusPut>) = puts.into_iter().unzip();
+        // Names and fingerprints kept aside: the statuses themselves move into the command.
+        let sent: Vec<(String, u64)> = puts.iter().map(|(print, s)| (s.name.clone(), *print)).collect();
+        let statuses: Vec<StatusPut> = puts.into_iter().map(|(_, s)| s).collect();
         // No request id: an unconditional write of the latest observed states is
         // idempotent, and thousands of agents' writes must not fill the de-duplication
         // window (kept in memory and in every snapshot).
-        let write = Request {
-            request_id: String::new(),
-            command: Command::PutStatuses { kind: Kind::Node, statuses: statuses.clone() },
-            trace_parent: None,
-        };
+        let write = Request { request_id: String::new(), command: Command::PutStatuses { kind: Kind::Node, statuses }, trace_parent: None };
         let written: HashSet<String> = match controller.write(write).await {
             Ok(outcome) => outcome.batch.into_iter().map(|item| item.name).collect(),
             Err(e) => {
-                tracing::warn!(nodes = statuses.len(), first = %statuses[0].name, error = %e,
+                tracing::warn!(nodes = sent.len(), first = %sent[0].0, error = %e,
                     "could not write the nodes' observed states; their next reports retry");
                 HashSet::new()
             }
         };
-        for (print, s) in prints.into_iter().zip(statuses) {
-            let stored = written.contains(&s.name);
-            done.push((s.name, print, stored));
+        for (node, print) in sent {
+            let stored = written.contains(&node);
+            done.push((node, print, stored));
         }
         done
     }

@@ -206,11 +206,12 @@ impl<B: KvBackend> LogStore<B> {
         let mut last = None;
         let mut bytes = 0;
         for entry in entries {
-            last = Some(entry.log_id.index);
+            let index = entry.log_id.index;
             let encoded = serde_json::to_vec(&entry).map_err(io_write)?;
             bytes += encoded.len() as u64;
             decoded.push((Arc::new(entry), encoded.len()));
-            batch.push((key(last.unwrap_or_default()).to_vec(), encoded));
+            batch.push((key(index).to_vec(), encoded));
+            last = Some(index);
         }
         self.appended_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.backend.insert_batch(Tree::Logs, batch).and_then(|_| self.backend.flush()).map_err(io_write)?;

@@ -152,7 +152,7 @@ impl ClusterState {
         }
         match &request.command {
             Command::Batch { puts } => self.plan_batch(puts).map(|_| ()),
-            Command::PutStatuses { kind, statuses } => self.plan_statuses(*kind, statuses).map(|_| ()),
+            Command::PutStatuses { kind, statuses } => self.check_statuses(*kind, statuses),
             command => self.plan_change(command).map(|_| ()),
         }
     }
@@ -213,6 +213,16 @@ impl ClusterState {
     /// The status writes of a `PutStatuses` for the resources that still exist; refused
     /// only when the count is out of bounds or none of them exists.
     fn plan_statuses(&self, kind: Kind, statuses: &[StatusPut]) -> Result<Vec<PlannedChange>, FieldError> {
+        self.check_statuses(kind, statuses)?;
+        Ok(statuses
+            .iter()
+            .filter(|s| self.get(kind, &s.name).is_some())
+            .map(|s| PlannedChange::Status { kind, name: s.name.clone(), status: s.status.clone() })
+            .collect())
+    }
+
+    /// What `plan_statuses` refuses, without copying the statuses (`check` only asks).
+    fn check_statuses(&self, kind: Kind, statuses: &[StatusPut]) -> Result<(), FieldError> {
         use crate::resources::limits::MAX_STATUSES_PER_ENTRY;
         if statuses.is_empty() || statuses.len() > MAX_STATUSES_PER_ENTRY {
             return Err(FieldError::invalid(
@@ -220,19 +230,14 @@ impl ClusterState {
                 format!("{} statuses; one entry holds 1 to {MAX_STATUSES_PER_ENTRY}", statuses.len()),
             ));
         }
-        let changes: Vec<PlannedChange> = statuses
-            .iter()
-            .filter(|s| self.get(kind, &s.name).is_some())
-            .map(|s| PlannedChange::Status { kind, name: s.name.clone(), status: s.status.clone() })
-            .collect();
-        if changes.is_empty() {
+        if !statuses.iter().any(|s| self.get(kind, &s.name).is_some()) {
             return Err(FieldError::new(
                 ErrorCode::NotFound,
                 "statuses",
                 format!("none of the {} {kind}s exists (first: {:?})", statuses.len(), statuses[0].name),
             ));
         }
-        Ok(changes)
+        Ok(())
     }
 
     fn commit_batch(&mut self, index: u64, changes: Vec<PlannedChange>) -> (CommandOutcome, Vec<ChangeEvent>) {

@@ -218,6 +218,10 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
         assert!(s.apply(12, &request).0.is_err());
     }
     assert_eq!(s.get(Kind::Tenant, "acme").unwrap().resource_version, before + 1, "refused entries change nothing");
+    // At the bound: accepted.
+    let full = statuses(&vec!["acme"; MAX_STATUSES_PER_ENTRY]);
+    assert!(s.check(&full).is_ok());
+    assert_eq!(s.apply(13, &full).0.unwrap().batch.len(), MAX_STATUSES_PER_ENTRY);
 }
 
 #[test]
