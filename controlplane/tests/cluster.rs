@@ -196,3 +196,29 @@ async fn watch_streams_state_then_changes_and_resumes_from_a_revision() {
     assert_eq!(next.r#type, proto::EventType::Deleted as i32);
     assert_eq!(next.resource.unwrap().name, "globex");
 }
+
+/// One log entry can change several resources (a batch of puts, agents' statuses, writes
+/// grouped into one entry): a watcher gets every change, not the first of each revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_gets_every_change_of_an_entry_that_changes_several_resources() {
+    use tokio_stream::StreamExt;
+    let cluster = TestCluster::start(3, fast_settings()).await;
+    let client = cluster.client();
+    seed(&client).await;
+    let mut stream = client.watch("Tenant", 0).await.unwrap();
+    // The seeded tenant and the bookmark.
+    for _ in 0..2 {
+        stream.next().await.unwrap().unwrap();
+    }
+    let names = ["t-one", "t-two", "t-three"];
+    let batch = names.iter().map(|n| resource("Tenant", n, "", serde_json::json!({}))).collect();
+    client.put_many(batch, WriteMode::Create).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in names {
+        let ev = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.expect("every change arrives").unwrap().unwrap();
+        assert_eq!(ev.r#type, proto::EventType::Added as i32);
+        seen.push((ev.resource.unwrap().name, ev.revision));
+    }
+    assert_eq!(seen.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), names);
+    assert!(seen.iter().all(|(_, r)| *r == seen[0].1), "one entry, one revision: {seen:?}");
+}

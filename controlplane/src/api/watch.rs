@@ -86,7 +86,10 @@ fn initial(data: &SmData, filter: &Filter, from: u64) -> (Vec<proto::WatchEvent>
 pub fn start(sm: Arc<SmShared>, filter: Filter, from: u64) -> Pin<Box<dyn Stream<Item = Result<proto::WatchEvent, Status>> + Send>> {
     // Subscribe before reading the state so no change falls between the two.
     let mut signals = sm.subscribe();
-    let (first, mut last_sent) = initial(&sm.data.read().unwrap(), &filter, from);
+    // Every change up to `covered` is in what was sent; the signals queued behind it are
+    // skipped. Changes after it are all sent, several of one revision included (one log
+    // entry writes several resources: a batch of puts, agents' statuses, grouped requests).
+    let (first, mut covered) = initial(&sm.data.read().unwrap(), &filter, from);
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         for ev in first {
@@ -96,8 +99,7 @@ pub fn start(sm: Arc<SmShared>, filter: Filter, from: u64) -> Pin<Box<dyn Stream
         }
         loop {
             let batch = match signals.recv().await {
-                Ok(WatchSignal::Change(ev)) if ev.revision > last_sent => {
-                    last_sent = ev.revision;
+                Ok(WatchSignal::Change(ev)) if ev.revision > covered => {
                     if filter.matches(&ev.resource) {
                         vec![change(&ev)]
                     } else {
@@ -108,7 +110,7 @@ pub fn start(sm: Arc<SmShared>, filter: Filter, from: u64) -> Pin<Box<dyn Stream
                 // The state was replaced, or this watcher fell too far behind: resend it all.
                 Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {
                     let (events, revision) = full_state(&sm.data.read().unwrap(), &filter, true);
-                    last_sent = revision;
+                    covered = revision;
                     events
                 }
                 Err(broadcast::error::RecvError::Closed) => return,

@@ -72,9 +72,17 @@ impl UnhealthyMarks {
         let marks = Arc::new(UnhealthyMarks::default());
         let m = marks.clone();
         tokio::spawn(async move {
-            let Ok(mut stream) = client.watch("Node", 0).await else { return };
+            let mut stream = match client.watch("Node", 0).await {
+                Ok(stream) => stream,
+                Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
+            };
             let mut unhealthy = std::collections::HashSet::new();
-            while let Ok(Some(ev)) = stream.message().await {
+            loop {
+                let ev = match stream.message().await {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => return eprintln!("the Node watch for unhealthy marks ended"),
+                    Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
+                };
                 let Some(r) = ev.resource else { continue };
                 let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
                 let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
