@@ -12,9 +12,9 @@ use tracing::Instrument;
 
 use crate::agents::AgentReports;
 use crate::api::ApiError;
-use crate::raft::{ChangeMembers, Node, NodeId, PeerChannels, Raft, SmData, SmShared};
+use crate::raft::{ChangeMembers, Node, NodeId, PeerChannels, ProposeError, Proposer, Raft, SmData, SmShared};
 use crate::resources::{ErrorCode, FieldError};
-use crate::state::{CommandOutcome, Request};
+use crate::state::{CommandOutcome, CommandResult, Request};
 use crate::telemetry::ControllerMetrics;
 
 /// How long a node being added has to answer the Admin `ClusterStatus` call.
@@ -49,6 +49,8 @@ pub struct Controller {
     pub report_pace: crate::agents::ReportPace,
     /// This node's Prometheus series (`/metrics`).
     pub telemetry: ControllerMetrics,
+    /// Proposes this node's writes, several to an entry when they arrive together.
+    pub proposer: Proposer,
 }
 
 /// Why a request meant for the leader cannot be sent to it from this controller.
@@ -95,7 +97,8 @@ impl Controller {
     }
 
     /// Proposes `request` through Raft if this node leads; the command is first checked
-    /// against the applied state so that refused input never reaches the log.
+    /// against the applied state so that refused input never reaches the log. Concurrent
+    /// writes share Raft entries (`raft::Proposer`).
     pub async fn write(&self, request: Request) -> Result<CommandOutcome, ApiError> {
         if !self.is_leader() {
             return Err(ApiError::NotLeader { leader: self.leader() });
@@ -110,19 +113,8 @@ impl Controller {
         let started = std::time::Instant::now();
         let mut request = request;
         let span = proposal_span(&mut request);
-        let answer = async {
-            let rx = self.raft.client_write_ff(request).await.map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
-            Ok(rx.await)
-        }
-        .instrument(span)
-        .await;
-        match answer {
-            Ok(answer) => self.outcome(started, answer),
-            Err(e) => {
-                self.telemetry.observe_proposal(started.elapsed(), "failed");
-                Err(e)
-            }
-        }
+        let answer = self.proposer.propose(request).instrument(span).await;
+        self.outcome(started, answer)
     }
 
     /// Proposes `requests` in this order without waiting for each to commit before sending
@@ -143,56 +135,45 @@ impl Controller {
         let mut last = None;
         for mut request in requests {
             if in_flight.len() >= window.max(1) {
-                let (started, span, rx) = in_flight.pop_front().expect("non-empty");
-                last = Some(self.answered(started, span, rx).await?);
+                let (started, span, answer) = in_flight.pop_front().expect("non-empty");
+                last = Some(self.answered(started, span, answer).await?);
             }
             let started = std::time::Instant::now();
             let span = proposal_span(&mut request);
-            let rx = self
-                .raft
-                .client_write_ff(request)
-                .instrument(span.clone())
-                .await
-                .map_err(|e| ApiError::Unavailable(format!("proposal failed: {e}")))?;
-            in_flight.push_back((started, span, rx));
+            match self.proposer.submit(request).instrument(span.clone()).await {
+                Ok(answer) => in_flight.push_back((started, span, answer)),
+                Err(e) => return self.outcome(started, Err(e)),
+            }
         }
-        for (started, span, rx) in in_flight {
-            last = Some(self.answered(started, span, rx).await?);
+        for (started, span, answer) in in_flight {
+            last = Some(self.answered(started, span, answer).await?);
         }
         last.ok_or_else(|| ApiError::Internal("an empty chain of writes".into()))
     }
 
-    /// The outcome of a proposal once Raft answers `rx`, in the proposal's span.
-    async fn answered<E: std::fmt::Display>(
+    /// The outcome of a proposal once the proposer answers, in the proposal's span.
+    async fn answered(
         &self,
         started: std::time::Instant,
         span: tracing::Span,
-        rx: impl std::future::Future<Output = Result<openraft::raft::ClientWriteResult<crate::raft::TypeConfig>, E>>,
+        answer: impl std::future::Future<Output = Result<CommandResult, ProposeError>>,
     ) -> Result<CommandOutcome, ApiError> {
-        self.outcome(started, rx.instrument(span).await)
+        self.outcome(started, answer.instrument(span).await)
     }
 
-    /// The outcome of a proposal from what Raft answered, counted in the proposal metrics.
-    fn outcome<E: std::fmt::Display>(
-        &self,
-        started: std::time::Instant,
-        answer: Result<openraft::raft::ClientWriteResult<crate::raft::TypeConfig>, E>,
-    ) -> Result<CommandOutcome, ApiError> {
+    /// The outcome of a proposal from what the proposer answered, counted in the proposal
+    /// metrics.
+    fn outcome(&self, started: std::time::Instant, answer: Result<CommandResult, ProposeError>) -> Result<CommandOutcome, ApiError> {
         let result = match &answer {
-            Ok(Ok(resp)) if matches!(resp.data, Some(Ok(_))) => "ok",
-            Ok(Ok(_)) => "refused",
-            _ => "failed",
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "refused",
+            Err(_) => "failed",
         };
         self.telemetry.observe_proposal(started.elapsed(), result);
         match answer {
-            Ok(Ok(resp)) => match resp.data {
-                Some(result) => result.map_err(ApiError::Field),
-                None => Err(ApiError::Internal("a command entry produced no result".into())),
-            },
-            Ok(Err(CWE::ForwardToLeader(f))) => Err(ApiError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }),
-            Ok(Err(e)) => Err(ApiError::Unavailable(format!("proposal failed: {e}"))),
-            // The Raft core stopped (shut down or failed) before answering.
-            Err(e) => Err(ApiError::Unavailable(format!("proposal failed: {e}"))),
+            Ok(result) => result.map_err(ApiError::Field),
+            Err(ProposeError::NotLeader(leader)) => Err(ApiError::NotLeader { leader }),
+            Err(ProposeError::Unavailable(reason)) => Err(ApiError::Unavailable(reason)),
         }
     }
 

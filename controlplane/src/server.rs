@@ -206,6 +206,7 @@ where
         status_writer: Default::default(),
         report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),
+        proposer: handle.proposer.clone(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     // HTTP/2 pings on idle connections: a host that dies without closing its connection

@@ -470,7 +470,10 @@ mod tests {
                     expected_version: 0,
                 };
                 let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
-                let entry = Entry { log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i), payload: EntryPayload::Normal(request) };
+                let entry = Entry {
+                    log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
+                    payload: EntryPayload::Normal(crate::state::Proposal::one(request)),
+                };
                 (key(i).to_vec(), serde_json::to_vec(&entry).unwrap())
             })
             .collect();
@@ -519,7 +522,10 @@ mod tests {
             expected_version: 0,
         };
         let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
-        Entry { log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index), payload: EntryPayload::Normal(request) }
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(crate::state::Proposal::one(request)),
+        }
     }
 
     /// What `warm` (which appended the entries and keeps the newest decoded) reads equals

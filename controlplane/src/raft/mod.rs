@@ -6,6 +6,7 @@ mod log_store;
 mod network;
 mod node_wakers;
 mod peer_service;
+mod proposer;
 mod snapshot_policy;
 mod state_machine;
 mod types;
@@ -13,6 +14,7 @@ mod types;
 pub use log_store::LogStore;
 pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use peer_service::RaftPeerService;
+pub use proposer::{ProposeError, Proposer};
 pub use state_machine::{SmData, SmShared, StateMachineStore, WatchSignal};
 pub use types::*;
 
@@ -78,6 +80,8 @@ pub struct RaftHandle {
     pub state: Arc<state_machine::SmShared>,
     pub committed: Arc<std::sync::atomic::AtomicU64>,
     pub appended_bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Where this node's writes are proposed (group commit).
+    pub proposer: Proposer,
 }
 
 /// Starts the Raft node `id` over `backend`. Fails (without touching the data) when the
@@ -97,5 +101,6 @@ pub async fn start<B: KvBackend>(
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
     tokio::spawn(snapshot_policy::run(id, raft.clone(), appended_bytes.clone(), state.snapshot_bytes.clone(), settings.snapshot_every));
-    Ok(RaftHandle { raft, state, committed, appended_bytes })
+    let proposer = Proposer::start(raft.clone());
+    Ok(RaftHandle { raft, state, committed, appended_bytes, proposer })
 }

@@ -213,7 +213,7 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
         Ok((data.last_applied, data.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Option<crate::state::CommandResult>>, StorageError>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<crate::state::CommandResult>>, StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -228,40 +228,51 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                 match entry.payload {
                     EntryPayload::Blank => {
                         data.cluster.note_index(log_id.index);
-                        responses.push(None);
+                        responses.push(Vec::new());
                     }
                     EntryPayload::Membership(m) => {
                         data.membership = StoredMembership::new(Some(log_id), m);
                         data.cluster.note_index(log_id.index);
-                        responses.push(None);
+                        responses.push(Vec::new());
                     }
-                    EntryPayload::Normal(mut request) => {
-                        // A Plan remembers the trace of the write that committed it, for the
-                        // agents that apply it (the same on every controller: it is in the entry).
-                        match &mut request.command {
-                            Command::Put { spec: Spec::Plan(plan), .. } => {
-                                plan.trace_parent = request.trace_parent.clone().unwrap_or_default()
-                            }
-                            Command::PatchPlan { patch, .. } => patch.trace_parent = request.trace_parent.clone().unwrap_or_default(),
-                            _ => {}
+                    EntryPayload::Normal(proposal) => {
+                        if let Err(e) = proposal.check() {
+                            data.cluster.note_index(log_id.index);
+                            responses.push(proposal.requests.iter().map(|_| Err(e.clone())).collect());
+                            continue;
                         }
-                        // Continues the proposer's trace on every controller.
-                        let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
-                        telemetry_otlp::continue_trace(&span, request.trace_parent.as_deref().unwrap_or_default());
-                        let _entered = span.enter();
-                        let (result, changes) = data.cluster.apply(log_id.index, &request);
-                        for mut event in changes {
-                            event.trace_parent = telemetry_otlp::current_traceparent();
-                            let event = Arc::new(event);
-                            data.history.push_back(event.clone());
-                            if data.history.len() > WATCH_HISTORY {
-                                if let Some(evicted) = data.history.pop_front() {
-                                    data.history_floor = evicted.revision;
+                        let mut written = crate::state::EntryWrites::default();
+                        let mut results = Vec::with_capacity(proposal.requests.len());
+                        for mut request in proposal.requests {
+                            // A Plan remembers the trace of the write that committed it, for
+                            // the agents that apply it (the same on every controller: it is in
+                            // the entry).
+                            match &mut request.command {
+                                Command::Put { spec: Spec::Plan(plan), .. } => {
+                                    plan.trace_parent = request.trace_parent.clone().unwrap_or_default()
                                 }
+                                Command::PatchPlan { patch, .. } => patch.trace_parent = request.trace_parent.clone().unwrap_or_default(),
+                                _ => {}
                             }
-                            events.push(event);
+                            // Continues the proposer's trace on every controller.
+                            let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
+                            telemetry_otlp::continue_trace(&span, request.trace_parent.as_deref().unwrap_or_default());
+                            let _entered = span.enter();
+                            let (result, changes) = data.cluster.apply_in_entry(log_id.index, &request, &mut written);
+                            for mut event in changes {
+                                event.trace_parent = telemetry_otlp::current_traceparent();
+                                let event = Arc::new(event);
+                                data.history.push_back(event.clone());
+                                if data.history.len() > WATCH_HISTORY {
+                                    if let Some(evicted) = data.history.pop_front() {
+                                        data.history_floor = evicted.revision;
+                                    }
+                                }
+                                events.push(event);
+                            }
+                            results.push(result);
                         }
-                        responses.push(Some(result));
+                        responses.push(results);
                     }
                 }
             }

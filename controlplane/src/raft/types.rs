@@ -1,13 +1,14 @@
 use std::io::Cursor;
 
-use crate::state::{CommandResult, Request};
+use crate::state::{CommandResult, Proposal};
 
 openraft::declare_raft_types!(
     /// gpuplane's openraft type configuration.
     pub TypeConfig:
-        D = Request,
-        // None for entries that carry no command (blank, membership).
-        R = Option<CommandResult>,
+        D = Proposal,
+        // One per request of the entry; none for entries that carry no command (blank,
+        // membership).
+        R = Vec<CommandResult>,
         NodeId = u64,
         Node = openraft::BasicNode,
         SnapshotData = Cursor<Vec<u8>>,
@@ -26,6 +27,7 @@ pub type Snapshot = openraft::Snapshot<TypeConfig>;
 pub type RaftMetrics = openraft::RaftMetrics<NodeId, Node>;
 pub type ServerState = openraft::ServerState;
 pub type ClientWriteError = openraft::error::ClientWriteError<NodeId, Node>;
+pub type ClientWriteResponse = openraft::raft::ClientWriteResponse<TypeConfig>;
 pub type RaftError<E = openraft::error::Infallible> = openraft::error::RaftError<NodeId, E>;
 pub type CheckIsLeaderError = openraft::error::CheckIsLeaderError<NodeId, Node>;
 pub type ForwardToLeader = openraft::error::ForwardToLeader<NodeId, Node>;

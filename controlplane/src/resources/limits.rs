@@ -85,6 +85,12 @@ pub const MAX_BATCH_BYTES: usize = 256 * 1024;
 pub const MAX_STATUSES_PER_ENTRY: usize = 64;
 pub const MAX_STATUS_ENTRY_BYTES: usize = 256 * 1024;
 
+/// Client requests the leader's proposer puts in one Raft entry (group commit), and their
+/// encoded size together (one larger request goes alone): one flush and one round of
+/// replication for many writes, and an entry well inside one AppendEntries message.
+pub const MAX_REQUESTS_PER_ENTRY: usize = 256;
+pub const MAX_PROPOSAL_BYTES: usize = 256 * 1024;
+
 /// One row of README's "Limits" table.
 pub struct Limit {
     pub name: &'static str,
@@ -141,6 +147,8 @@ pub fn limits() -> Vec<Limit> {
             MAX_STATUS_ENTRY_BYTES,
             "encoded reports whose states share one Raft entry (a larger one goes alone)",
         ),
+        row("MAX_REQUESTS_PER_ENTRY", MAX_REQUESTS_PER_ENTRY, "client requests the leader commits together in one Raft entry"),
+        row("MAX_PROPOSAL_BYTES", MAX_PROPOSAL_BYTES, "encoded requests that share one Raft entry (a larger one goes alone)"),
     ]
 }
 

@@ -2,7 +2,36 @@ use serde::{Deserialize, Serialize};
 
 use crate::resources::{FieldError, Kind, PlanPatch, Spec, StoredResource};
 
-/// The application data of one Raft log entry.
+/// The application data of one Raft log entry: requests proposed together (group commit,
+/// `raft::proposer`), applied in order, each with its own outcome, as if each had its own
+/// entry. They share the entry's index, hence the resource version they write, so no two
+/// may write the same resource (a later one that does is refused:
+/// `ClusterState::apply_in_entry`). 1 to
+/// [`crate::resources::limits::MAX_REQUESTS_PER_ENTRY`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub requests: Vec<Request>,
+}
+
+impl Proposal {
+    /// An entry of one request.
+    pub fn one(request: Request) -> Self {
+        Proposal { requests: vec![request] }
+    }
+
+    /// Refuses an entry of no requests or more than the bound (every request of it).
+    pub fn check(&self) -> Result<(), FieldError> {
+        use crate::resources::limits::MAX_REQUESTS_PER_ENTRY;
+        match self.requests.len() {
+            1..=MAX_REQUESTS_PER_ENTRY => Ok(()),
+            n => {
+                Err(FieldError::invalid("requests", format!("{n} requests in one log entry; an entry holds 1 to {MAX_REQUESTS_PER_ENTRY}")))
+            }
+        }
+    }
+}
+
+/// One client's write.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Request {
     /// Client-chosen idempotency key; a retried request with the same id applies once.
@@ -13,6 +42,14 @@ pub struct Request {
     /// what the command does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_parent: Option<String>,
+}
+
+impl Request {
+    /// The resources this request writes (or refuses to write), as (kind, name); a
+    /// `Batch` or `PutStatuses` names several.
+    pub fn resources(&self) -> Vec<(Kind, &str)> {
+        self.command.resources()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +104,19 @@ pub enum Command {
         /// As for `Put`; the patch was computed from this version.
         expected_version: u64,
     },
+}
+
+impl Command {
+    /// See [`Request::resources`].
+    pub fn resources(&self) -> Vec<(Kind, &str)> {
+        match self {
+            Command::Put { name, spec, .. } => vec![(spec.kind(), name.as_str())],
+            Command::PutStatus { kind, name, .. } | Command::Delete { kind, name, .. } => vec![(*kind, name.as_str())],
+            Command::PutStatuses { kind, statuses } => statuses.iter().map(|s| (*kind, s.name.as_str())).collect(),
+            Command::Batch { puts } => puts.iter().flat_map(Command::resources).collect(),
+            Command::PatchPlan { name, .. } => vec![(Kind::Plan, name.as_str())],
+        }
+    }
 }
 
 /// One resource's new status in a [`Command::PutStatuses`].

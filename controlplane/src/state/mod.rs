@@ -7,7 +7,7 @@ mod command;
 mod desired_index;
 mod references;
 
-pub use command::{BatchItem, ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Request, StatusPut, WriteMode};
+pub use command::{BatchItem, ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Proposal, Request, StatusPut, WriteMode};
 pub use desired_index::DesiredIndex;
 
 use std::collections::BTreeMap;
@@ -19,6 +19,27 @@ use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind
 /// How many applied request ids are remembered for de-duplication. A client retries within
 /// seconds; 100k writes of history is minutes even at bench rates.
 pub const DEDUP_WINDOW: usize = 100_000;
+
+/// Resources written by the requests of one log entry so far (see
+/// [`ClusterState::apply_in_entry`]); one per entry, dropped after it.
+#[derive(Default)]
+pub struct EntryWrites(std::collections::HashSet<(Kind, String)>);
+
+impl EntryWrites {
+    /// Records what `request` writes, or refuses it if an earlier request wrote any of it.
+    pub fn claim(&mut self, request: &Request) -> Result<(), FieldError> {
+        let resources = request.resources();
+        if let Some((kind, name)) = resources.iter().find(|(kind, name)| self.0.contains(&(*kind, name.to_string()))) {
+            return Err(FieldError::new(
+                ErrorCode::FailedPrecondition,
+                "request_id",
+                format!("{kind:?} {name:?} was written by an earlier request of the same log entry; retry the request"),
+            ));
+        }
+        self.0.extend(resources.into_iter().map(|(kind, name)| (kind, name.to_string())));
+        Ok(())
+    }
+}
 
 /// The resources by kind, then by name. Persistent maps (`imbl`), like the de-duplication
 /// record: a snapshot copies them in O(1) under the state lock, sharing every node with the
@@ -160,6 +181,17 @@ impl ClusterState {
     /// Applies a committed request at log index `index`. Refused commands change nothing
     /// but their outcome is recorded, so a retry gets the same answer.
     pub fn apply(&mut self, index: u64, request: &Request) -> (CommandResult, Vec<ChangeEvent>) {
+        self.apply_in_entry(index, request, &mut EntryWrites::default())
+    }
+
+    /// Applies one request of the log entry at `index`, after the entry's earlier ones
+    /// (`written` names what they wrote). A request that would write a resource an earlier
+    /// one of the same entry wrote is refused: both changes would carry revision `index`,
+    /// and what is keyed by revision (a watch resuming after it, a node's desired version)
+    /// could not tell the two states apart. The leader's proposer never groups such
+    /// requests; this holds the line against any entry that does. The refusal is not
+    /// remembered for the request id: a retry in an entry of its own is applied.
+    pub fn apply_in_entry(&mut self, index: u64, request: &Request, written: &mut EntryWrites) -> (CommandResult, Vec<ChangeEvent>) {
         self.revision = index;
         if let Some(previous) = self.applied_requests.get(&request.request_id) {
             let mut outcome = previous.clone();
@@ -167,6 +199,9 @@ impl ClusterState {
                 o.deduplicated = true;
             }
             return (outcome, Vec::new());
+        }
+        if let Err(e) = written.claim(request) {
+            return (Err(e), Vec::new());
         }
         let result = match &request.command {
             Command::Batch { puts } => self.plan_batch(puts).map(|changes| self.commit_batch(index, changes)),

@@ -468,3 +468,58 @@ fn a_resources_only_copy_holds_the_resources_then_and_none_of_the_later_changes(
     assert_eq!((copy.revision(), s.count(Kind::Service)), (i + 1, 2));
     assert!(copy.applied_outcome("a").is_none(), "request records are not copied");
 }
+
+#[test]
+fn requests_sharing_an_entry_apply_in_order_each_seeing_the_ones_before() {
+    let (mut s, _) = seeded();
+    let mut written = EntryWrites::default();
+    // A tenant and a service of it, in one entry: the service sees the tenant.
+    let tenant = put("e1", "beta", "", Spec::Tenant(TenantSpec::default()), WriteMode::Create, 0);
+    let svc = put("e2", "svc-b", "beta", service("resnet50", 50.0), WriteMode::Create, 0);
+    let (a, ev_a) = s.apply_in_entry(20, &tenant, &mut written);
+    let (b, ev_b) = s.apply_in_entry(20, &svc, &mut written);
+    assert_eq!(a.unwrap().resource.mod_revision, 20);
+    assert_eq!(b.unwrap().resource.mod_revision, 20, "both carry the entry's index");
+    assert_eq!((ev_a.len(), ev_b.len()), (1, 1));
+    // Each keeps its own outcome: a refused one beside them changes nothing and is remembered.
+    let bad = put("e3", "svc-c", "nobody", service("resnet50", 50.0), WriteMode::Create, 0);
+    let (refused, ev) = s.apply_in_entry(20, &bad, &mut written);
+    assert!(refused.is_err() && ev.is_empty());
+    assert_eq!(s.applied_outcome("e3").cloned(), Some(refused));
+}
+
+#[test]
+fn a_second_write_of_one_resource_in_an_entry_is_refused_and_its_retry_applies() {
+    let (mut s, _) = seeded();
+    let mut written = EntryWrites::default();
+    let first = put("w1", "svc1", "acme", service("resnet50", 50.0), WriteMode::Upsert, 0);
+    s.apply_in_entry(30, &first, &mut written).0.unwrap();
+    // The same Service inside a batch of puts, in the same entry.
+    let again = Request {
+        request_id: "w2".into(),
+        command: Command::Batch { puts: vec![put("x", "svc1", "acme", service("resnet50", 40.0), WriteMode::Upsert, 0).command] },
+        trace_parent: None,
+    };
+    let (refused, events) = s.apply_in_entry(30, &again, &mut written);
+    let e = refused.unwrap_err();
+    assert_eq!(e.code, ErrorCode::FailedPrecondition);
+    assert!(e.reason.contains(r#"Service "svc1" was written by an earlier request of the same log entry"#), "{e}");
+    assert!(events.is_empty());
+    assert_eq!(s.get(Kind::Service, "svc1").unwrap().resource_version, 1, "unchanged");
+    // Not remembered: the same request in an entry of its own is applied.
+    assert!(s.applied_outcome("w2").is_none());
+    let (retried, _) = s.apply(31, &again);
+    assert_eq!(retried.unwrap().resource.resource_version, 2);
+}
+
+#[test]
+fn an_entry_holds_one_to_the_bound_of_requests() {
+    use crate::resources::limits::MAX_REQUESTS_PER_ENTRY;
+    let one = put("p", "svc1", "acme", service("resnet50", 50.0), WriteMode::Upsert, 0);
+    assert!(Proposal::one(one.clone()).check().is_ok());
+    assert!(Proposal { requests: vec![one.clone(); MAX_REQUESTS_PER_ENTRY] }.check().is_ok());
+    let e = Proposal { requests: vec![one; MAX_REQUESTS_PER_ENTRY + 1] }.check().unwrap_err();
+    assert_eq!(e.field, "requests");
+    assert!(e.reason.contains("257 requests in one log entry; an entry holds 1 to 256"), "{e}");
+    assert!(Proposal { requests: vec![] }.check().is_err());
+}
