@@ -8,8 +8,8 @@
 //! carries up to 64 nodes' states.
 //!
 //! The log kept behind a snapshot for slow followers is `keep_logs_after_snapshot` entries
-//! (openraft's purge) and at most [`KEEP_LOG_BYTES`] (this task's purge), so that large
-//! entries cannot keep gigabytes on disk.
+//! (openraft's purge) and at most [`KEEP_LOG_BYTES`] (this task's purge, in steps of
+//! [`PURGE_STEP_BYTES`]), so that large entries cannot keep gigabytes on disk.
 //!
 //! openraft's own policy only counts entries, so it is off (`SnapshotPolicy::Never`) and
 //! this task triggers snapshots instead.
@@ -32,6 +32,12 @@ pub const ENOUGH_LOG_BYTES: u64 = 64 * 1024 * 1024;
 /// A roll-out's status writes at 10,000 hosts are about 30 MB.
 pub const KEEP_LOG_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Most log bytes one purge removes (about: by the samples). A purge runs inside the Raft
+/// core, which sends no heartbeat meanwhile; at 10,000 hosts one purge of the whole excess
+/// (about 600 entries, tens of MB) stopped the leader's core for 365 ms and a follower
+/// started an election. A larger excess is purged a step a check.
+pub const PURGE_STEP_BYTES: u64 = 8 * 1024 * 1024;
+
 /// Samples of the log's size kept to find where to purge; older ones are dropped (which can
 /// only make a purge keep more).
 const MAX_SIZE_SAMPLES: usize = 4096;
@@ -49,6 +55,22 @@ pub fn purge_upto(samples: &VecDeque<(u64, u64)>, snapshot: u64, keep: u64) -> O
     let mut behind = samples.iter().rev().skip_while(|(index, _)| *index > snapshot);
     let (_, at_snapshot) = *behind.next()?;
     behind.find(|(_, bytes)| at_snapshot.saturating_sub(*bytes) >= keep).map(|(index, _)| *index)
+}
+
+/// The next purge point on the way from `purged` to `target`: the furthest sample index
+/// at most `step` log bytes after `purged` (by the samples: (last log index, bytes appended
+/// so far), oldest first, the first at or before `purged` giving its bytes), or, if even the
+/// nearest sample is further, that one (a purge always advances). `None`: nothing to purge.
+pub fn purge_step(samples: &VecDeque<(u64, u64)>, purged: u64, target: u64, step: u64) -> Option<u64> {
+    if target <= purged {
+        return None;
+    }
+    let base = samples.iter().rev().find(|(index, _)| *index <= purged).map(|(_, bytes)| *bytes);
+    let mut candidates = samples.iter().filter(|(index, _)| *index > purged && *index <= target);
+    let first = *candidates.next()?;
+    let Some(base) = base else { return Some(first.0) };
+    let within = std::iter::once(first).chain(candidates.copied()).take_while(|(_, bytes)| bytes.saturating_sub(base) <= step).last();
+    Some(within.unwrap_or(first).0)
 }
 
 /// Controllers apply the same entries, so with the same policy they would all encode a
@@ -77,6 +99,8 @@ pub async fn run(id: u64, raft: Raft, appended: Arc<AtomicU64>, snapshot_bytes: 
     let mut appended_at_snapshot = appended.load(Ordering::Relaxed);
     let mut requested = false;
     let mut samples = VecDeque::new();
+    // Purged up to `purged`; to purge up to `purge_target`, a step a check.
+    let (mut purged, mut purge_target) = (0u64, 0u64);
     let mut tick = tokio::time::interval(CHECK_EVERY);
     loop {
         tick.tick().await;
@@ -97,10 +121,17 @@ pub async fn run(id: u64, raft: Raft, appended: Arc<AtomicU64>, snapshot_bytes: 
             appended_at_snapshot = appended_now;
             requested = false;
             if let Some(upto) = purge_upto(&samples, snapshot, KEEP_LOG_BYTES) {
-                samples.retain(|(index, _)| *index > upto);
-                if raft.trigger().purge_log(upto).await.is_err() {
-                    return; // shut down
-                }
+                purge_target = purge_target.max(upto);
+            }
+        }
+        if let Some(upto) = purge_step(&samples, purged, purge_target, PURGE_STEP_BYTES) {
+            purged = upto;
+            // Keep the last sample at or before the purge point: the next step counts from it.
+            while samples.get(1).is_some_and(|(index, _)| *index <= purged) {
+                samples.pop_front();
+            }
+            if raft.trigger().purge_log(upto).await.is_err() {
+                return; // shut down
             }
         }
         let bytes = appended_now.saturating_sub(appended_at_snapshot);
@@ -152,6 +183,25 @@ mod tests {
         // Samples after the snapshot are ignored; too short a history purges nothing.
         assert_eq!(purge_upto(&samples, 500, 60_000_000), None);
         assert_eq!(purge_upto(&VecDeque::new(), 500, 1), None);
+    }
+
+    #[test]
+    fn a_large_purge_goes_in_steps_of_about_the_step_bytes_and_always_advances() {
+        // 10 MB per 100 entries; purged up to 300, to purge up to 1,500.
+        let samples: VecDeque<(u64, u64)> = (0..=20).map(|i| (i * 100, i * 10_000_000)).collect();
+        assert_eq!(purge_step(&samples, 300, 1_500, 25_000_000), Some(500));
+        assert_eq!(purge_step(&samples, 500, 1_500, 25_000_000), Some(700));
+        // The last step stops at the target, between samples or not.
+        assert_eq!(purge_step(&samples, 1_300, 1_500, 25_000_000), Some(1_500));
+        assert_eq!(purge_step(&samples, 1_300, 1_450, 25_000_000), Some(1_400));
+        // A step smaller than one sample's bytes still advances by one sample.
+        assert_eq!(purge_step(&samples, 300, 1_500, 1), Some(400));
+        // Nothing to do at or past the target, or without samples after the purge point.
+        assert_eq!(purge_step(&samples, 1_500, 1_500, 25_000_000), None);
+        assert_eq!(purge_step(&samples, 2_000, 2_500, 25_000_000), None);
+        // No sample at or before the purge point: the nearest sample.
+        let late: VecDeque<(u64, u64)> = samples.iter().copied().filter(|(i, _)| *i >= 1_000).collect();
+        assert_eq!(purge_step(&late, 300, 1_500, 25_000_000), Some(1_000));
     }
 
     #[test]
