@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use controlplane::storage::FORMAT_VERSION;
 use tests::{binary, free_addr, gpuctl, Cluster, Proc};
 
 fn write_manifest(dir: &Path, name: &str, text: &str) -> String {
@@ -89,8 +90,12 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let original = std::fs::read_to_string(&format_file).unwrap();
 
     for (what, contents, expect) in [
-        // A data dir of the version before single-term-leader ids.
-        ("old version", original.replace("format_version=2", "format_version=1"), "format version 1, this binary reads version 2"),
+        // A data dir of the version before grouped entries (and single-term-leader ids).
+        (
+            "old version",
+            original.replace(&format!("format_version={FORMAT_VERSION}"), "format_version=2"),
+            "format version 2, this binary reads version 3",
+        ),
         ("truncated", original[..original.len() / 2].to_string(), "FORMAT"),
         ("other node", original.replace("node_id=1", "node_id=2"), "belongs to node 2"),
     ] {
