@@ -28,13 +28,16 @@ impl LeadersPerTerm {
     pub fn observe(&mut self, controller: &Controller) -> Result<Option<(u64, u64)>, String> {
         let metrics = controller.raft.metrics().borrow().clone();
         let Some(leader) = metrics.current_leader else { return Ok(None) };
-        let term = metrics.current_term;
+        self.note(controller.id, metrics.current_term, leader)
+    }
+
+    /// Notes that controller `reporter` sees `leader` lead `term`.
+    fn note(&mut self, reporter: u64, term: u64, leader: u64) -> Result<Option<(u64, u64)>, String> {
         match self.leaders.get(&term) {
             Some(&first) if first == leader => Ok(None),
-            Some(&first) => Err(format!(
-                "Election Safety: term {term} has two leaders, {first} and then {leader} (reported by controller {})",
-                controller.id
-            )),
+            Some(&first) => {
+                Err(format!("Election Safety: term {term} has two leaders, {first} and then {leader} (reported by controller {reporter})"))
+            }
             None => {
                 self.leaders.insert(term, leader);
                 Ok(Some((term, leader)))
@@ -64,23 +67,28 @@ impl AppliedStates {
     pub fn observe(&mut self, controller: &Controller) -> Result<(), String> {
         let (applied, state) = controller.read(|d| (d.last_applied, d.cluster.clone()));
         let Some(applied) = applied else { return Ok(()) };
-        if self.checked.insert(controller.id, applied.index) == Some(applied.index) {
+        self.note(controller.id, applied, state)
+    }
+
+    /// Notes that controller `reporter` holds `state` after applying `applied`.
+    fn note(&mut self, reporter: u64, applied: LogId, state: ClusterState) -> Result<(), String> {
+        if self.checked.insert(reporter, applied.index) == Some(applied.index) {
             return Ok(());
         }
         let Some((first, id, expected)) = self.at.get(&applied.index) else {
-            self.at.insert(applied.index, (controller.id, applied, state));
+            self.at.insert(applied.index, (reporter, applied, state));
             return Ok(());
         };
         if *id != applied {
             return Err(format!(
-                "State Machine Safety: at index {} controller {} applied {applied}, controller {first} applied {id}",
-                applied.index, controller.id
+                "State Machine Safety: at index {} controller {reporter} applied {applied}, controller {first} applied {id}",
+                applied.index
             ));
         }
         if *expected != state {
             return Err(format!(
-                "State Machine Safety: controllers {first} and {} applied the same entry at index {} but hold different states",
-                controller.id, applied.index
+                "State Machine Safety: controllers {first} and {reporter} applied the same entry at index {} but hold different states",
+                applied.index
             ));
         }
         Ok(())
@@ -161,4 +169,58 @@ pub fn unconverged(leader: &Controller, agents: &[String], views: &AgentViews) -
 /// Agents whose desired state puts work on at least one GPU.
 pub fn agents_with_work(views: &AgentViews) -> usize {
     views.lock().unwrap().values().filter(|v| v.desired.as_ref().is_some_and(|d| d.gpus.iter().any(|g| !g.workloads.is_empty()))).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use controlplane::raft::log_id;
+    use controlplane::state::{Command, Request, WriteMode};
+
+    #[test]
+    fn election_safety_fails_on_a_forged_trace_with_two_leaders_in_one_term() {
+        let mut leaders = LeadersPerTerm::default();
+        // A real trace: each controller names the one leader of each term.
+        assert_eq!(leaders.note(1, 1, 1), Ok(Some((1, 1))));
+        assert_eq!(leaders.note(2, 1, 1), Ok(None));
+        assert_eq!(leaders.note(3, 2, 3), Ok(Some((2, 3))));
+        assert_eq!(leaders.terms(), 2);
+        // Forged: controller 2 reports another leader for term 2.
+        let err = leaders.note(2, 2, 2).unwrap_err();
+        assert_eq!(err, "Election Safety: term 2 has two leaders, 3 and then 2 (reported by controller 2)");
+    }
+
+    fn state_with_tenant(name: &str, index: u64) -> ClusterState {
+        let mut state = ClusterState::default();
+        let put = Request {
+            request_id: String::new(),
+            command: Command::Put {
+                name: name.into(),
+                tenant: String::new(),
+                spec: Spec::Tenant(Default::default()),
+                mode: WriteMode::Create,
+                expected_version: 0,
+            },
+            trace_parent: None,
+        };
+        state.apply(index, &put).0.expect("a tenant is written");
+        state
+    }
+
+    #[test]
+    fn state_machine_safety_fails_on_forged_traces_of_another_entry_or_another_state() {
+        let mut applied = AppliedStates::default();
+        // A real trace: three controllers apply the same entry at index 5 and reach one state.
+        for id in 1..=3 {
+            applied.note(id, log_id(1, 1, 5), state_with_tenant("acme", 5)).unwrap();
+        }
+        // Forged: a fourth controller applied another entry (another leader's) at index 5.
+        let err = applied.note(4, log_id(2, 2, 5), state_with_tenant("acme", 5)).unwrap_err();
+        assert!(err.starts_with("State Machine Safety: at index 5 controller 4 applied"), "{err}");
+        // Forged: the same entry, yet another state.
+        let mut applied = AppliedStates::default();
+        applied.note(1, log_id(1, 1, 6), state_with_tenant("acme", 6)).unwrap();
+        let err = applied.note(3, log_id(1, 1, 6), state_with_tenant("globex", 6)).unwrap_err();
+        assert_eq!(err, "State Machine Safety: controllers 1 and 3 applied the same entry at index 6 but hold different states");
+    }
 }

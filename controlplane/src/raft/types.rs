@@ -33,3 +33,9 @@ pub type CheckIsLeaderError = openraft::error::CheckIsLeaderError<NodeId, Node>;
 pub type ForwardToLeader = openraft::error::ForwardToLeader<NodeId, Node>;
 pub use openraft::ChangeMembers;
 pub use openraft::EntryPayload;
+
+/// The id of the entry at `index` written by `leader` in `term` (for code outside this
+/// module, which does not name openraft's types: tests that forge a log).
+pub fn log_id(term: u64, leader: NodeId, index: u64) -> LogId {
+    LogId::new(openraft::CommittedLeaderId::new(term, leader), index)
+}
