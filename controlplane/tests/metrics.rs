@@ -76,7 +76,7 @@ async fn metrics_exist_and_move_with_writes_and_reports() {
     seed(&client).await;
     client.put(service("web", 100.0, 40.0), proto::WriteMode::Create).await.unwrap();
     client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
-    client.put(plan(), proto::WriteMode::Create).await.unwrap();
+    let planned = client.put(plan(), proto::WriteMode::Create).await.unwrap();
     let after = scrape(&cluster, leader).await;
     let moved = |series: &str| value(&after, series).unwrap() - value(&before, series).unwrap();
     assert!(moved("gpuplane_raft_commit_index") >= 7.0, "{after}");
@@ -87,6 +87,8 @@ async fn metrics_exist_and_move_with_writes_and_reports() {
     assert!((value(&after, "gpuplane_plan_cost_per_hour").unwrap() - 5.12).abs() < 1e-9, "{after}");
 
     // A report through a follower reaches the leader, which exports its per-service figures.
+    // The follower checks it against the plan, so it must have applied it.
+    cluster.wait_applied(planned.resource.unwrap().mod_revision).await;
     let mut agent = AgentClient::connect(format!("http://{}", cluster.node(follower).addr)).await.unwrap();
     let window = proto::ServiceMetrics {
         service: "web".into(),
