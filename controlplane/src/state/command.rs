@@ -4,9 +4,8 @@ use crate::resources::{FieldError, Kind, PlanPatch, Spec, StoredResource};
 
 /// The application data of one Raft log entry: requests proposed together (group commit,
 /// `raft::proposer`), applied in order, each with its own outcome, as if each had its own
-/// entry. They share the entry's index, hence the resource version they write, so no two
-/// may write the same resource (a later one that does is refused:
-/// `ClusterState::apply_in_entry`). 1 to
+/// entry. Their changes all carry the entry's index as revision, so no two may write the
+/// same resource (a later one that does is refused: `ClusterState::apply_in_entry`). 1 to
 /// [`crate::resources::limits::MAX_REQUESTS_PER_ENTRY`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Proposal {
