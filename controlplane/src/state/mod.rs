@@ -23,20 +23,24 @@ pub const DEDUP_WINDOW: usize = 100_000;
 /// Resources written by the requests of one log entry so far (see
 /// [`ClusterState::apply_in_entry`]); one per entry, dropped after it.
 #[derive(Default)]
-pub struct EntryWrites(std::collections::HashSet<(Kind, String)>);
+pub struct EntryWrites(BTreeMap<Kind, std::collections::HashSet<String>>);
 
 impl EntryWrites {
     /// Records what `request` writes, or refuses it if an earlier request wrote any of it.
+    /// Looked up by name without copying it: this runs for every request, on the leader's
+    /// proposer and in every controller's apply.
     pub fn claim(&mut self, request: &Request) -> Result<(), FieldError> {
         let resources = request.resources();
-        if let Some((kind, name)) = resources.iter().find(|(kind, name)| self.0.contains(&(*kind, name.to_string()))) {
+        if let Some((kind, name)) = resources.iter().find(|(kind, name)| self.0.get(kind).is_some_and(|names| names.contains(*name))) {
             return Err(FieldError::new(
                 ErrorCode::FailedPrecondition,
                 "request_id",
                 format!("{kind:?} {name:?} was written by an earlier request of the same log entry; retry the request"),
             ));
         }
-        self.0.extend(resources.into_iter().map(|(kind, name)| (kind, name.to_string())));
+        for (kind, name) in resources {
+            self.0.entry(kind).or_default().insert(name.to_string());
+        }
         Ok(())
     }
 }
