@@ -133,7 +133,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let start_terms = probe.terms().await;
     let cpu_start = probe.cpu_seconds();
     let wall_start = Instant::now();
-    let unhealthy = measure::UnhealthyMarks::watch(Client::new(servers.clone()));
+    let unhealthy = measure::UnhealthyMarks::watch(servers.clone());
 
     // 1. Registration.
     let observed = Arc::new(Observed::default());

@@ -68,30 +68,37 @@ pub struct UnhealthyMarks {
 }
 
 impl UnhealthyMarks {
-    pub fn watch(client: Client) -> Arc<Self> {
+    /// The watch decodes every Node change of the fleet (thousands per roll-out): it runs
+    /// on a thread and runtime of its own, so that the measuring does not delay the
+    /// simulated agents' reports it measures.
+    pub fn watch(servers: Vec<String>) -> Arc<Self> {
         let marks = Arc::new(UnhealthyMarks::default());
         let m = marks.clone();
-        tokio::spawn(async move {
-            let mut stream = match client.watch("Node", 0).await {
-                Ok(stream) => stream,
-                Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
-            };
-            let mut unhealthy = std::collections::HashSet::new();
-            loop {
-                let ev = match stream.message().await {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => return eprintln!("the Node watch for unhealthy marks ended"),
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime for the Node watch");
+        std::thread::spawn(move || {
+            runtime.block_on(async move {
+                let client = Client::new(servers);
+                let mut stream = match client.watch("Node", 0).await {
+                    Ok(stream) => stream,
                     Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
                 };
-                let Some(r) = ev.resource else { continue };
-                let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
-                let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
-                if is && unhealthy.insert(r.name.clone()) {
-                    m.marks.lock().unwrap().push((r.name, Instant::now()));
-                } else if !is {
-                    unhealthy.remove(&r.name);
+                let mut unhealthy = std::collections::HashSet::new();
+                loop {
+                    let ev = match stream.message().await {
+                        Ok(Some(ev)) => ev,
+                        Ok(None) => return eprintln!("the Node watch for unhealthy marks ended"),
+                        Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
+                    };
+                    let Some(r) = ev.resource else { continue };
+                    let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+                    let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
+                    if is && unhealthy.insert(r.name.clone()) {
+                        m.marks.lock().unwrap().push((r.name, Instant::now()));
+                    } else if !is {
+                        unhealthy.remove(&r.name);
+                    }
                 }
-            }
+            })
         });
         marks
     }
