@@ -50,7 +50,7 @@ pub fn fingerprint(report: &proto::ReportRequest) -> u64 {
 /// A node's newest observed state waiting to be written.
 struct Pending {
     fingerprint: u64,
-    status: serde_json::Value,
+    status: Arc<serde_json::Value>,
     /// Encoded size of the report it came from, to bound an entry's size.
     bytes: usize,
 }
@@ -113,7 +113,7 @@ impl StatusWriter {
         let start = {
             let mut m = self.memory.lock().expect("status writer lock");
             m.reset_if_new(term);
-            let waited = m.pending.insert(node.to_string(), Pending { fingerprint, status, bytes }).is_some();
+            let waited = m.pending.insert(node.to_string(), Pending { fingerprint, status: Arc::new(status), bytes }).is_some();
             if !waited && !m.writing.contains(node) {
                 m.ready.push_back(node.to_string());
             }
@@ -157,7 +157,7 @@ impl StatusWriter {
             for (node, p) in entry {
                 match d.cluster.get(Kind::Node, &node) {
                     None => done.push((node, p.fingerprint, false)), // deleted meanwhile
-                    Some(n) if n.status == p.status => done.push((node, p.fingerprint, true)),
+                    Some(n) if *n.status == *p.status => done.push((node, p.fingerprint, true)),
                     Some(_) => puts.push((p.fingerprint, StatusPut { name: node, status: p.status })),
                 }
             }
@@ -250,7 +250,7 @@ mod tests {
     use super::*;
 
     fn ready(m: &mut Memory, node: &str, bytes: usize) {
-        m.pending.insert(node.to_string(), Pending { fingerprint: 1, status: serde_json::Value::Null, bytes });
+        m.pending.insert(node.to_string(), Pending { fingerprint: 1, status: Default::default(), bytes });
         m.ready.push_back(node.to_string());
     }
 

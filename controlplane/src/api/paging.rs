@@ -128,7 +128,7 @@ mod tests {
             tenant: String::new(),
             resource_version: 1,
             spec: Spec::from_json(Kind::Tenant, &serde_json::json!({"display_name": "x".repeat(display_len)}).to_string()).unwrap(),
-            status: serde_json::Value::Null,
+            status: Default::default(),
             create_revision: 1,
             mod_revision: 1,
         }

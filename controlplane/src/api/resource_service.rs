@@ -47,7 +47,7 @@ fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
         } else {
             serde_json::from_str(&r.status_json).map_err(|e| FieldError::invalid("status", format!("not valid JSON: {e}")))?
         };
-        Command::PutStatus { kind, name: r.name.clone(), status, expected_version: r.resource_version }
+        Command::PutStatus { kind, name: r.name.clone(), status: status.into(), expected_version: r.resource_version }
     } else {
         spec_command(r, req.mode)?
     };

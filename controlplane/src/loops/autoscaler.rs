@@ -131,7 +131,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             let status = serde_json::json!({"provisioned_rps": wanted, "arrival_rps": arrival});
             let write = Request {
                 request_id: uuid::Uuid::new_v4().to_string(),
-                command: Command::PutStatus { kind: Kind::Service, name: name.clone(), status, expected_version: 0 },
+                command: Command::PutStatus { kind: Kind::Service, name: name.clone(), status: status.into(), expected_version: 0 },
                 trace_parent: None,
             };
             match controller.write(write).await {

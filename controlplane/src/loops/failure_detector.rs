@@ -88,14 +88,14 @@ async fn mark_unhealthy(controller: &Controller, name: String, why: &str, timeou
     if status.get("health").and_then(|h| h.as_str()) == Some(UNHEALTHY) {
         return;
     }
-    let mut marked = if status.is_object() { status } else { serde_json::json!({}) };
+    let mut marked = if status.is_object() { (*status).clone() } else { serde_json::json!({}) };
     marked["health"] = serde_json::Value::from(UNHEALTHY);
     // No request id: marking a node unhealthy again is the same write, and a de-duplication
     // record would hold the whole Node after it (a few KB each, kept in every snapshot for
     // 100,000 writes) for every node of a mass failure.
     let write = Request {
         request_id: String::new(),
-        command: Command::PutStatus { kind: Kind::Node, name: name.clone(), status: marked, expected_version: 0 },
+        command: Command::PutStatus { kind: Kind::Node, name: name.clone(), status: marked.into(), expected_version: 0 },
         trace_parent: None,
     };
     match controller.write(write).await {

@@ -239,7 +239,7 @@ pub(super) mod tests {
             tenant: String::new(),
             resource_version: 1,
             spec,
-            status,
+            status: status.into(),
             create_revision: 1,
             mod_revision: 1,
         };

@@ -466,7 +466,7 @@ mod tests {
                 let command = crate::state::Command::PutStatus {
                     kind: crate::resources::Kind::Node,
                     name: format!("n{i}"),
-                    status: serde_json::Value::String("x".repeat(bytes)),
+                    status: serde_json::Value::String("x".repeat(bytes)).into(),
                     expected_version: 0,
                 };
                 let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
@@ -518,7 +518,7 @@ mod tests {
         let command = crate::state::Command::PutStatus {
             kind: crate::resources::Kind::Node,
             name: format!("n{index}"),
-            status: serde_json::Value::String(format!("{term}").repeat(bytes)),
+            status: serde_json::Value::String(format!("{term}").repeat(bytes)).into(),
             expected_version: 0,
         };
         let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };

@@ -255,7 +255,7 @@ mod tests {
             request_id: "r-status".into(),
             command: Command::PutStatuses {
                 kind: Kind::Node,
-                statuses: vec![StatusPut { name: "a".into(), status: serde_json::json!({}) }],
+                statuses: vec![StatusPut { name: "a".into(), status: serde_json::json!({}).into() }],
             },
             trace_parent: None,
         };
@@ -271,7 +271,7 @@ mod tests {
             request_id: "big".into(),
             command: Command::PutStatuses {
                 kind: Kind::Node,
-                statuses: vec![StatusPut { name: "n".into(), status: serde_json::json!("x".repeat(4 * MAX_PROPOSAL_BYTES)) }],
+                statuses: vec![StatusPut { name: "n".into(), status: serde_json::json!("x".repeat(4 * MAX_PROPOSAL_BYTES)).into() }],
             },
             trace_parent: None,
         };

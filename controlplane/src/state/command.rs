@@ -72,7 +72,7 @@ pub enum Command {
     PutStatus {
         kind: Kind,
         name: String,
-        status: serde_json::Value,
+        status: std::sync::Arc<serde_json::Value>,
         expected_version: u64,
     },
     /// Observed states of several resources of one kind in one Raft entry, each written on
@@ -122,7 +122,8 @@ impl Command {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatusPut {
     pub name: String,
-    pub status: serde_json::Value,
+    /// Shared with the stored resource once applied (see `StoredResource::status`).
+    pub status: std::sync::Arc<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

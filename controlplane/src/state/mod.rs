@@ -403,7 +403,7 @@ impl ClusterState {
                             tenant,
                             resource_version: 1,
                             spec,
-                            status: serde_json::Value::Null,
+                            status: Default::default(),
                             create_revision: index,
                             mod_revision: index,
                         };
@@ -451,7 +451,7 @@ impl ClusterState {
 #[derive(Clone)]
 enum PlannedChange {
     Put { name: String, tenant: String, spec: Spec },
-    Status { kind: Kind, name: String, status: serde_json::Value },
+    Status { kind: Kind, name: String, status: std::sync::Arc<serde_json::Value> },
     Delete { kind: Kind, name: String },
     PatchPlan { name: String, patch: crate::resources::PlanPatch },
 }

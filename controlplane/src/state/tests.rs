@@ -177,7 +177,7 @@ fn status_update_keeps_spec() {
         command: Command::PutStatus {
             kind: Kind::GpuModel,
             name: "A100-80GB".into(),
-            status: serde_json::json!({"seen": 3}),
+            status: serde_json::json!({"seen": 3}).into(),
             expected_version: 1,
         },
         trace_parent: None,
@@ -196,7 +196,7 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
         request_id: String::new(),
         command: Command::PutStatuses {
             kind: Kind::Tenant,
-            statuses: names.iter().map(|n| StatusPut { name: n.to_string(), status: serde_json::json!({"seen": n}) }).collect(),
+            statuses: names.iter().map(|n| StatusPut { name: n.to_string(), status: serde_json::json!({"seen": n}).into() }).collect(),
         },
         trace_parent: None,
     };
@@ -225,13 +225,32 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
 }
 
 #[test]
+fn an_applied_status_is_shared_by_the_state_and_its_event_not_copied() {
+    // Applies run under the state lock that every report's check waits for: a Node's status
+    // is hundreds of JSON nodes, and copying it per event held the lock ~100 ms for an entry
+    // of 64 statuses at 10,000 hosts.
+    let (mut s, _) = seeded();
+    let status = std::sync::Arc::new(serde_json::json!({"gpus": [{"workloads": [{"service": "web"}]}]}));
+    let request = Request {
+        request_id: String::new(),
+        command: Command::PutStatuses { kind: Kind::Tenant, statuses: vec![StatusPut { name: "acme".into(), status: status.clone() }] },
+        trace_parent: None,
+    };
+    let (out, events) = s.apply(10, &request);
+    out.unwrap();
+    let stored = &s.get(Kind::Tenant, "acme").unwrap().status;
+    assert!(std::sync::Arc::ptr_eq(stored, &status), "the state holds the request's status");
+    assert!(std::sync::Arc::ptr_eq(&events[0].resource.status, &status), "so does the change event");
+}
+
+#[test]
 fn dedup_window_is_bounded() {
     let (mut s, mut i) = seeded();
     for n in 0..(DEDUP_WINDOW + 10) {
         i += 1;
         let req = Request {
             request_id: format!("r{n}"),
-            command: Command::PutStatus { kind: Kind::Tenant, name: "acme".into(), status: serde_json::json!(n), expected_version: 0 },
+            command: Command::PutStatus { kind: Kind::Tenant, name: "acme".into(), status: serde_json::json!(n).into(), expected_version: 0 },
             trace_parent: None,
         };
         s.apply(i, &req).0.unwrap();
@@ -274,7 +293,7 @@ fn a_plan_change_gives_a_new_desired_version_to_the_nodes_it_changes_and_no_othe
     // A status write on a Service changes nothing agents are told; its SLO does, on its nodes only.
     let status = Request {
         request_id: "st".into(),
-        command: Command::PutStatus { kind: Kind::Service, name: "web".into(), status: serde_json::json!({"x": 1}), expected_version: 0 },
+        command: Command::PutStatus { kind: Kind::Service, name: "web".into(), status: serde_json::json!({"x": 1}).into(), expected_version: 0 },
         trace_parent: None,
     };
     s.apply(22, &status).0.unwrap();
