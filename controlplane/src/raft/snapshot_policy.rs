@@ -75,20 +75,34 @@ pub fn purge_step(samples: &VecDeque<(u64, u64)>, purged: u64, target: u64, step
 
 /// Controllers apply the same entries, so with the same policy they would all encode a
 /// snapshot at the same moment. They take turns instead: the applied index is cut into
-/// slots of a third of `every`, and a follower `id` starts one only in slots `id mod 3`.
+/// slots of a third of the entries after which a snapshot falls due, and controller `id`
+/// starts one only in slots `id mod 3`. Those entries are `every`, or fewer when the log's
+/// bytes fill first (by the average size of the entries since the last snapshot): with
+/// slots of `every` alone, at 10,000 hosts (64 MiB in about 1,000 entries) all the first
+/// snapshots fell in one slot, so two controllers waited until they were overdue, both at
+/// the same entry, and built 87 MB snapshots at once with the roll-out's writes; a
+/// follower's heartbeats then timed out and it started an election.
+///
 /// The leader, the busiest of them (every report, proposal and replication goes through
 /// it), leaves snapshots to the followers: at 10,000 hosts the 5 s windows in which the
 /// leader encoded its 87 MB snapshot had report p99s of 206 and 416 ms, those in which a
-/// follower did about 110 ms (fleet-bench, two runs). Anyone overdue (twice
-/// `every` entries or twice the bytes that made it due) takes one whatever the turn.
+/// follower did about 110 ms (fleet-bench, two runs). It takes one in its turn once overdue
+/// (twice the entries or bytes that make one due), and anyone takes one at three times,
+/// whatever the turn.
 const TURNS: u64 = 3;
 
 /// Whether controller `id` (the leader if `leads`) may start a snapshot at `applied`,
 /// `entries` and `bytes` after its last (of `last_snapshot_bytes`).
 pub fn in_turn(id: u64, leads: bool, applied: u64, entries: u64, bytes: u64, last_snapshot_bytes: u64, every: u64) -> bool {
-    let slot = (every / TURNS).max(1);
-    let overdue = entries >= every.saturating_mul(2) || bytes >= last_snapshot_bytes.max(ENOUGH_LOG_BYTES).saturating_mul(2);
-    overdue || (!leads && (applied / slot) % TURNS == id % TURNS)
+    let due_bytes = last_snapshot_bytes.max(ENOUGH_LOG_BYTES);
+    let due_after = match bytes {
+        0 => every,
+        _ => u64::try_from(u128::from(due_bytes) * u128::from(entries) / u128::from(bytes)).unwrap_or(u64::MAX).min(every),
+    };
+    let slot = (due_after / TURNS).max(1);
+    let turn = (applied / slot) % TURNS == id % TURNS;
+    let past = |times: u64| entries >= every.saturating_mul(times) || bytes >= due_bytes.saturating_mul(times);
+    past(3) || turn && (!leads || past(2))
 }
 
 /// Runs the policy until the Raft node shuts down. `appended` counts the bytes this node's
@@ -205,22 +219,66 @@ mod tests {
     }
 
     #[test]
-    fn followers_take_turns_the_leader_leaves_them_and_none_waits_past_twice_the_interval() {
+    fn followers_take_turns_the_leader_leaves_them_and_none_waits_past_three_times_the_interval() {
         let every = 9_000;
         let turn = |applied: u64| (1..=3).filter(|&id| in_turn(id, false, applied, every, 0, 0, every)).collect::<Vec<_>>();
         assert_eq!(turn(0), vec![3]);
         assert_eq!(turn(3_000), vec![1]);
         assert_eq!(turn(6_500), vec![2]);
         assert_eq!(turn(9_000), vec![3]);
-        // Out of turn, but overdue by entries or by bytes.
-        assert!(in_turn(1, false, 0, 2 * every, 0, 0, every));
-        assert!(!in_turn(1, false, 0, 300, 100_000_000, 88_000_000, every));
-        assert!(in_turn(1, false, 0, 300, 176_000_000, 88_000_000, every));
+        // Out of turn: at three times the entries or the bytes, not before.
+        assert!(!in_turn(1, false, 0, 2 * every, 0, 0, every));
+        assert!(in_turn(1, false, 0, 3 * every, 0, 0, every));
+        assert!(!in_turn(1, false, 0, 300, 176_000_000, 88_000_000, every));
+        assert!(in_turn(1, false, 0, 300, 264_000_000, 88_000_000, every));
         // The leader leaves its turn to the followers, unless overdue.
         assert!(!in_turn(3, true, 0, every, 0, 0, every));
         assert!(in_turn(3, true, 0, 2 * every, 0, 0, every));
-        assert!(in_turn(3, true, 0, 300, 176_000_000, 88_000_000, every));
+        assert!(!in_turn(3, true, 3_000, 2 * every, 0, 0, every), "overdue, but not its turn");
+        assert!(in_turn(3, true, 3_000, 3 * every, 0, 0, every));
         // A tiny interval still has slots of one entry.
         assert!(in_turn(1, false, 1, 1, 0, 0, 1));
+    }
+
+    /// Three controllers applying one log whose bytes make snapshots due long before
+    /// `every` entries (10,000 hosts: 64 KiB entries), each snapshot taking 200 entries'
+    /// time to build: builds never overlap, everyone builds, and no log grows past three
+    /// times the bytes that make a snapshot due.
+    #[test]
+    fn when_the_bytes_decide_the_controllers_still_take_turns() {
+        let (every, entry_bytes, snapshot_bytes, build_entries) = (10_000u64, 64 * 1024u64, 88_000_000u64, 200u64);
+        let leader = 1;
+        // Per controller: (index of its last snapshot, its snapshot's size, building until).
+        let mut nodes: Vec<(u64, u64, Option<u64>)> = vec![(0, 0, None); 4];
+        let mut builds: Vec<(u64, u64, u64)> = Vec::new(); // (id, from, until)
+        for applied in 1..=30_000u64 {
+            for id in 1..=3u64 {
+                let (last, last_bytes, building) = nodes[id as usize];
+                if building.is_some_and(|until| applied >= until) {
+                    nodes[id as usize].2 = None;
+                }
+                if nodes[id as usize].2.is_some() {
+                    continue;
+                }
+                let (entries, bytes) = (applied - last, (applied - last) * entry_bytes);
+                assert!(
+                    bytes < 3 * last_bytes.max(ENOUGH_LOG_BYTES) + entry_bytes,
+                    "controller {id} waited too long: {bytes} bytes at {applied}"
+                );
+                if snapshot_due(entries, bytes, last_bytes, every) && in_turn(id, id == leader, applied, entries, bytes, last_bytes, every)
+                {
+                    nodes[id as usize] = (applied, snapshot_bytes, Some(applied + build_entries));
+                    builds.push((id, applied, applied + build_entries));
+                }
+            }
+        }
+        for (i, a) in builds.iter().enumerate() {
+            for b in &builds[i + 1..] {
+                assert!(b.1 >= a.2 || a.1 >= b.2, "builds overlap: {a:?} and {b:?} (all: {builds:?})");
+            }
+        }
+        for id in 1..=3 {
+            assert!(builds.iter().filter(|b| b.0 == id).count() >= 3, "controller {id} built too rarely: {builds:?}");
+        }
     }
 }

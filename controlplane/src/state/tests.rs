@@ -250,7 +250,12 @@ fn dedup_window_is_bounded() {
         i += 1;
         let req = Request {
             request_id: format!("r{n}"),
-            command: Command::PutStatus { kind: Kind::Tenant, name: "acme".into(), status: serde_json::json!(n).into(), expected_version: 0 },
+            command: Command::PutStatus {
+                kind: Kind::Tenant,
+                name: "acme".into(),
+                status: serde_json::json!(n).into(),
+                expected_version: 0,
+            },
             trace_parent: None,
         };
         s.apply(i, &req).0.unwrap();
@@ -293,7 +298,12 @@ fn a_plan_change_gives_a_new_desired_version_to_the_nodes_it_changes_and_no_othe
     // A status write on a Service changes nothing agents are told; its SLO does, on its nodes only.
     let status = Request {
         request_id: "st".into(),
-        command: Command::PutStatus { kind: Kind::Service, name: "web".into(), status: serde_json::json!({"x": 1}).into(), expected_version: 0 },
+        command: Command::PutStatus {
+            kind: Kind::Service,
+            name: "web".into(),
+            status: serde_json::json!({"x": 1}).into(),
+            expected_version: 0,
+        },
         trace_parent: None,
     };
     s.apply(22, &status).0.unwrap();
