@@ -83,7 +83,7 @@ pub fn raft_settings(election_timeout_ms: u64) -> RaftSettings {
         snapshot_every: 200,
         keep_logs_after_snapshot: 50,
         // Inline, so that a seed replays (a blocking-pool thread is outside turmoil's clock).
-        storage_off_runtime: false,
+        snapshot_off_runtime: false,
     }
 }
 

@@ -24,9 +24,6 @@ pub struct LogStore<B> {
     appended_bytes: Arc<AtomicU64>,
     /// The newest entries, shared by the writer and the readers (see [`RecentEntries`]).
     recent: Arc<Mutex<RecentEntries>>,
-    /// Appends are encoded, written and flushed on tokio's blocking pool, not on the worker
-    /// thread that runs the Raft core (`RaftSettings::storage_off_runtime`).
-    off_runtime: bool,
 }
 
 impl<B> Clone for LogStore<B> {
@@ -37,7 +34,6 @@ impl<B> Clone for LogStore<B> {
             committed: self.committed.clone(),
             appended_bytes: self.appended_bytes.clone(),
             recent: self.recent.clone(),
-            off_runtime: self.off_runtime,
         }
     }
 }
@@ -157,7 +153,6 @@ impl<B: KvBackend> LogStore<B> {
             committed: Arc::default(),
             appended_bytes: Arc::default(),
             recent: Arc::default(),
-            off_runtime: false,
         };
         let recorded = store.watermark.read().map_err(|e| anyhow::anyhow!(e))?;
         let last = store.last_index().map_err(|e| anyhow::anyhow!("reading the Raft log: {e}"))?;
@@ -205,11 +200,6 @@ impl<B: KvBackend> LogStore<B> {
     }
 
     /// Writes `entries` and returns once they are durable (flushed, watermark advanced).
-    /// Appends on tokio's blocking pool from now on (see `off_runtime`).
-    pub fn writing_off_runtime(self, off_runtime: bool) -> Self {
-        Self { off_runtime, ..self }
-    }
-
     pub fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StorageError> {
         let mut batch = Vec::new();
         let mut decoded = Vec::new();
@@ -421,18 +411,7 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         I::IntoIter: OptionalSend,
     {
         self.slow_disk().await;
-        // openraft waits for the callback before its next command either way; off the
-        // runtime, the worker thread runs reports and heartbeats meanwhile instead of
-        // waiting for the disk.
-        let written = if self.off_runtime {
-            let (store, entries) = (self.clone(), entries.into_iter().collect::<Vec<_>>());
-            tokio::task::spawn_blocking(move || store.append_durably(entries))
-                .await
-                .unwrap_or_else(|e| Err(io_write(format!("the log writer thread failed: {e}"))))
-        } else {
-            self.append_durably(entries)
-        };
-        match written {
+        match self.append_durably(entries) {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())

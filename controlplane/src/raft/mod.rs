@@ -34,12 +34,11 @@ pub struct RaftSettings {
     /// Log entries kept behind a snapshot, for slow followers (a follower further behind
     /// is sent the whole snapshot: tens of MB at fleet scale, so keep a roll-out's worth).
     pub keep_logs_after_snapshot: u64,
-    /// Encode and save snapshots, and encode, write and flush log entries, on threads of
-    /// their own (true everywhere but the deterministic simulation, whose replay needs
-    /// every step on its own scheduler). A snapshot of a 10,000-host fleet is tens of MB
-    /// of JSON: seconds of CPU that must not run on a worker thread Raft's heartbeats
-    /// need; a log flush waits on the disk, longer while a snapshot is being saved.
-    pub storage_off_runtime: bool,
+    /// Encode and save snapshots on tokio's blocking pool (true everywhere but the
+    /// deterministic simulation, whose replay needs every step on its own scheduler). A
+    /// snapshot of a 10,000-host fleet is tens of MB of JSON: seconds of CPU that must not
+    /// run on a worker thread Raft's heartbeats need.
+    pub snapshot_off_runtime: bool,
 }
 
 /// The defaults give a leader failover of about 0.4 s. openraft (0.9) lets a follower that
@@ -56,7 +55,7 @@ impl Default for RaftSettings {
             election_timeout_max_ms: 200,
             snapshot_every: 10_000,
             keep_logs_after_snapshot: 10_000,
-            storage_off_runtime: true,
+            snapshot_off_runtime: true,
         }
     }
 }
@@ -101,10 +100,10 @@ pub async fn start<B: KvBackend>(
     channels: PeerChannels,
 ) -> anyhow::Result<RaftHandle> {
     let config = Arc::new(settings.openraft_config().map_err(|e| anyhow::anyhow!("raft settings: {e}"))?);
-    let log_store = LogStore::open(backend.clone(), watermark)?.writing_off_runtime(settings.storage_off_runtime);
+    let log_store = LogStore::open(backend.clone(), watermark)?;
     let committed = log_store.committed_index();
     let appended_bytes = log_store.appended_bytes();
-    let sm = StateMachineStore::open(backend, settings.storage_off_runtime)?;
+    let sm = StateMachineStore::open(backend, settings.snapshot_off_runtime)?;
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
     tokio::spawn(snapshot_policy::run(id, raft.clone(), appended_bytes.clone(), state.snapshot_bytes.clone(), settings.snapshot_every));

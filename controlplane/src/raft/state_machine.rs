@@ -82,7 +82,7 @@ struct SnapshotCopy {
 pub struct StateMachineStore<B> {
     shared: Arc<SmShared>,
     backend: Arc<B>,
-    /// See `RaftSettings::storage_off_runtime`.
+    /// See `RaftSettings::snapshot_off_runtime`.
     snapshot_off_runtime: bool,
 }
 
