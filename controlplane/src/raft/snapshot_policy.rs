@@ -102,7 +102,7 @@ pub fn in_turn(id: u64, leads: bool, applied: u64, entries: u64, bytes: u64, las
     let slot = (due_after / TURNS).max(1);
     let turn = (applied / slot) % TURNS == id % TURNS;
     let past = |times: u64| entries >= every.saturating_mul(times) || bytes >= due_bytes.saturating_mul(times);
-    past(3) || turn && (!leads || past(2))
+    past(3) || (turn && (!leads || past(2)))
 }
 
 /// Runs the policy until the Raft node shuts down. `appended` counts the bytes this node's
