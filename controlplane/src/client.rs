@@ -349,6 +349,14 @@ impl Client {
         .await
     }
 
+    /// Compacts the log of the controller at `addr` (once: a retry elsewhere would compact
+    /// another controller).
+    pub async fn compact(&self, addr: &str) -> Result<proto::CompactResponse, Status> {
+        let ch = self.channels.get(addr).map_err(Status::invalid_argument)?;
+        let r = self.request(proto::CompactRequest {}, Some(crate::controller::COMPACT_TIMEOUT * 2 + Duration::from_secs(10)));
+        AdminClient::new(ch).compact(r).await.map(|r| r.into_inner())
+    }
+
     pub async fn transfer_leader(&self, to_node_id: u64) -> Result<proto::MembershipResponse, Status> {
         let req = proto::TransferLeaderRequest { to_node_id };
         self.call(|ch, _| {

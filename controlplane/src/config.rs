@@ -213,6 +213,7 @@ pub struct RaftConfig {
     pub election_timeout_max_ms: Option<u64>,
     pub snapshot_every: Option<u64>,
     pub keep_logs_after_snapshot: Option<u64>,
+    pub own_runtime: Option<bool>,
 }
 
 impl RaftConfig {
@@ -224,6 +225,7 @@ impl RaftConfig {
             election_timeout_max_ms: self.election_timeout_max_ms.unwrap_or(d.election_timeout_max_ms),
             snapshot_every: self.snapshot_every.unwrap_or(d.snapshot_every),
             keep_logs_after_snapshot: self.keep_logs_after_snapshot.unwrap_or(d.keep_logs_after_snapshot),
+            own_runtime: self.own_runtime.unwrap_or(d.own_runtime),
             ..d
         }
     }

@@ -67,6 +67,8 @@ pub struct RunningNode {
     loops: Option<JoinHandle<()>>,
     /// Relays ended agent streams and reports to the leader.
     relays: Vec<JoinHandle<()>>,
+    /// Where Raft runs (`RaftSettings::own_runtime`); declared last, so dropped last.
+    raft_runtime: Option<raft::RaftRuntime>,
 }
 
 impl RunningNode {
@@ -114,6 +116,7 @@ impl RunningNode {
             let _ = server.await;
         }
         let _ = self.controller.raft.shutdown().await;
+        drop(self.raft_runtime.take());
     }
 }
 
@@ -194,7 +197,19 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
     let advertise = opts.advertise.clone().unwrap_or_else(|| addr.to_string());
-    let handle = raft::start(opts.id, backend, watermark, &opts.raft, channels.clone()).await?;
+    let raft_runtime = if opts.raft.own_runtime { Some(raft::RaftRuntime::new(opts.id)?) } else { None };
+    let channels = match &raft_runtime {
+        Some(runtime) => channels.spawning_on(runtime.handle().clone()),
+        None => channels,
+    };
+    let handle = match &raft_runtime {
+        // Started there, openraft spawns its core, replication and state machine tasks there.
+        Some(runtime) => {
+            let (id, settings, channels) = (opts.id, opts.raft.clone(), channels.clone());
+            runtime.handle().spawn(async move { raft::start(id, backend, watermark, &settings, channels).await }).await??
+        }
+        None => raft::start(opts.id, backend, watermark, &opts.raft, channels.clone()).await?,
+    };
     let controller = Controller {
         id: opts.id,
         advertise_addr: advertise.clone(),
@@ -231,7 +246,10 @@ where
                 .max_encoding_message_size(MAX_PEER_MESSAGE),
             gates.gate(Api::Raft),
         ))
-        .add_service(InterceptedService::new(ControlPlaneServer::new(ResourceService::new(controller.clone())), gates.gate(Api::Client)))
+        .add_service(InterceptedService::new(
+            ControlPlaneServer::new(ResourceService::new(controller.clone(), opts.loops.clone())),
+            gates.gate(Api::Client),
+        ))
         .add_service(InterceptedService::new(AdminServer::new(AdminService::new(controller.clone())), gates.gate(Api::Admin)))
         .add_service(InterceptedService::new(AgentServer::new(AgentService::new(controller.clone())), gates.gate(Api::Agent)));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
@@ -262,5 +280,6 @@ where
         server: Some(server),
         loops: Some(loops),
         relays,
+        raft_runtime,
     })
 }

@@ -109,6 +109,38 @@ async fn lagging_follower_catches_up_through_snapshot_install() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compacting_on_request_snapshots_purges_and_a_lagging_follower_installs_the_snapshot() {
+    // Snapshots every 10,000 entries by default: none happens by itself here.
+    let mut cluster = TestCluster::start(3, fast_settings()).await;
+    let client = cluster.client();
+    seed(&client).await;
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(follower).await;
+    for i in 0..20 {
+        client.put(service(&format!("svc-{i}"), 10.0, 50.0), WriteMode::Create).await.unwrap();
+    }
+    let applied = cluster.node(leader).controller.status().applied_index;
+    assert_eq!(cluster.node(leader).controller.status().snapshot_index, 0);
+
+    let compacted = client.compact(&cluster.addrs[&leader].to_string()).await.unwrap();
+    assert_eq!(compacted.node_id, leader);
+    assert!(compacted.snapshot_index >= applied, "{compacted:?} (applied {applied})");
+    assert!(compacted.snapshot_bytes > 0, "{compacted:?}");
+    assert_eq!(compacted.purged_index, compacted.snapshot_index);
+    let status = cluster.node(leader).controller.status();
+    assert_eq!((status.snapshot_index, status.purged_index), (compacted.snapshot_index, compacted.purged_index));
+
+    // The entries the follower misses are gone: it can only catch up from the snapshot.
+    cluster.restart(follower).await;
+    let revision = client.list("Service", "", false).await.unwrap().revision;
+    cluster.wait_applied(revision).await;
+    assert!(cluster.node(follower).controller.status().snapshot_index >= compacted.snapshot_index);
+    let count = cluster.node(follower).controller.read(|d| d.cluster.list(controlplane::resources::Kind::Service).count());
+    assert_eq!(count, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retried_request_id_applies_once_and_stale_version_is_refused() {
     let cluster = TestCluster::start(3, fast_settings()).await;
     let client = cluster.client();

@@ -82,8 +82,10 @@ pub fn raft_settings(election_timeout_ms: u64) -> RaftSettings {
         // Small, so that snapshots and log purging happen within a run.
         snapshot_every: 200,
         keep_logs_after_snapshot: 50,
-        // Inline, so that a seed replays (a blocking-pool thread is outside turmoil's clock).
+        // Inline and on the one runtime, so that a seed replays (another thread is outside
+        // turmoil's clock).
         snapshot_off_runtime: false,
+        own_runtime: false,
     }
 }
 
@@ -96,7 +98,8 @@ pub fn loop_settings() -> LoopSettings {
         heartbeat_interval: Duration::from_secs(1),
         missed_heartbeats: 5,
         tuner: false,
-        // Inline, so that a seed replays (a blocking-pool thread is outside turmoil's clock).
+        // Inline and on the one runtime, so that a seed replays (another thread is outside
+        // turmoil's clock).
         plan_off_runtime: false,
         ..LoopSettings::default()
     }

@@ -159,6 +159,11 @@ impl Admin for AdminService {
         Ok(self.membership_response())
     }
 
+    async fn compact(&self, request: Request<proto::CompactRequest>) -> Result<Response<proto::CompactResponse>, Status> {
+        require_admin(&caller(&request)?, "Compact")?;
+        Ok(Response::new(self.controller.compact().await?))
+    }
+
     async fn trigger_election(
         &self,
         request: Request<proto::ClusterStatusRequest>,

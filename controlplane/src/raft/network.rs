@@ -29,6 +29,9 @@ pub struct PeerChannels {
     /// Opens the channel of an endpoint instead of tonic's TCP connector (the deterministic
     /// simulation connects through its simulated network).
     connector: Option<ChannelConnector>,
+    /// Where the channels' connection tasks run (`RaftSettings::own_runtime`); else on the
+    /// runtime that first asks for the channel.
+    spawn_on: Option<super::own_runtime::SpawnOn>,
 }
 
 /// Builds a lazily connecting channel for an endpoint (see [`PeerChannels::with_connector`]).
@@ -36,12 +39,18 @@ pub type ChannelConnector = Arc<dyn Fn(Endpoint) -> Channel + Send + Sync>;
 
 impl PeerChannels {
     pub fn with_tls(tls: Option<ClientTlsConfig>) -> Self {
-        Self { channels: Arc::default(), tls, connector: None }
+        Self { channels: Arc::default(), tls, connector: None, spawn_on: None }
     }
 
     /// Channels opened by `connector` rather than over the host's TCP stack.
     pub fn with_connector(connector: ChannelConnector) -> Self {
-        Self { channels: Arc::default(), tls: None, connector: Some(connector) }
+        Self { channels: Arc::default(), tls: None, connector: Some(connector), spawn_on: None }
+    }
+
+    /// These channels with their connection tasks on `runtime`. Set before the first
+    /// channel is made (channels already made stay where they are).
+    pub fn spawning_on(self, runtime: tokio::runtime::Handle) -> Self {
+        Self { spawn_on: Some(super::own_runtime::SpawnOn(runtime)), ..self }
     }
 
     pub fn get(&self, addr: &str) -> Result<Channel, String> {
@@ -53,6 +62,9 @@ impl PeerChannels {
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| format!("bad peer address {addr:?}: {e}"))?;
         if let Some(tls) = &self.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(|e| format!("TLS settings for {addr:?}: {e}"))?;
+        }
+        if let Some(spawn_on) = &self.spawn_on {
+            endpoint = endpoint.executor(spawn_on.clone());
         }
         let endpoint = endpoint
             .connect_timeout(Duration::from_millis(500))

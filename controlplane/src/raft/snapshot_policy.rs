@@ -32,10 +32,11 @@ pub const ENOUGH_LOG_BYTES: u64 = 64 * 1024 * 1024;
 /// A roll-out's status writes at 10,000 hosts are about 30 MB.
 pub const KEEP_LOG_BYTES: u64 = 64 * 1024 * 1024;
 
-/// Most log bytes one purge removes (about: by the samples). A purge runs inside the Raft
-/// core, which sends no heartbeat meanwhile; at 10,000 hosts one purge of the whole excess
-/// (about 600 entries, tens of MB) stopped the leader's core for 365 ms and a follower
-/// started an election. A larger excess is purged a step a check.
+/// Most log bytes one purge removes (about: by the samples). A purge used to remove its
+/// entries inside the Raft core, which sends no heartbeat meanwhile; at 10,000 hosts one
+/// purge of the whole excess (about 600 entries, tens of MB) stopped the leader's core for
+/// 365 ms and a follower started an election. The removal now runs on a thread of its own
+/// (`LogStore::purge`); the steps still keep each removal's disk work small.
 pub const PURGE_STEP_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Samples of the log's size kept to find where to purge; older ones are dropped (which can

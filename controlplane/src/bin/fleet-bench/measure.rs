@@ -208,17 +208,16 @@ impl ControllerProbe {
     /// leader keeps `keep_logs_after_snapshot` entries behind its snapshot, so a short log
     /// is sent as it is), with how long installing the snapshot took (decoding and saving
     /// it, from its log); then it is a voter again. `None` seconds: not within `timeout`.
-    pub async fn replaced_controller_catch_up(
-        &self,
-        cluster: &mut DemoCluster,
-        admin: &Client,
-        timeout: Duration,
-    ) -> (Option<f64>, Option<f64>) {
-        let Some((leader, _)) = self.leader().await else { return (None, None) };
-        let Some(id) = (2..=self.metrics.len() as u64).find(|&id| id as usize - 1 != leader) else { return (None, None) };
+    /// Replaces a follower with an empty controller after the leader compacted its log
+    /// (`gpuctl cluster compact`), so that it can only catch up from a snapshot: the path
+    /// a new or long-lagging member takes at this fleet size.
+    pub async fn replaced_controller_catch_up(&self, cluster: &mut DemoCluster, admin: &Client, timeout: Duration) -> CatchUp {
+        let mut result = CatchUp::default();
+        let Some((leader, _)) = self.leader().await else { return result };
+        let Some(id) = (2..=self.metrics.len() as u64).find(|&id| id as usize - 1 != leader) else { return result };
         if let Err(e) = admin.remove_member(id).await {
             eprintln!("catch-up: removing controller {id}: {e}");
-            return (None, None);
+            return result;
         }
         if let Some(p) = cluster.controllers.get_mut(&id) {
             p.kill9();
@@ -226,22 +225,33 @@ impl ControllerProbe {
         let data = cluster.dir.join(format!("controller-{id}"));
         if let Err(e) = std::fs::remove_dir_all(&data) {
             eprintln!("catch-up: cannot remove {}: {e}", data.display());
-            return (None, None);
+            return result;
+        }
+        let leader_address = &cluster.addrs[&(leader as u64 + 1)];
+        match admin.compact(leader_address).await {
+            Ok(c) => {
+                result.snapshot_build_s = Some(c.build_seconds);
+                result.snapshot_mib = Some(c.snapshot_bytes as f64 / (1024.0 * 1024.0));
+            }
+            Err(e) => eprintln!("catch-up: compacting the leader's log: {e}"),
         }
         if let Err(e) = cluster.start_controller(id) {
             eprintln!("catch-up: {e}");
-            return (None, None);
+            return result;
         }
         let target = match self.leader().await {
             Some((_, text)) => Self::applied_index(&text).unwrap_or(0),
-            None => return (None, None),
+            None => {
+                eprintln!("catch-up: no leader after compacting (terms {:?})", self.terms().await);
+                return result;
+            }
         };
         let started = Instant::now();
         let address = cluster.addrs[&id].clone();
         while let Err(e) = admin.add_member(id, &address, false).await {
             if started.elapsed() > timeout {
                 eprintln!("catch-up: adding controller {id} back: {e}");
-                return (None, None);
+                return result;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -251,14 +261,15 @@ impl ControllerProbe {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let applied = self.scrape(id as usize - 1).await.as_deref().and_then(Self::applied_index).unwrap_or(0);
             if applied >= target {
-                let caught_up = started.elapsed().as_secs_f64();
+                result.catch_up_s = Some(started.elapsed().as_secs_f64());
                 if let Err(e) = admin.add_member(id, &address, true).await {
                     eprintln!("catch-up: promoting controller {id} again: {e}");
                 }
-                return (Some(caught_up), installed());
+                break;
             }
         }
-        (None, installed())
+        result.snapshot_install_s = installed();
+        result
     }
 
     pub async fn leader_log_bytes(&self) -> Option<u64> {
@@ -313,6 +324,18 @@ fn installed_seconds(log: &str) -> Option<f64> {
     plain.split_whitespace().find_map(|w| w.strip_prefix("seconds="))?.parse().ok()
 }
 
+/// How a replaced controller caught up (`None`: not measured or did not happen).
+#[derive(Clone, Debug, Default)]
+pub struct CatchUp {
+    /// The leader's snapshot on request: how long it took and its size.
+    pub snapshot_build_s: Option<f64>,
+    pub snapshot_mib: Option<f64>,
+    /// From adding the empty controller to it having applied the leader's index then.
+    pub catch_up_s: Option<f64>,
+    /// Of which decoding and saving the snapshot on it (its log says).
+    pub snapshot_install_s: Option<f64>,
+}
+
 /// One fleet size's results.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -349,10 +372,8 @@ pub struct Row {
     /// Seconds until the log stopped growing before the one-Service change and before the
     /// re-plan.
     pub settled_s: [f64; 2],
-    /// A replaced controller (joined again with no data): seconds to catch up, and how long
-    /// installing a snapshot took on the way (`None`: it caught up from the log alone).
-    pub catch_up_s: Option<f64>,
-    pub snapshot_install_s: Option<f64>,
+    /// A replaced controller (joined again with no data, the leader's log compacted).
+    pub catch_up: CatchUp,
 }
 
 impl Row {
@@ -387,8 +408,10 @@ impl Row {
             "raft_bytes_one_service_change": self.raft_bytes_one_service_change,
             "settled_before_one_service_s": self.settled_s[0],
             "settled_before_replan_s": self.settled_s[1],
-            "replaced_controller_catch_up_s": self.catch_up_s,
-            "snapshot_install_s": self.snapshot_install_s,
+            "snapshot_build_s": self.catch_up.snapshot_build_s,
+            "snapshot_mib": self.catch_up.snapshot_mib,
+            "replaced_controller_catch_up_s": self.catch_up.catch_up_s,
+            "snapshot_install_s": self.catch_up.snapshot_install_s,
         })
     }
 }
@@ -441,11 +464,15 @@ pub fn print_table(rows: &[Row]) {
     );
     line("leader RSS (MiB)", rows.iter().map(|r| opt(r.leader_rss_mib, 0)).collect());
     line(
-        "controller replaced: caught up (snapshot install) s",
+        "leader's snapshot on request: MiB, built (s)",
+        rows.iter().map(|r| format!("{}, {}", opt(r.catch_up.snapshot_mib, 0), opt(r.catch_up.snapshot_build_s, 1))).collect(),
+    );
+    line(
+        "controller replaced: caught up (installing) s",
         rows.iter()
-            .map(|r| match r.snapshot_install_s {
-                Some(s) => format!("{} ({s:.1})", opt(r.catch_up_s, 1)),
-                None => format!("{} (log)", opt(r.catch_up_s, 1)),
+            .map(|r| match r.catch_up.snapshot_install_s {
+                Some(s) => format!("{} ({s:.1})", opt(r.catch_up.catch_up_s, 1)),
+                None => format!("{} (log)", opt(r.catch_up.catch_up_s, 1)),
             })
             .collect(),
     );
