@@ -14,6 +14,7 @@ pub mod controller;
 pub mod demo;
 pub mod loops;
 pub mod manifest;
+pub mod metering;
 pub mod procs;
 pub mod provision;
 pub mod raft;

@@ -344,6 +344,8 @@ mod tests {
             batch: 8,
             processes: 1,
             shadow_mps_percent: shadow,
+            tenant: String::new(),
+            isolation: crate::resources::Isolation::default(),
         }
     }
 

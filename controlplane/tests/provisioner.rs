@@ -103,11 +103,16 @@ async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_fai
     client.put(svc("batch", 200.0), proto::WriteMode::Create).await.unwrap();
     let plan = plan_where(&client, |p| capacity(p, "batch") >= 200.0 && capacity(p, "web") >= 900.0).await;
 
-    // A service the two GPUs cannot hold is named, with the reason, not dropped.
+    // A service the two GPUs cannot hold is named, with the reason, not dropped: no node
+    // provider, so the fleet cannot grow and the tenant's oldest services keep it.
     client.put(svc("huge", 5000.0), proto::WriteMode::Create).await.unwrap();
     let plan_after = plan_where(&client, |p| p["services"].as_array().unwrap().iter().any(|s| s["service"] == "huge")).await;
     let huge = plan_after["services"].as_array().unwrap().iter().find(|s| s["service"] == "huge").unwrap();
-    assert!(huge["infeasible_reason"].as_str().is_some_and(|r| r.contains("more nodes")), "{plan_after}");
+    assert!(
+        huge["infeasible_reason"].as_str().is_some_and(|r| r.starts_with("fleet full: the fleet holds 2 A100-80GB GPUs")),
+        "{plan_after}"
+    );
+    assert!(capacity(&plan_after, "web") >= 900.0, "the oldest service keeps its GPUs: {plan_after}");
     assert!(plan_after["gpus"].as_array().unwrap().len() <= 2);
     let _ = plan;
 }
@@ -358,4 +363,32 @@ async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_dro
     let plan = plan_where(&client, |p| capacity(p, "web") >= 100.0).await;
     assert!(plan["gpus"].as_array().unwrap().iter().all(|g| g["node"] == "n1"));
     reporter.0.abort();
+}
+
+/// Tenant quotas: a Service that cannot fit its tenant's quota even alone is refused when it
+/// is written, naming the quota; services that each fit but not together are planned oldest
+/// first, and the newest is named over quota in the plan. Every planned workload carries
+/// its tenant and isolation for the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_quota_refuses_at_admission_and_caps_the_plan() {
+    let loops = LoopSettings { provision_interval: Duration::from_secs(1), ..LoopSettings::default() };
+    let (_cluster, client) = cluster_with_fleet(loops).await;
+    // 90 req/s takes one 1g instance (1/7 of a GPU): room for two under 0.3.
+    client.put(resource("Tenant", "acme", "", json!({"max_gpus": 0.3})), proto::WriteMode::Update).await.unwrap();
+    let err = client.put(svc("big", 2000.0), proto::WriteMode::Create).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("spec.max_gpus is 0.3"), "{}", err.message());
+    assert!(client.get("Service", "big", false).await.is_err(), "a refused service is not written");
+    for name in ["first", "second", "third"] {
+        client.put(svc(name, 90.0), proto::WriteMode::Create).await.unwrap();
+    }
+    let named = |p: &Value, s: &str| p["services"].as_array().unwrap().iter().any(|x| x["service"] == s);
+    let plan = plan_where(&client, |p| named(p, "third") && capacity(p, "second") >= 90.0).await;
+    assert!(capacity(&plan, "first") >= 90.0, "{plan}");
+    let third = plan["services"].as_array().unwrap().iter().find(|s| s["service"] == "third").unwrap();
+    let reason = third["infeasible_reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("over quota: tenant \"acme\"'s max_gpus is 0.3"), "{plan}");
+    for w in plan["gpus"].as_array().unwrap().iter().flat_map(|g| g["workloads"].as_array().unwrap()) {
+        assert_eq!((w["tenant"].as_str(), w["isolation"].as_str()), (Some("acme"), Some("mig")), "{w}");
+    }
 }

@@ -2,6 +2,7 @@
 //! before anything is applied: an illegal plan is refused whole, with the field and the
 //! reason, and changes nothing on the node.
 
+use planner::isolation::{check_gpu, Boundary, Isolation};
 use planner::mig::{parse_profile, validate, GpuModel, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -89,6 +90,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
         validate(&layout).map_err(|e| refuse(field("mig_layout"), e.to_string()))?;
         let mut workloads = Vec::with_capacity(g.workloads.len());
         let mut share: BTreeMap<Slot, f64> = BTreeMap::new();
+        let mut boundaries = Vec::new();
         for (wi, w) in g.workloads.iter().enumerate() {
             let wf = |f: &str| field(&format!("workloads[{wi}].{f}"));
             let slot = match w.mig_instance {
@@ -110,6 +112,11 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
             if w.batch == 0 || w.processes == 0 {
                 return Err(refuse(wf(if w.batch == 0 { "batch" } else { "processes" }), "must be at least 1"));
             }
+            if !w.tenant.is_empty() {
+                let isolation = Isolation::parse(&w.isolation)
+                    .ok_or_else(|| refuse(wf("isolation"), format!("{:?} is not shared, mig or dedicated", w.isolation)))?;
+                boundaries.push((slot, Boundary { tenant: w.tenant.clone(), isolation }));
+            }
             *share.entry(slot).or_default() += w.mps_percent * f64::from(w.processes);
             workloads.push(WorkloadSpec {
                 service: w.service.clone(),
@@ -125,6 +132,13 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
         if let Some((slot, total)) = share.iter().find(|(_, &t)| t > 100.0 + 1e-6) {
             return Err(refuse(field("workloads"), format!("MPS shares on {slot:?} add up to {total:.1}%, more than 100%")));
         }
+        // The controller plans within the tenants' boundaries; a desired state across one
+        // (a defect, or a forged plan) would mix tenants in one fault domain.
+        check_gpu(boundaries.iter().map(|(slot, b)| (*slot, b)), |slot| match slot {
+            Slot::WholeGpu => "the GPU's MPS server".to_string(),
+            Slot::Mig(p) => format!("the MPS server of MIG instance {}@{}", p.profile, p.start),
+        })
+        .map_err(|e| refuse(field("workloads"), e))?;
         gpus.insert(g.gpu_uuid.clone(), GpuDesired { layout, workloads });
     }
     Ok(NodeDesired { version: state.version, gpus, trace_parent: state.trace_parent.clone() })
@@ -157,7 +171,12 @@ mod tests {
             processes: 1,
             shadow_mps_percent: 10.0,
             slo_ms: 50.0,
+            ..Default::default()
         }
+    }
+
+    fn of_tenant(w: proto::AgentWorkload, service: &str, tenant: &str, isolation: &str) -> proto::AgentWorkload {
+        proto::AgentWorkload { service: service.into(), tenant: tenant.into(), isolation: isolation.into(), ..w }
     }
 
     fn models() -> BTreeMap<String, GpuModel> {
@@ -171,6 +190,18 @@ mod tests {
         let g = &d.gpus["GPU-0"];
         assert_eq!(g.layout.len(), 2);
         assert_eq!(g.workloads[0].slot, Slot::Mig(Placement::new(planner::mig::MigProfile::G3, 4)));
+    }
+
+    #[test]
+    fn tenants_share_what_their_isolation_allows() {
+        let shared =
+            state(&[], vec![of_tenant(workload(-1, 40.0), "a", "t1", "shared"), of_tenant(workload(-1, 40.0), "b", "t2", "shared")]);
+        assert!(decode(&shared, "n1", &models()).is_ok());
+        let apart = state(
+            &[("4g", 0), ("3g", 4)],
+            vec![of_tenant(workload(0, 50.0), "a", "t1", "mig"), of_tenant(workload(1, 50.0), "b", "t2", "mig")],
+        );
+        assert!(decode(&apart, "n1", &models()).is_ok());
     }
 
     #[test]
@@ -188,6 +219,25 @@ mod tests {
             let err = decode(&s, "n1", &models()).unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
+        let crossing: Vec<(proto::DesiredState, &str)> = vec![
+            // Two tenants under the GPU's one MPS server, one of them not shared.
+            (state(&[], vec![of_tenant(workload(-1, 40.0), "a", "t1", "shared"), of_tenant(workload(-1, 40.0), "b", "t2", "mig")]), "mig"),
+            // A dedicated tenant beside another on separate MIG instances.
+            (
+                state(
+                    &[("4g", 0), ("3g", 4)],
+                    vec![of_tenant(workload(0, 50.0), "a", "t1", "dedicated"), of_tenant(workload(1, 50.0), "b", "t2", "mig")],
+                ),
+                "dedicated tenant \"t1\"",
+            ),
+        ];
+        for (s, reason) in crossing {
+            let err = decode(&s, "n1", &models()).unwrap_err();
+            assert_eq!(err.field, "gpus[0].workloads", "{err}");
+            assert!(err.reason.contains(reason), "{err}");
+        }
+        let unknown = state(&[], vec![of_tenant(workload(-1, 40.0), "a", "t1", "none")]);
+        assert_eq!(decode(&unknown, "n1", &models()).unwrap_err().field, "gpus[0].workloads[0].isolation");
         let mut other = state(&[], vec![]);
         other.gpus[0].gpu_uuid = "GPU-9".into();
         assert_eq!(decode(&other, "n1", &models()).unwrap_err().field, "gpus[0].gpu_uuid");

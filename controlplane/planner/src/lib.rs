@@ -4,6 +4,7 @@
 pub mod bounds;
 pub mod input;
 pub mod invariants;
+pub mod isolation;
 pub mod mig;
 pub mod perf;
 pub mod plan;

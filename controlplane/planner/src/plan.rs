@@ -62,9 +62,32 @@ impl GpuPlan {
             Sharing::MpsOnly => 0,
         }
     }
+    /// The share of this GPU `w` occupies, in GPUs (1.0 is the whole GPU): its MIG
+    /// instance's GPCs / 7 times the share of the instance its processes and shadow take, or
+    /// on an MPS-only GPU that share of the whole GPU. What a tenant's quota counts.
+    pub fn occupancy(&self, w: &Workload) -> f64 {
+        let gpcs = match (&self.sharing, w.mig_instance) {
+            (Sharing::Mig { instances }, Some(k)) => Some(instances.get(k).map_or(0, |i| u32::from(i.profile.compute()))),
+            _ => None,
+        };
+        occupied_share(gpcs, w.mps_percent, w.processes, w.shadow_percent)
+    }
+
     /// Sum of MPS percentages (with shadows' reserve) on an MPS-only GPU.
     pub fn mps_used(&self) -> f64 {
         self.workloads.iter().filter(|w| w.mig_instance.is_none()).map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_percent).sum()
+    }
+}
+
+/// The share of a GPU a workload occupies (1.0 is the whole GPU): what its processes and
+/// shadow take (`processes × mps_percent + shadow_percent`, at most 100%) of its MIG
+/// instance's `instance_gpcs` / 7, or of the whole GPU without MIG. The one measure of
+/// [`GpuPlan::occupancy`] and of the controller's metering of a stored plan.
+pub fn occupied_share(instance_gpcs: Option<u32>, mps_percent: f64, processes: u32, shadow_percent: f64) -> f64 {
+    let share = ((mps_percent * f64::from(processes) + shadow_percent) / 100.0).clamp(0.0, 1.0);
+    match instance_gpcs {
+        Some(gpcs) => f64::from(gpcs) / f64::from(crate::mig::COMPUTE_SLICES) * share,
+        None => share,
     }
 }
 
@@ -96,6 +119,10 @@ pub enum InfeasibleReason {
     /// The strategy failed on this service (a defect some input reaches); the other
     /// services were planned without it.
     PlannerFailure { detail: String },
+    /// Planned, it would take its tenant past a quota (the detail names it).
+    OverQuota { detail: String },
+    /// The fleet cannot grow and its tenant's weighted fair share of it is used.
+    FleetFull { detail: String },
 }
 
 impl fmt::Display for InfeasibleReason {
@@ -109,6 +136,8 @@ impl fmt::Display for InfeasibleReason {
             InfeasibleReason::TooLarge { detail } => write!(f, "too large: {detail}"),
             InfeasibleReason::InvalidDemand { detail } => write!(f, "invalid demand: {detail}"),
             InfeasibleReason::PlannerFailure { detail } => write!(f, "the planner failed on this service: {detail}"),
+            InfeasibleReason::OverQuota { detail } => write!(f, "over quota: {detail}"),
+            InfeasibleReason::FleetFull { detail } => write!(f, "fleet full: {detail}"),
         }
     }
 }

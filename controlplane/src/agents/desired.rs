@@ -36,6 +36,8 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
                     processes: w.processes,
                     shadow_mps_percent: w.shadow_mps_percent,
                     slo_ms,
+                    tenant: w.tenant.clone(),
+                    isolation: if w.tenant.is_empty() { String::new() } else { w.isolation.as_str().to_string() },
                 }
             })
             .collect();
@@ -53,11 +55,67 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
     proto::DesiredState { node: node.to_string(), version: index.version(node), gpus, trace_parent }
 }
 
+/// What one desired-state watch has sent. Versions only go up, on every controller alike:
+/// a state is sent when it is newer than what the agent holds (`from_version` when it
+/// resumes from another controller). A watch from 0 always gets the current state first,
+/// even an empty one at version 0, and never the same version twice.
+#[derive(Debug)]
+pub struct SentVersions {
+    last: u64,
+    first: bool,
+}
+
+impl From<u64> for SentVersions {
+    fn from(from_version: u64) -> Self {
+        SentVersions { last: from_version, first: from_version == 0 }
+    }
+}
+
+impl SentVersions {
+    /// Whether the state at `version` is to be sent; if so, it counts as sent.
+    pub fn is_new(&mut self, version: u64) -> bool {
+        let new = std::mem::take(&mut self.first) || version > self.last;
+        if new {
+            self.last = version;
+        }
+        new
+    }
+}
+
 /// A deleted Service leaves its workloads in a Plan until the provisioner re-plans; the agent
 /// still needs a model name to keep them running, so it gets an empty one and keeps what runs.
 fn service_model(service: Option<&StoredResource>) -> (String, f64) {
     match service.map(|s| &s.spec) {
         Some(Spec::Service(s)) => (s.model.clone(), s.slo.latency_ms),
         _ => (String::new(), 0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SentVersions;
+
+    #[test]
+    fn a_watch_from_zero_gets_the_current_state_once_then_only_newer_ones() {
+        let mut empty_first = SentVersions::from(0);
+        assert!(empty_first.is_new(0), "the current state, even empty at 0");
+        assert!(!empty_first.is_new(0));
+        assert!(empty_first.is_new(7));
+        assert!(!empty_first.is_new(7));
+
+        // The first state is already newer than 0: sent once, and not again on the next
+        // wake-up that changes nothing for this node.
+        let mut placed_first = SentVersions::from(0);
+        assert!(placed_first.is_new(11));
+        assert!(!placed_first.is_new(11));
+        assert!(placed_first.is_new(12));
+    }
+
+    #[test]
+    fn a_resumed_watch_sends_only_what_is_newer_than_the_agent_holds() {
+        let mut resumed = SentVersions::from(9);
+        assert!(!resumed.is_new(9), "the agent holds 9 already");
+        assert!(!resumed.is_new(5), "a controller behind the agent sends nothing older");
+        assert!(resumed.is_new(10));
     }
 }

@@ -11,7 +11,7 @@ mod reports;
 mod status_writer;
 pub mod watch_ends;
 
-pub use desired::desired_state;
+pub use desired::{desired_state, SentVersions};
 pub use report_pace::ReportPace;
 pub use reports::{AgentReports, Heard, NodeReport};
 pub use status_writer::{fingerprint, StatusWriter};

@@ -4,7 +4,7 @@
 //! `gpuctl get endpoints`, false load for the autoscaler), or numbers that break the
 //! arithmetic. Pure: the report, the node's spec and its desired state in, a verdict out.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::resources::limits::*;
 use crate::resources::{bounded_list, bounded_text, host_of, non_negative, validate_name, FieldError, NodeSpec};
@@ -124,6 +124,32 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
 /// At most 64 characters of a value an error quotes back.
 fn truncated(value: &str) -> String {
     value.chars().take(64).collect()
+}
+
+/// One metrics window of a report, judged against its service's SLO: met when its p99 is
+/// within the SLO and no request failed (as `gpuctl demo` counts). Windows without traffic
+/// and services the desired state does not place here are left out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloWindow {
+    pub tenant: String,
+    pub service: String,
+    pub met: bool,
+}
+
+/// The SLO windows of a checked report, from the node's desired state (which carries each
+/// workload's SLO and tenant).
+pub fn slo_windows(report: &proto::ReportRequest, desired: &proto::DesiredState) -> Vec<SloWindow> {
+    let placed: BTreeMap<&str, (&str, f64)> =
+        desired.gpus.iter().flat_map(|g| &g.workloads).map(|w| (w.service.as_str(), (w.tenant.as_str(), w.slo_ms))).collect();
+    report
+        .metrics
+        .iter()
+        .filter(|m| m.arrival_rps > 0.0 || m.throughput_rps > 0.0 || m.failed > 0)
+        .filter_map(|m| {
+            let &(tenant, slo_ms) = placed.get(m.service.as_str())?;
+            Some(SloWindow { tenant: tenant.to_string(), service: m.service.clone(), met: m.failed == 0 && m.p99_ms <= slo_ms })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -251,5 +277,36 @@ mod tests {
         assert_eq!(field(check_report(&report(many), &node(), &desired(&["web"]))), ("metrics".into(), "invalid"));
         let twice = report(vec![metrics("web", ""), metrics("web", "")]);
         assert_eq!(field(check_report(&twice, &node(), &desired(&["web"]))), ("metrics[1].service".into(), "invalid"));
+    }
+
+    #[test]
+    fn a_window_meets_its_slo_within_the_latency_and_without_failures() {
+        let desired = proto::DesiredState {
+            gpus: vec![proto::AgentGpu {
+                workloads: vec![proto::AgentWorkload { service: "web".into(), tenant: "acme".into(), slo_ms: 50.0, ..Default::default() }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let m = |service: &str, p99_ms: f64, failed: u64, arrival_rps: f64| proto::ServiceMetrics {
+            service: service.into(),
+            p99_ms,
+            failed,
+            arrival_rps,
+            ..Default::default()
+        };
+        let report = proto::ReportRequest {
+            metrics: vec![
+                m("web", 40.0, 0, 10.0),
+                m("web", 60.0, 0, 10.0),
+                m("web", 40.0, 1, 10.0),
+                m("web", 1.0, 0, 0.0),
+                m("gone", 1.0, 0, 5.0),
+            ],
+            ..Default::default()
+        };
+        let met: Vec<bool> = slo_windows(&report, &desired).iter().map(|w| w.met).collect();
+        assert_eq!(met, [true, false, false], "idle windows and services not placed here are left out");
+        assert_eq!(slo_windows(&report, &desired)[0].tenant, "acme");
     }
 }

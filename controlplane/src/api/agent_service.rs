@@ -16,13 +16,21 @@ use tonic::{Request, Response, Status};
 
 use super::errors::{not_leader_status, permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
-use crate::agents::report_check::{check_report, ReportRefusal};
+use crate::agents::report_check::{check_report, slo_windows, ReportRefusal, SloWindow};
 use crate::agents::report_relay::MAX_REPORTS_PER_BATCH;
 use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
-use crate::agents::{desired_state, fingerprint};
+use crate::agents::{desired_state, fingerprint, SentVersions};
 use crate::controller::Controller;
 use crate::resources::{validate_name, ErrorCode, FieldError, Kind, Spec};
 use crate::security::{caller, Principal};
+
+/// What a controller makes of a report.
+enum Checked {
+    /// Judged here: the agent's answer, and the SLO windows the leader counts.
+    Answered(proto::ReportResponse, Vec<SloWindow>),
+    /// A follower behind the agent: the leader is to judge it.
+    ToLeader,
+}
 
 pub struct AgentService {
     controller: Controller,
@@ -35,8 +43,10 @@ impl AgentService {
 
     /// Checks `req` against this controller's applied state (one node's entry of the
     /// desired-state index, not a scan of the plan); drops the windows of services moved
-    /// away from a lagging agent; the answer to the agent.
-    fn check(&self, req: &mut proto::ReportRequest) -> Result<proto::ReportResponse, Status> {
+    /// away from a lagging agent; the answer to the agent, with the report's SLO windows
+    /// when `leading` (only the leader counts them). A follower that has not applied the
+    /// node, or the version the agent reports, judges nothing: `Checked::ToLeader`.
+    fn check(&self, req: &mut proto::ReportRequest, leading: bool) -> Result<Checked, Status> {
         let (spec, desired, nodes) = self.controller.read(|d| {
             let spec = d.cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
                 Spec::Node(s) => Some(s.clone()),
@@ -44,6 +54,11 @@ impl AgentService {
             });
             (spec, desired_state(&d.cluster, &req.node), d.cluster.count(Kind::Node))
         });
+        // Registered moments ago through the leader, or a desired state the agent got from
+        // a controller further ahead: the leader is the one to judge the report.
+        if !leading && spec.as_ref().is_none_or(|_| req.applied_version > desired.version) {
+            return Ok(Checked::ToLeader);
+        }
         let Some(spec) = spec else {
             return Err(ApiError::Field(FieldError::new(
                 ErrorCode::NotFound,
@@ -68,7 +83,16 @@ impl AgentService {
             req.metrics.remove(i);
         }
         let report_interval_ms = u32::try_from(self.controller.report_pace.interval(nodes).as_millis()).unwrap_or(u32::MAX);
-        Ok(proto::ReportResponse { desired_version: desired.version, report_interval_ms })
+        let windows = if leading { slo_windows(req, &desired) } else { Vec::new() };
+        Ok(Checked::Answered(proto::ReportResponse { desired_version: desired.version, report_interval_ms }, windows))
+    }
+
+    /// The leader keeps a checked report and counts its SLO windows.
+    fn keep_counted(&self, req: proto::ReportRequest, windows: Vec<SloWindow>) {
+        for w in windows {
+            self.controller.telemetry.observe_slo_window(&w.tenant, &w.service, w.met);
+        }
+        self.keep(req);
     }
 
     /// The leader keeps a checked report: observed state goes through Raft only when it
@@ -159,18 +183,11 @@ impl Agent for AgentService {
         let (tx, rx) = mpsc::channel(16);
         let ends = self.controller.watch_ends.clone();
         tokio::spawn(async move {
-            // Versions only go up, on every controller alike: send what is newer than what
-            // the agent holds (`from_version` when it resumes from another controller). A
-            // watch from 0 always gets the current state first, even an empty one at 0.
-            let mut last_sent = req.from_version;
-            let mut first = req.from_version == 0;
+            let mut sent = SentVersions::from(req.from_version);
             loop {
                 let desired = desired_state(&sm.data.read().expect("state lock").cluster, &req.node);
-                if desired.version > last_sent || std::mem::take(&mut first) {
-                    last_sent = desired.version;
-                    if tx.send(Ok(desired)).await.is_err() {
-                        return ends.ended(&req.node, req.session);
-                    }
+                if sent.is_new(desired.version) && tx.send(Ok(desired)).await.is_err() {
+                    return ends.ended(&req.node, req.session);
                 }
                 tokio::select! {
                     // The state machine is gone: this controller stops.
@@ -194,19 +211,14 @@ impl Agent for AgentService {
             // The sender's view of the leader is stale: let the agent retry.
             return Err(not_leader_status(self.controller.leader()));
         }
-        let answer = match self.check(&mut req) {
-            // Registered moments ago through the leader and not applied here yet: the leader
-            // is the one to say whether it exists.
-            Err(e) if e.code() == tonic::Code::NotFound && !leading => {
-                return to_leader(&self.controller, forwarded, self.controller.leader(), |ch| async move {
-                    AgentClient::new(ch).report(forwarded_request(req, &caller)).await
-                })
-                .await;
-            }
-            answer => answer?,
+        let Checked::Answered(answer, windows) = self.check(&mut req, leading)? else {
+            return to_leader(&self.controller, forwarded, self.controller.leader(), |ch| async move {
+                AgentClient::new(ch).report(forwarded_request(req, &caller)).await
+            })
+            .await;
         };
         if leading {
-            self.keep(req);
+            self.keep_counted(req, windows);
         } else {
             // Answered here from this controller's state; the leader gets it in a batch.
             self.controller.report_relay.submit(req).map_err(Status::unavailable)?;
@@ -223,8 +235,13 @@ impl Agent for AgentService {
             // Checked again against the leader's state: a refusal here drops this report
             // alone (the follower checked it against its own).
             let mut report = report;
-            match validate_name("node", &report.node).map_err(|e| Status::from(ApiError::from(e))).and_then(|()| self.check(&mut report)) {
-                Ok(_) => self.keep(report),
+            match validate_name("node", &report.node)
+                .map_err(|e| Status::from(ApiError::from(e)))
+                .and_then(|()| self.check(&mut report, true))
+            {
+                Ok(Checked::Answered(_, windows)) => self.keep_counted(report, windows),
+                // Not with `leading` set: the leader judges every report.
+                Ok(Checked::ToLeader) => tracing::error!(report = i, "a relayed report was sent on from the leader"),
                 Err(e) => tracing::warn!(report = i, error = %e.message(), "relayed report refused"),
             }
             // A batch is hundreds of reports: let the other tasks of this worker run.

@@ -12,19 +12,62 @@ use super::forward::{forwarded_request, to_leader, was_forwarded};
 use super::paging;
 use super::watch;
 use crate::controller::Controller;
+use crate::loops::LoopSettings;
+use crate::provision::quota::Quota;
 use crate::resources::limits::{MAX_BATCH_BYTES, MAX_BATCH_PUTS};
-use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind};
+use crate::resources::{validate_name, validate_spec, ErrorCode, FieldError, Kind, Spec};
 use crate::security::{caller, Principal};
 use crate::state::{Command, Request as SmRequest, WriteMode};
 
 /// The resource API: create / update / get / list / delete / watch.
 pub struct ResourceService {
     controller: Controller,
+    /// The strategy and where planning runs, for the quota check at admission.
+    loops: LoopSettings,
 }
 
 impl ResourceService {
-    pub fn new(controller: Controller) -> Self {
-        Self { controller }
+    pub fn new(controller: Controller, loops: LoopSettings) -> Self {
+        Self { controller, loops }
+    }
+
+    /// Each Service the command puts for a tenant with a quota is planned alone first
+    /// (`provision::quota::admits`), off the runtime's workers: refused, naming the quota,
+    /// when it cannot fit it even with nothing else of its tenant's. Services of tenants
+    /// without a quota cost one lookup.
+    async fn admit(&self, command: &Command) -> Result<(), ApiError> {
+        let puts: Vec<(String, String, String, Spec)> = match command {
+            Command::Put { name, tenant, spec: spec @ Spec::Service(_), .. } => {
+                vec![(String::new(), name.clone(), tenant.clone(), spec.clone())]
+            }
+            Command::Batch { puts } => puts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| match p {
+                    Command::Put { name, tenant, spec: spec @ Spec::Service(_), .. } => {
+                        Some((format!("puts[{i}]."), name.clone(), tenant.clone(), spec.clone()))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => return Ok(()),
+        };
+        let limited = |d: &crate::raft::SmData, tenant: &str| matches!(d.cluster.get(Kind::Tenant, tenant).map(|t| &t.spec), Some(Spec::Tenant(t)) if Quota::of(t).is_limited());
+        let (cluster, puts) = self.controller.read(|d| {
+            let puts: Vec<_> = puts.into_iter().filter(|(_, _, tenant, _)| limited(d, tenant)).collect();
+            (if puts.is_empty() { None } else { Some(d.cluster.resources_only()) }, puts)
+        });
+        let Some(cluster) = cluster else { return Ok(()) };
+        let strategy = self.loops.mig_strategy;
+        crate::loops::off_runtime(&self.loops, "the quota check", move |_cancel| {
+            puts.into_iter().try_for_each(|(prefix, name, tenant, spec)| {
+                let what_if = cluster.resources_with(&name, &tenant, spec);
+                crate::provision::quota::admits(&what_if, &name, strategy)
+                    .map_err(|e| FieldError { field: format!("{prefix}{}", e.field), ..e })
+            })
+        })
+        .await?
+        .map_err(ApiError::from)
     }
 }
 
@@ -117,6 +160,9 @@ impl ControlPlane for ResourceService {
         let r = req.resource.as_ref().expect("checked by put_command");
         let kind = parse_kind("kind", &r.kind).map_err(ApiError::from)?;
         self.controller.read(|d| access::may_write(&caller, kind, &r.name, &r.tenant, req.status_only, d.cluster.get(kind, &r.name)))?;
+        if !req.status_only {
+            self.admit(&sm_request.command).await?;
+        }
         match self.controller.write(sm_request).await {
             Ok(outcome) => Ok(Response::new(proto::PutResponse {
                 resource: Some(resource_to_proto(&outcome.resource)),
@@ -156,6 +202,7 @@ impl ControlPlane for ResourceService {
                     .map_err(|s| permission_denied(&format!("puts[{i}]"), s.message()))
             })
         })?;
+        self.admit(&sm_request.command).await?;
         match self.controller.write(sm_request).await {
             Ok(outcome) => Ok(Response::new(proto::PutManyResponse {
                 written: outcome

@@ -42,6 +42,8 @@ pub struct DemoReport {
     pub occupied_cost_per_hour: f64,
     pub fleet_cost_per_hour: f64,
     pub steady: Vec<ServiceSlo>,
+    /// Per tenant: what the first plan gives it and its services' steady windows.
+    pub tenants: Vec<show::TenantRow>,
     pub leader_killed: u64,
     /// Seconds from the kill to a new leader answering.
     pub failover_s: f64,
@@ -258,6 +260,8 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
     let steady_from = 2.0;
     let steady_to = load.elapsed_s() - 3.0;
     report.steady = show::slo_report(&load.windows(), &slos, steady_from, steady_to);
+    let tenant_of: BTreeMap<String, String> = services.iter().map(|s| (s.name.to_string(), s.tenant.to_string())).collect();
+    report.tenants = show::tenant_report(&plan, &first.nodes, &first.types, &report.steady, &tenant_of);
     print!("{}", show::format_slo_report(&report.steady));
 
     say("killing the leader (SIGKILL)");
@@ -385,6 +389,12 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
     let steady_met: usize = report.steady.iter().map(|s| s.windows_met).sum();
     let steady_all: usize = report.steady.iter().map(|s| s.windows).sum();
     println!("steady SLO windows met       {steady_met}/{steady_all}");
+    for t in &report.tenants {
+        println!(
+            "tenant {:<21} {:.2} GPUs, {:.2} $/h occupied; steady SLO windows met {}/{}",
+            t.tenant, t.gpus, t.cost_per_hour, t.windows_met, t.windows
+        );
+    }
     let fo_met: usize = report.during_failover.iter().map(|s| s.windows_met).sum();
     let fo_all: usize = report.during_failover.iter().map(|s| s.windows).sum();
     println!("leader failover              {:.2} s; SLO windows met around it {fo_met}/{fo_all}", report.failover_s);

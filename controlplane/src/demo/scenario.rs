@@ -130,9 +130,10 @@ fn table_points(model: &str, gpu: &str) -> Vec<Value> {
 /// Every resource of the demo, in an order `apply` accepts (references first).
 pub fn resources() -> Vec<proto::Resource> {
     let mut out = vec![
-        resource("Tenant", "acme", "", json!({"display_name": "Acme Corp", "weight": 2})),
-        resource("Tenant", "globex", "", json!({"display_name": "Globex"})),
-        resource("Tenant", "initech", "", json!({"display_name": "Initech"})),
+        // Acme shares GPUs only through MIG instances; the other two may share MPS servers.
+        resource("Tenant", "acme", "", json!({"display_name": "Acme Corp", "weight": 2, "isolation": "mig"})),
+        resource("Tenant", "globex", "", json!({"display_name": "Globex", "isolation": "shared"})),
+        resource("Tenant", "initech", "", json!({"display_name": "Initech", "isolation": "shared"})),
     ];
     for gpu in MIG_GPUS {
         out.push(resource("GpuModel", gpu, "", json!({"sm_count": 108, "memory_gib": 80, "mig": mig_capability()})));

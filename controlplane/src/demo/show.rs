@@ -62,8 +62,7 @@ pub fn occupied_cost(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto:
             let used = if g.mig_layout.is_empty() {
                 g.workloads.iter().map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum::<f64>() / 100.0
             } else {
-                let gpcs: u32 =
-                    g.mig_layout.iter().map(|m| m.profile.split('g').next().and_then(|d| d.parse::<u32>().ok()).unwrap_or(1)).sum();
+                let gpcs: u32 = g.mig_layout.iter().map(|m| crate::metering::profile_gpcs(&m.profile)).sum();
                 f64::from(gpcs) / 7.0
             };
             price * used.min(1.0)
@@ -92,8 +91,7 @@ pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto
                 .iter()
                 .enumerate()
                 .map(|(i, m)| {
-                    // Compute slices, from the profile's name (`3g`, `1g.2m`).
-                    let size: u8 = m.profile.split('g').next().and_then(|d| d.parse().ok()).unwrap_or(1);
+                    let size = u8::try_from(crate::metering::profile_gpcs(&m.profile)).unwrap_or(1);
                     let on: Vec<String> = g.workloads.iter().filter(|w| w.mig_instance == Some(i)).map(workload).collect();
                     let on = if on.is_empty() { "(idle)".to_string() } else { on.join(", ") };
                     format!("[{}-{}] {}: {on}", m.start, m.start + size - 1, m.profile)
@@ -104,6 +102,50 @@ pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto
         let _ = writeln!(out, "{:<14} {:<12} {:<10} {placement}", g.node, short, model);
     }
     out
+}
+
+/// One tenant's line of the demo's summary: what the plan gives it and how its services
+/// did.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TenantRow {
+    pub tenant: String,
+    /// GPUs-worth and $/h of what the plan gives it (`metering`).
+    pub gpus: f64,
+    pub cost_per_hour: f64,
+    /// One-second windows of its services that met their SLO, of all.
+    pub windows_met: usize,
+    pub windows: usize,
+}
+
+/// Per tenant of `tenant_of` (service → tenant): [`TenantRow`] from the plan, priced at
+/// each node's instance price per GPU, and the services' windows in `slo`.
+pub fn tenant_report(
+    plan: &PlanSpec,
+    nodes: &[proto::Resource],
+    types: &[proto::Resource],
+    slo: &[ServiceSlo],
+    tenant_of: &BTreeMap<String, String>,
+) -> Vec<TenantRow> {
+    let (_, node_price) = gpu_index(nodes, types);
+    let used = crate::metering::by_tenant(plan, |n| node_price.get(n).copied().unwrap_or(0.0));
+    let mut rows: BTreeMap<&str, TenantRow> = BTreeMap::new();
+    for tenant in tenant_of.values() {
+        let u = used.get(tenant).copied().unwrap_or_default();
+        rows.entry(tenant).or_insert_with(|| TenantRow {
+            tenant: tenant.clone(),
+            gpus: u.gpus,
+            cost_per_hour: u.cost_per_hour,
+            windows_met: 0,
+            windows: 0,
+        });
+    }
+    for s in slo {
+        if let Some(row) = tenant_of.get(&s.service).and_then(|t| rows.get_mut(t.as_str())) {
+            row.windows_met += s.windows_met;
+            row.windows += s.windows;
+        }
+    }
+    rows.into_values().collect()
 }
 
 /// One service's line of the SLO report.
@@ -180,27 +222,65 @@ pub fn format_slo_report(rows: &[ServiceSlo]) -> String {
 mod tests {
     use super::*;
 
-    fn w(second: u64, p99_ms: f64, met: bool) -> Window {
-        Window { second, sent: 10, failed: 0, p99_ms, met }
-    }
-
-    #[test]
-    fn occupied_cost_prices_gpcs_and_shares() {
-        let types = [proto::Resource {
+    /// An instance type "one": one A100 at $7/h.
+    fn one_gpu_at_7() -> [proto::Resource; 1] {
+        [proto::Resource {
             kind: "InstanceType".into(),
             name: "one".into(),
             spec_json: serde_json::json!({"gpu_model": "A100-80GB", "gpu_count": 1, "price_per_hour": 7.0, "launch_latency_s": 1})
                 .to_string(),
             ..Default::default()
-        }];
-        let node = |name: &str| {
-            proto::Resource {
+        }]
+    }
+
+    /// A node of instance type "one" whose GPU is `GPU-{name}`.
+    fn node_of_one(name: &str) -> proto::Resource {
+        proto::Resource {
             kind: "Node".into(),
             name: name.into(),
-            spec_json: serde_json::json!({"address": "h:1", "instance_type": "one", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB"}]}).to_string(),
+            spec_json: serde_json::json!({"address": "h:1", "instance_type": "one", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB"}]})
+                .to_string(),
             ..Default::default()
         }
+    }
+
+    fn w(second: u64, p99_ms: f64, met: bool) -> Window {
+        Window { second, sent: 10, failed: 0, p99_ms, met }
+    }
+
+    #[test]
+    fn the_tenant_report_prices_each_tenants_share_and_adds_up_its_windows() {
+        let types = one_gpu_at_7();
+        let nodes = [node_of_one("m")];
+        let plan: PlanSpec = serde_json::from_value(serde_json::json!({"strategy": "t", "gpus": [
+            {"node": "m", "gpu_uuid": "GPU-m", "mig_layout": [{"profile": "4g", "start": 0}, {"profile": "2g", "start": 4}], "workloads": [
+                {"service": "a", "mig_instance": 0, "mps_percent": 100, "batch": 1, "tenant": "acme"},
+                {"service": "b", "mig_instance": 1, "mps_percent": 100, "batch": 1, "tenant": "globex"}]}
+        ], "services": []}))
+        .unwrap();
+        let slo = |service: &str, windows_met, windows| ServiceSlo {
+            service: service.into(),
+            slo_ms: 50.0,
+            rate_rps: 10.0,
+            windows,
+            windows_met,
+            worst_p99_ms: 1.0,
+            median_p99_ms: 1.0,
         };
+        let tenant_of: BTreeMap<String, String> =
+            [("a", "acme"), ("b", "globex"), ("c", "globex")].iter().map(|(s, t)| (s.to_string(), t.to_string())).collect();
+        let rows = tenant_report(&plan, &nodes, &types, &[slo("a", 9, 10), slo("b", 5, 5), slo("c", 3, 5)], &tenant_of);
+        assert_eq!(
+            rows.iter().map(|r| (r.tenant.as_str(), r.windows_met, r.windows)).collect::<Vec<_>>(),
+            [("acme", 9, 10), ("globex", 8, 10)]
+        );
+        assert!((rows[0].cost_per_hour - 4.0).abs() < 1e-9 && (rows[1].gpus - 2.0 / 7.0).abs() < 1e-9, "{rows:?}");
+    }
+
+    #[test]
+    fn occupied_cost_prices_gpcs_and_shares() {
+        let types = one_gpu_at_7();
+        let node = node_of_one;
         let plan: PlanSpec = serde_json::from_value(serde_json::json!({"strategy": "t", "gpus": [
             {"node": "m", "gpu_uuid": "GPU-m", "mig_layout": [{"profile": "3g", "start": 4}, {"profile": "1g.2m", "start": 0}], "workloads": []},
             {"node": "s", "gpu_uuid": "GPU-s", "workloads": [{"service": "a", "mps_percent": 20, "batch": 1, "processes": 2, "shadow_mps_percent": 10}]}

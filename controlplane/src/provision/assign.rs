@@ -33,6 +33,8 @@ fn assignment(g: &GpuPlan, fleet: &FleetGpu) -> GpuAssignment {
             batch: w.batch_size,
             processes: w.processes,
             shadow_mps_percent: w.shadow_percent,
+            tenant: String::new(),
+            isolation: crate::resources::Isolation::default(),
         })
         .collect();
     GpuAssignment { node: fleet.node.clone(), gpu_uuid: fleet.uuid.clone(), mig_layout, workloads }

@@ -4,18 +4,23 @@
 
 mod assign;
 mod input;
+#[cfg(test)]
+mod isolation_tests;
 pub mod offline;
 pub mod pools;
+pub mod quota;
 mod replan;
 pub mod scaling;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::planning_input;
-pub use pools::{plan_pools, Overrides};
+pub use pools::{plan_pools, ServiceRules};
 pub use replan::{plan_pools_from, PoolPlans};
 
-use crate::resources::{Kind, PlanSpec, ServicePrediction, Spec};
+use crate::resources::{Isolation, Kind, PlanSpec, ServicePrediction, Spec};
 use crate::state::ClusterState;
+use planner::isolation::Boundary;
+use quota::Quota;
 use serde::{Deserialize, Serialize};
 
 /// The default strategy for MIG pools (a Service's `spec.strategy` overrides it).
@@ -62,12 +67,17 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
 #[derive(Clone, Debug, Serialize)]
 pub struct ProvisionInputs {
     pub input: planner::input::PlanningInput,
-    pub overrides: Overrides,
+    pub rules: ServiceRules,
     pub fleet: Vec<FleetGpu>,
     /// The committed plan: only where the new plan's GPUs land (fewest moves), not what is
     /// planned, so it is no input of the digest (the tuner's changes to it must not count).
     #[serde(skip)]
     pub current: Option<PlanSpec>,
+    /// The fleet's GPUs per model when it cannot grow (no node provider), for the tenants'
+    /// fair share (`quota::over_fair_share`); `None` when the autoscaler adds what the plan
+    /// needs. Derived from `fleet`, which the digest has.
+    #[serde(skip)]
+    pub capacity: Option<quota::Capacity>,
 }
 
 /// A stable digest of what a plan is computed from: the planning input, the fleet and the
@@ -94,23 +104,50 @@ pub fn gather(cluster: &ClusterState) -> ProvisionInputs {
         Spec::Plan(p) => Some(p.clone()),
         _ => None,
     });
-    ProvisionInputs { input: planning_input(cluster), overrides: strategy_overrides(cluster), fleet: fleet(cluster), current }
+    ProvisionInputs { input: planning_input(cluster), rules: service_rules(cluster), fleet: fleet(cluster), current, capacity: None }
 }
 
-/// The services that name their own strategy.
-pub fn strategy_overrides(cluster: &ClusterState) -> Overrides {
-    cluster
-        .list(Kind::Service)
-        .filter_map(|r| match &r.spec {
-            Spec::Service(s) => s.strategy.map(|st| (r.name.clone(), st)),
-            _ => None,
-        })
-        .collect()
+/// The strategy each Service names, every Service's tenant boundary (its tenant and the
+/// isolation that Tenant declares; the default, `mig`, for a tenant without one) and
+/// creation revision, and every limited Tenant's quota.
+pub fn service_rules(cluster: &ClusterState) -> ServiceRules {
+    let mut rules = ServiceRules::default();
+    for r in cluster.list(Kind::Service) {
+        let Spec::Service(s) = &r.spec else { continue };
+        if let Some(st) = s.strategy {
+            rules.strategies.insert(r.name.clone(), st);
+        }
+        let isolation = match cluster.get(Kind::Tenant, &r.tenant).map(|t| &t.spec) {
+            Some(Spec::Tenant(t)) => t.isolation,
+            _ => Isolation::default(),
+        };
+        rules.boundaries.insert(r.name.clone(), Boundary { tenant: r.tenant.clone(), isolation });
+        rules.admitted.insert(r.name.clone(), r.create_revision);
+    }
+    for t in cluster.list(Kind::Tenant) {
+        let Spec::Tenant(spec) = &t.spec else { continue };
+        rules.weights.insert(t.name.clone(), spec.weight);
+        let quota = Quota::of(spec);
+        if quota.is_limited() {
+            rules.quotas.insert(t.name.clone(), quota);
+        }
+    }
+    rules
 }
 
-/// The planner's plan for every service of `cluster`, before it meets the fleet.
+/// The planner's plan for every service of `cluster` within the tenants' quotas, before it
+/// meets the fleet (what the autoscaler sizes the fleet for).
 pub fn plan_services(cluster: &ClusterState, strategy: MigStrategy) -> planner::plan::Plan {
-    plan_pools(&planning_input(cluster), &strategy_overrides(cluster), strategy)
+    quota::plan_within_limits(&planning_input(cluster), &service_rules(cluster), strategy, None, &|| false, None).expect("never stopped").0
+}
+
+/// The fleet's GPUs per model.
+pub fn capacity_of(fleet: &[FleetGpu]) -> quota::Capacity {
+    let mut capacity = quota::Capacity::new();
+    for g in fleet {
+        *capacity.entry(g.model.clone()).or_default() += 1;
+    }
+    capacity
 }
 
 /// One provisioning pass: plan the services, then place the plan's GPUs on the fleet,
@@ -134,11 +171,18 @@ pub fn provision_keeping(
     previous: Option<&PoolPlans>,
     stop: &dyn Fn() -> bool,
 ) -> Option<(PlanSpec, PoolPlans)> {
-    let (plan, pools) = plan_pools_from(&inputs.input, &inputs.overrides, strategy, previous, stop)?;
+    let (plan, pools) = quota::plan_within_limits(&inputs.input, &inputs.rules, strategy, previous, stop, inputs.capacity.as_ref())?;
     if stop() {
         return None;
     }
-    let (gpus, unplaced) = assign_to_nodes(&plan, &inputs.fleet, inputs.current.as_ref());
+    let (mut gpus, unplaced) = assign_to_nodes(&plan, &inputs.fleet, inputs.current.as_ref());
+    // Each workload carries its tenant's boundary, for the agent's own check.
+    for w in gpus.iter_mut().flat_map(|g| g.workloads.iter_mut()) {
+        if let Some(b) = inputs.rules.boundaries.get(&w.service) {
+            w.tenant.clone_from(&b.tenant);
+            w.isolation = b.isolation;
+        }
+    }
     let mut services: Vec<ServicePrediction> = plan
         .predictions
         .iter()
@@ -180,7 +224,7 @@ mod tests {
             ..PlanningInput::default()
         };
         let fleet = vec![FleetGpu { node: "n1".into(), uuid: "GPU-0".into(), model: "T4-16GB".into(), autoscaled: false }];
-        ProvisionInputs { input, overrides: Overrides::new(), fleet, current: None }
+        ProvisionInputs { input, rules: ServiceRules::default(), fleet, current: None, capacity: None }
     }
 
     #[test]
@@ -196,7 +240,7 @@ mod tests {
         assert_ne!(inputs_digest(&inputs(120.0), MigStrategy::Parvagpu), digest, "a service's rate");
         assert_ne!(inputs_digest(&base, MigStrategy::ExactMig), digest, "the strategy");
         let mut pinned = base.clone();
-        pinned.overrides.insert("web".into(), crate::resources::Strategy::Igniter);
+        pinned.rules.strategies.insert("web".into(), crate::resources::Strategy::Igniter);
         assert_ne!(inputs_digest(&pinned, MigStrategy::Parvagpu), digest, "a service's strategy override");
         let mut fewer = base.clone();
         fewer.fleet.clear();
@@ -220,6 +264,8 @@ mod tests {
                     batch: 8,
                     processes: 1,
                     shadow_mps_percent: 10.0,
+                    tenant: String::new(),
+                    isolation: crate::resources::Isolation::default(),
                 }],
             }]
             .into(),

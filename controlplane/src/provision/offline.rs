@@ -2,7 +2,7 @@
 //! in-memory state machine (the same validation and reference checks as the controllers),
 //! then a strategy runs on it.
 
-use super::{plan_pools, planning_input, strategy_overrides, MigStrategy};
+use super::{planning_input, service_rules, MigStrategy};
 use crate::api::spec_from_proto;
 use crate::resources::validate_spec;
 use crate::state::{ClusterState, Command, Request, WriteMode};
@@ -32,7 +32,7 @@ pub fn state_from_resources(resources: &[proto::Resource]) -> Result<ClusterStat
 /// needed: the plan says how many GPUs of each model it takes).
 pub fn plan_offline(state: &ClusterState, strategy: MigStrategy) -> (Plan, PlanningInput) {
     let input = planning_input(state);
-    let plan = plan_pools(&input, &strategy_overrides(state), strategy);
+    let plan = super::quota::plan_within_limits(&input, &service_rules(state), strategy, None, &|| false, None).expect("never stopped").0;
     (plan, input)
 }
 

@@ -1,20 +1,36 @@
 //! Which strategy plans which service. The fleet has two kinds of GPU pool: MIG GPUs
 //! (A100, H100), planned by ParvaGPU or the exact MIG planner, or by PARIS for services
 //! that declare a batch-size distribution; and MPS-only GPUs with iGniter coefficients
-//! (V100, T4), planned by iGniter. Each service goes to one pool; each pool is planned by
-//! its strategy on its own GPU types, and the pool plans are merged. Pure.
+//! (V100, T4), planned by iGniter. Each service goes to one pool, and within it to its
+//! tenant's isolation domain (`planner::isolation`); each group is planned by its pool's
+//! strategy on its own GPU types and its own GPUs, and the group plans are merged. Pure.
 
 use std::collections::BTreeMap;
 
 use planner::input::{GpuType, PlanningInput};
-use planner::plan::{GpuPlan, Infeasible, InfeasibleReason, Plan, Sharing};
+use planner::isolation::{domain_of, Boundaries, Domain};
+use planner::plan::{Infeasible, InfeasibleReason, Plan};
 use planner::strategy::{exact, igniter, paris, parvagpu};
+use serde::Serialize;
 
+use super::quota::Quota;
 use super::MigStrategy;
 use crate::resources::Strategy;
 
-/// Per-service strategy overrides (`spec.strategy` of the Service resources).
-pub type Overrides = BTreeMap<String, Strategy>;
+/// What the pools follow per service besides its demand: the strategy its Service names
+/// (`spec.strategy`), its tenant's isolation boundary, and for the tenants' quotas
+/// (`quota`) each limited tenant's quota and each service's admission order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServiceRules {
+    pub strategies: BTreeMap<String, Strategy>,
+    pub boundaries: Boundaries,
+    /// Per tenant with a quota.
+    pub quotas: BTreeMap<String, Quota>,
+    /// Per service, the revision that created it: under a quota the oldest are kept first.
+    pub admitted: BTreeMap<String, u64>,
+    /// Per tenant, its weight in the fair share of a fleet that cannot grow (default 1).
+    pub weights: BTreeMap<String, f64>,
+}
 
 /// A group of services planned together by one strategy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -40,6 +56,13 @@ impl Pool {
             MigStrategy::Parvagpu => Pool::Parvagpu,
             MigStrategy::ExactMig => Pool::ExactMig,
         }
+    }
+
+    /// Whether this pool's strategy may put several services under one MPS server (iGniter
+    /// shares an MPS-only GPU's server; the MIG strategies give each MIG instance one
+    /// service, `isolation_tests` checks it).
+    fn shares_mps_servers(self) -> bool {
+        self == Pool::Igniter
     }
 
     /// The GPU types this pool's strategy plans on.
@@ -76,23 +99,16 @@ pub(super) fn pool_input(input: &PlanningInput, pool: Pool, services: &[usize]) 
 /// shares with the shadows' reserve. Used to compare pools for one service, where whole-GPU
 /// counts would favour neither fairly.
 fn occupied_cost(plan: &Plan, types: &[GpuType]) -> f64 {
-    let price = |g: &GpuPlan| types.iter().find(|t| t.name == g.gpu_type).map_or(0.0, |t| t.price_per_hour);
-    plan.gpus
-        .iter()
-        .map(|g| match g.sharing {
-            Sharing::Mig { .. } => price(g) * f64::from(g.gpcs_used()) / f64::from(planner::mig::COMPUTE_SLICES),
-            Sharing::MpsOnly => price(g) * g.mps_used() / 100.0,
-        })
-        .sum()
+    super::quota::usage_by_service(plan, types).values().map(|u| u.cost_per_hour).sum()
 }
 
 /// The pool of service `i`: its override; else PARIS when it declared a batch-size
 /// distribution and PARIS's utilisation curves exist for it; else the MIG pool or iGniter,
 /// whichever occupies less cost for it alone (MIG on a tie; a service neither can plan goes
 /// to the MIG pool, whose strategy then reports why).
-fn choose(input: &PlanningInput, i: usize, overrides: &Overrides, mig: Pool) -> Pool {
+fn choose(input: &PlanningInput, i: usize, rules: &ServiceRules, mig: Pool) -> Pool {
     let s = &input.services[i];
-    if let Some(&o) = overrides.get(&s.name) {
+    if let Some(&o) = rules.strategies.get(&s.name) {
         return Pool::of(o);
     }
     let mig_types = input.gpu_types.iter().filter(|t| mig.serves(t));
@@ -123,37 +139,49 @@ fn choose(input: &PlanningInput, i: usize, overrides: &Overrides, mig: Pool) -> 
     }
 }
 
-/// Services per pool, as indices into the planning input's services.
-pub(super) type Members = BTreeMap<Pool, Vec<usize>>;
+/// The services of one pool in one isolation domain: planned together, on GPUs no other
+/// group uses.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Group {
+    pub pool: Pool,
+    pub domain: Domain,
+}
 
-/// The pool of every service.
-pub(super) fn members(input: &PlanningInput, overrides: &Overrides, mig_strategy: MigStrategy) -> Members {
+/// Services per group, as indices into the planning input's services.
+pub(super) type Members = BTreeMap<Group, Vec<usize>>;
+
+/// The group of every service: its pool, then its domain there.
+pub(super) fn members(input: &PlanningInput, rules: &ServiceRules, mig_strategy: MigStrategy) -> Members {
     let mig = Pool::default_mig(mig_strategy);
     let mut members: Members = BTreeMap::new();
-    for i in 0..input.services.len() {
-        members.entry(choose(input, i, overrides, mig)).or_default().push(i);
+    for (i, s) in input.services.iter().enumerate() {
+        let pool = choose(input, i, rules, mig);
+        let domain = domain_of(&rules.boundaries, &s.name, pool.shares_mps_servers());
+        members.entry(Group { pool, domain }).or_default().push(i);
     }
     members
 }
 
-/// Each pool planned by its strategy, alone; `None` when `stop` says so before a pool.
-pub(super) fn plan_each_pool(input: &PlanningInput, members: &Members, stop: &dyn Fn() -> bool) -> Option<BTreeMap<Pool, Plan>> {
-    members.iter().map(|(&pool, services)| (!stop()).then(|| (pool, plan_isolated(input, pool, services)))).collect()
+/// Each group planned by its pool's strategy, alone; `None` when `stop` says so before one.
+pub(super) fn plan_each_pool(input: &PlanningInput, members: &Members, stop: &dyn Fn() -> bool) -> Option<BTreeMap<Group, Plan>> {
+    members.iter().map(|(group, services)| (!stop()).then(|| (group.clone(), plan_isolated(input, group.pool, services)))).collect()
 }
 
-/// Plans every service in its pool and merges the pool plans (GPU slots renumbered, the
+/// Plans every service in its group and merges the group plans (GPU slots renumbered, the
 /// strategy named after the pools that plan something, e.g. `parvagpu+igniter`).
-pub fn plan_pools(input: &PlanningInput, overrides: &Overrides, mig_strategy: MigStrategy) -> Plan {
-    let pools = plan_each_pool(input, &members(input, overrides, mig_strategy), &|| false).expect("never stopped");
+pub fn plan_pools(input: &PlanningInput, rules: &ServiceRules, mig_strategy: MigStrategy) -> Plan {
+    let pools = plan_each_pool(input, &members(input, rules, mig_strategy), &|| false).expect("never stopped");
     merge(input, pools, mig_strategy)
 }
 
-/// The pool plans as one plan, every service of `input` placed or refused.
-pub(super) fn merge(input: &PlanningInput, pools: BTreeMap<Pool, Plan>, mig_strategy: MigStrategy) -> Plan {
+/// The group plans as one plan, every service of `input` placed or refused.
+pub(super) fn merge(input: &PlanningInput, pools: BTreeMap<Group, Plan>, mig_strategy: MigStrategy) -> Plan {
     let mut merged = Plan { strategy: String::new(), gpus: Vec::new(), predictions: Vec::new(), infeasible: Vec::new() };
-    let mut names = Vec::new();
+    let mut names: Vec<String> = Vec::new();
     for plan in pools.into_values() {
-        names.push(plan.strategy.clone());
+        if !names.contains(&plan.strategy) {
+            names.push(plan.strategy.clone());
+        }
         for mut g in plan.gpus {
             g.slot = merged.gpus.len() as u32;
             merged.gpus.push(g);
@@ -280,7 +308,7 @@ mod tests {
     #[test]
     fn a_small_service_goes_to_the_cheap_mps_pool_and_a_model_without_coefficients_to_mig() {
         let inp = input(vec![service("small", "resnet50", 200.0, 20.0), service("bert", "bert-base", 200.0, 100.0)]);
-        let plan = plan_pools(&inp, &Overrides::new(), MigStrategy::Parvagpu);
+        let plan = plan_pools(&inp, &ServiceRules::default(), MigStrategy::Parvagpu);
         assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
         let types_of = |svc: &str| -> Vec<&str> {
             plan.gpus.iter().filter(|g| g.workloads.iter().any(|w| w.service == svc)).map(|g| g.gpu_type.as_str()).collect()
@@ -297,7 +325,7 @@ mod tests {
     #[test]
     fn an_override_wins_over_the_cost_choice() {
         let inp = input(vec![service("small", "resnet50", 200.0, 20.0)]);
-        let overrides = Overrides::from([("small".to_string(), Strategy::ExactMig)]);
+        let overrides = ServiceRules { strategies: BTreeMap::from([("small".to_string(), Strategy::ExactMig)]), ..ServiceRules::default() };
         let plan = plan_pools(&inp, &overrides, MigStrategy::Parvagpu);
         assert!(plan.gpus.iter().all(|g| g.gpu_type == "A100-80GB"));
         assert_eq!(plan.strategy, "exact");
@@ -306,7 +334,7 @@ mod tests {
     #[test]
     fn a_forced_pool_without_data_reports_the_service_instead_of_dropping_it() {
         let inp = input(vec![service("bert", "bert-base", 200.0, 100.0)]);
-        let overrides = Overrides::from([("bert".to_string(), Strategy::Igniter)]);
+        let overrides = ServiceRules { strategies: BTreeMap::from([("bert".to_string(), Strategy::Igniter)]), ..ServiceRules::default() };
         let plan = plan_pools(&inp, &overrides, MigStrategy::Parvagpu);
         assert!(plan.gpus.is_empty());
         assert_eq!(plan.infeasible.len(), 1);
@@ -332,7 +360,7 @@ mod tests {
         inp.profiles
             .batch_distributions
             .insert("queries".into(), planner::input::BatchDistribution::LogNormal { mu: 1.0, sigma: 0.8, max_batch: 32 });
-        let plan = plan_pools(&inp, &Overrides::new(), MigStrategy::Parvagpu);
+        let plan = plan_pools(&inp, &ServiceRules::default(), MigStrategy::Parvagpu);
         assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
         assert!(plan.strategy.split('+').any(|s| s == "paris"), "{}", plan.strategy);
         // The service without a distribution stays out of PARIS's pool.
@@ -350,7 +378,7 @@ mod tests {
             })
             .collect();
         let inp = input(services.clone());
-        let plan = plan_pools(&inp, &Overrides::new(), MigStrategy::Parvagpu);
+        let plan = plan_pools(&inp, &ServiceRules::default(), MigStrategy::Parvagpu);
         for s in &services {
             let planned = plan.predictions.iter().filter(|p| p.service == s.name).count();
             let refused = plan.infeasible.iter().filter(|f| f.service == s.name).count();

@@ -11,8 +11,8 @@ use planner::input::PlanningInput;
 use planner::plan::Plan;
 use planner::strategy::parvagpu;
 
-use super::pools::{guarded, members, merge, plan_each_pool, pool_input, Members, Pool};
-use super::{MigStrategy, Overrides};
+use super::pools::{guarded, members, merge, plan_each_pool, pool_input, Group, Members, Pool};
+use super::{MigStrategy, ServiceRules};
 
 /// Most changed services re-planned one by one; past this a full pass is cheaper than
 /// relocating each (every relocation reconfigures all services) and moves little more.
@@ -23,10 +23,10 @@ pub const MAX_INCREMENTAL_CHANGES: usize = 8;
 #[derive(Clone, Debug)]
 pub struct PoolPlans {
     input: PlanningInput,
-    overrides: Overrides,
+    rules: ServiceRules,
     strategy: MigStrategy,
     members: Members,
-    plans: BTreeMap<Pool, Plan>,
+    plans: BTreeMap<Group, Plan>,
     /// Whether this plan was made incrementally (for tests and logs).
     pub incremental: bool,
 }
@@ -35,27 +35,27 @@ pub struct PoolPlans {
 /// `stop` is asked before each pool and each service re-planned: `None` when it said to.
 pub fn plan_pools_from(
     input: &PlanningInput,
-    overrides: &Overrides,
+    rules: &ServiceRules,
     strategy: MigStrategy,
     previous: Option<&PoolPlans>,
     stop: &dyn Fn() -> bool,
 ) -> Option<(Plan, PoolPlans)> {
-    let step = previous.map_or(Incremental::NotApplicable(None), |p| incremental(p, input, overrides, strategy, stop));
+    let step = previous.map_or(Incremental::NotApplicable(None), |p| incremental(p, input, rules, strategy, stop));
     let (members, plans, is_incremental) = match step {
         Incremental::Planned(members, plans) => (members, plans, true),
         Incremental::Stopped => return None,
         Incremental::NotApplicable(known) => {
-            let members = known.unwrap_or_else(|| members(input, overrides, strategy));
+            let members = known.unwrap_or_else(|| members(input, rules, strategy));
             let plans = plan_each_pool(input, &members, stop)?;
             (members, plans, false)
         }
     };
     let plan = merge(input, plans.clone(), strategy);
-    Some((plan, PoolPlans { input: input.clone(), overrides: overrides.clone(), strategy, members, plans, incremental: is_incremental }))
+    Some((plan, PoolPlans { input: input.clone(), rules: rules.clone(), strategy, members, plans, incremental: is_incremental }))
 }
 
 enum Incremental {
-    Planned(Members, BTreeMap<Pool, Plan>),
+    Planned(Members, BTreeMap<Group, Plan>),
     /// Not a case for minimal re-planning (or it failed): plan everything, with the pools'
     /// members when they were already worked out.
     NotApplicable(Option<Members>),
@@ -65,13 +65,13 @@ enum Incremental {
 fn incremental(
     prev: &PoolPlans,
     input: &PlanningInput,
-    overrides: &Overrides,
+    rules: &ServiceRules,
     strategy: MigStrategy,
     stop: &dyn Fn() -> bool,
 ) -> Incremental {
     use Incremental::*;
     let same_ground = prev.strategy == strategy
-        && prev.overrides == *overrides
+        && prev.rules == *rules
         && prev.input.gpu_types == input.gpu_types
         && prev.input.profiles == input.profiles
         && prev.input.services.len() == input.services.len();
@@ -91,7 +91,7 @@ fn incremental(
         return NotApplicable(None);
     }
     // A rate can move a service to the other pool (the cheaper one for it alone).
-    let members = members(input, overrides, strategy);
+    let members = members(input, rules, strategy);
     if members != prev.members {
         return NotApplicable(Some(members));
     }
@@ -99,26 +99,27 @@ fn incremental(
     if changed.is_empty() {
         return Planned(members, plans);
     }
-    let (Some(parva), Some(mut plan)) = (members.get(&Pool::Parvagpu), plans.get(&Pool::Parvagpu).cloned()) else {
-        return NotApplicable(Some(members));
-    };
-    if changed.iter().any(|i| !parva.contains(i)) {
-        return NotApplicable(Some(members));
-    }
-    let pool = pool_input(input, Pool::Parvagpu, parva);
     let cfg = parvagpu::ParvaConfig::default();
     for &i in &changed {
         if stop() {
             return Stopped;
         }
+        // Re-planned within its own group (its pool and isolation domain), on that group's
+        // GPUs alone.
+        let Some((group, services)) = members.iter().find(|(g, services)| g.pool == Pool::Parvagpu && services.contains(&i)) else {
+            return NotApplicable(Some(members));
+        };
+        let Some(plan) = plans.get(group) else { return NotApplicable(Some(members)) };
+        let pool = pool_input(input, Pool::Parvagpu, services);
         let demand = &input.services[i];
         // A failure here plans everything again, where each service is isolated.
-        match guarded(|| parvagpu::replan_service(&plan, &pool, demand, &cfg)) {
-            Ok(p) => plan = p,
+        match guarded(|| parvagpu::replan_service(plan, &pool, demand, &cfg)) {
+            Ok(p) => {
+                plans.insert(group.clone(), p);
+            }
             Err(_) => return NotApplicable(Some(members)),
         }
     }
-    plans.insert(Pool::Parvagpu, plan);
     Planned(members, plans)
 }
 
@@ -159,11 +160,12 @@ mod tests {
     #[test]
     fn one_services_new_rate_moves_only_that_service() {
         let rates: Vec<f64> = (0..30).map(|i| 3000.0 + 700.0 * f64::from(i % 7)).collect();
-        let (before, memory) = plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        let (before, memory) = plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
         assert!(!memory.incremental);
         let mut raised = rates.clone();
         raised[4] *= 1.25;
-        let (after, next) = plan_pools_from(&input(&raised), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
+        let (after, next) =
+            plan_pools_from(&input(&raised), &ServiceRules::default(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
         assert!(next.incremental);
         assert!(after.infeasible.is_empty(), "{:?}", after.infeasible);
         let capacity = |p: &Plan, s: &str| p.predictions.iter().find(|x| x.service == s).map_or(0.0, |x| x.capacity_rps);
@@ -178,7 +180,7 @@ mod tests {
             .collect();
         assert!(moved.is_empty(), "GPUs of other services changed: {moved:?}");
         // A full pass on the same input repacks far more.
-        let full = super::super::plan_pools(&input(&raised), &Overrides::new(), MigStrategy::Parvagpu);
+        let full = super::super::plan_pools(&input(&raised), &ServiceRules::default(), MigStrategy::Parvagpu);
         let changed = |p: &Plan| contents(p).difference(&was).count();
         assert!(changed(&after) < changed(&full), "incremental {} vs full {}", changed(&after), changed(&full));
     }
@@ -186,19 +188,31 @@ mod tests {
     #[test]
     fn anything_but_a_few_rates_plans_everything_again() {
         let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 100.0 * f64::from(i)).collect();
-        let (_, memory) = plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        let (_, memory) = plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
         let all_up: Vec<f64> = rates.iter().map(|r| r * 1.1).collect();
         assert!(
-            !plan_pools_from(&input(&all_up), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap().1.incremental
+            !plan_pools_from(&input(&all_up), &ServiceRules::default(), MigStrategy::Parvagpu, Some(&memory), &|| false)
+                .unwrap()
+                .1
+                .incremental
         );
         let mut more = rates.clone();
         more.push(500.0);
-        assert!(!plan_pools_from(&input(&more), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap().1.incremental);
         assert!(
-            !plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::ExactMig, Some(&memory), &|| false).unwrap().1.incremental
+            !plan_pools_from(&input(&more), &ServiceRules::default(), MigStrategy::Parvagpu, Some(&memory), &|| false)
+                .unwrap()
+                .1
+                .incremental
         );
-        let (same, again) = plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
+        assert!(
+            !plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::ExactMig, Some(&memory), &|| false)
+                .unwrap()
+                .1
+                .incremental
+        );
+        let (same, again) =
+            plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
         assert!(again.incremental);
-        assert_eq!(same, plan_pools_from(&input(&rates), &Overrides::new(), MigStrategy::Parvagpu, None, &|| false).unwrap().0);
+        assert_eq!(same, plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap().0);
     }
 }

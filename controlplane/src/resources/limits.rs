@@ -59,6 +59,10 @@ pub const MAX_LAUNCH_LATENCY_S: f64 = 86_400.0;
 pub const MAX_PRICE_PER_HOUR: f64 = 10_000.0;
 /// Tenant weight in fair sharing.
 pub const MAX_TENANT_WEIGHT: f64 = 1e6;
+/// A tenant's `max_gpus` (GPUs-worth): every GPU a plan may hold.
+pub const MAX_TENANT_GPUS: f64 = MAX_PLAN_GPUS as f64;
+/// A tenant's `max_cost_per_hour`: every GPU a plan may hold at the highest price.
+pub const MAX_TENANT_COST_PER_HOUR: f64 = MAX_TENANT_GPUS * MAX_PRICE_PER_HOUR;
 /// Encoded size of one resource's spec (a Plan is the provisioner's and may be larger), so
 /// that a page of a list and a watch event always fit a gRPC message.
 pub const MAX_SPEC_BYTES: usize = 256 * 1024;
@@ -132,6 +136,8 @@ pub fn limits() -> Vec<Limit> {
         row("MAX_LAUNCH_LATENCY_S", MAX_LAUNCH_LATENCY_S, "an instance type's launch latency"),
         row("MAX_PRICE_PER_HOUR", MAX_PRICE_PER_HOUR, "an instance type's price"),
         row("MAX_TENANT_WEIGHT", MAX_TENANT_WEIGHT, "a tenant's fair-share weight"),
+        row("MAX_TENANT_GPUS", MAX_TENANT_GPUS, "a tenant's `max_gpus` quota (GPUs-worth)"),
+        row("MAX_TENANT_COST_PER_HOUR", MAX_TENANT_COST_PER_HOUR, "a tenant's `max_cost_per_hour` quota"),
         row("MAX_SPEC_BYTES", MAX_SPEC_BYTES, "encoded spec of a resource other than a Plan"),
         row("MAX_PLAN_GPUS", MAX_PLAN_GPUS, "GPUs of one Plan"),
         row("MAX_WORKLOADS_PER_GPU", MAX_WORKLOADS_PER_GPU, "workloads and MIG instances on one planned GPU"),

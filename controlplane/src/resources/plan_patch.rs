@@ -209,6 +209,8 @@ pub(crate) fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> Gpu
             batch,
             processes: 1,
             shadow_mps_percent: 0.0,
+            tenant: String::new(),
+            isolation: crate::resources::Isolation::default(),
         }],
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+pub use planner::isolation::Isolation;
 use serde::{Deserialize, Serialize};
 
 use super::{FieldError, Kind};
@@ -85,11 +86,32 @@ pub struct TenantSpec {
     /// Upper bound on the number of services; absent = unlimited.
     #[serde(default)]
     pub max_services: Option<u32>,
+    /// What this tenant's workloads may share with other tenants' (`planner::isolation`):
+    /// `shared` (an MPS server with other `shared` tenants), `mig` (a GPU only through
+    /// separate MIG instances; the default) or `dedicated` (whole GPUs of its own).
+    #[serde(default)]
+    pub isolation: Isolation,
+    /// Most GPUs-worth the plan gives the tenant (MIG instance GPCs/7 plus MPS shares, with
+    /// the shadows' reserve); absent = unlimited. Services past it are refused, the newest
+    /// first (`provision::quota`).
+    #[serde(default)]
+    pub max_gpus: Option<f64>,
+    /// Most cost per hour of what the plan gives the tenant (those GPUs-worth at each GPU's
+    /// price); absent = unlimited.
+    #[serde(default)]
+    pub max_cost_per_hour: Option<f64>,
 }
 
 impl Default for TenantSpec {
     fn default() -> Self {
-        Self { display_name: String::new(), weight: 1.0, max_services: None }
+        Self {
+            display_name: String::new(),
+            weight: 1.0,
+            max_services: None,
+            isolation: Isolation::default(),
+            max_gpus: None,
+            max_cost_per_hour: None,
+        }
     }
 }
 
@@ -362,6 +384,13 @@ pub struct WorkloadAssignment {
     /// Extra share of the warm shadow process (iGniter: min(10%, free)).
     #[serde(default)]
     pub shadow_mps_percent: f64,
+    /// The service's tenant and that tenant's isolation when planned, so that the agent
+    /// checks the boundaries itself (`planner::isolation`). Empty in a plan written without
+    /// tenants: such a workload is not checked.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tenant: String,
+    #[serde(default)]
+    pub isolation: Isolation,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -112,6 +112,12 @@ pub fn validate_spec(spec: &Spec) -> Result<(), FieldError> {
             if let Some(max) = t.max_services {
                 int_within("spec.max_services", u64::from(max), 0, u64::from(MAX_SERVICES_PER_TENANT))?;
             }
+            if let Some(max) = t.max_gpus {
+                non_negative("spec.max_gpus", max, MAX_TENANT_GPUS)?;
+            }
+            if let Some(max) = t.max_cost_per_hour {
+                non_negative("spec.max_cost_per_hour", max, MAX_TENANT_COST_PER_HOUR)?;
+            }
         }
         Spec::GpuModel(g) => validate_gpu_model(g)?,
         Spec::InstanceType(it) => {
@@ -416,6 +422,9 @@ fn validate_gpu_assignment(at: &str, gpu: &GpuAssignment) -> Result<(), FieldErr
         for (w, wl) in gpu.workloads.iter().enumerate() {
             let wf = |rest: &str| format!("{at}.workloads[{w}].{rest}");
             validate_name(&wf("service"), &wl.service)?;
+            if !wl.tenant.is_empty() {
+                validate_name(&wf("tenant"), &wl.tenant)?;
+            }
             positive(&wf("mps_percent"), wl.mps_percent, 100.0)?;
             non_negative(&wf("shadow_mps_percent"), wl.shadow_mps_percent, 100.0)?;
             int_within(&wf("batch"), u64::from(wl.batch), 1, u64::from(MAX_BATCH))?;
@@ -473,6 +482,23 @@ mod tests {
     }
 
     #[test]
+    fn tenant_quotas_and_isolation_are_bounded() {
+        let tenant = |json: &str| Spec::from_json(Kind::Tenant, json).and_then(|s| validate_spec(&s).map(|()| s));
+        assert!(tenant(&format!(r#"{{"max_gpus": {MAX_TENANT_GPUS}, "max_cost_per_hour": {MAX_TENANT_COST_PER_HOUR}}}"#)).is_ok());
+        assert!(tenant(r#"{"max_gpus": 0, "max_cost_per_hour": 0, "isolation": "dedicated"}"#).is_ok());
+        for (json, field) in [
+            (format!(r#"{{"max_gpus": {}}}"#, MAX_TENANT_GPUS * 2.0), "spec.max_gpus"),
+            (r#"{"max_gpus": -0.5}"#.to_string(), "spec.max_gpus"),
+            (format!(r#"{{"max_cost_per_hour": {}}}"#, MAX_TENANT_COST_PER_HOUR * 2.0), "spec.max_cost_per_hour"),
+            (r#"{"max_cost_per_hour": -1}"#.to_string(), "spec.max_cost_per_hour"),
+        ] {
+            assert_eq!(tenant(&json).unwrap_err().field, field, "{json}");
+        }
+        let err = tenant(r#"{"isolation": "none"}"#).unwrap_err();
+        assert!(err.field.starts_with("spec") && err.to_string().contains("none"), "{err}");
+    }
+
+    #[test]
     fn names_are_restricted() {
         assert!(validate_name("name", "A100-80GB").is_ok());
         assert!(validate_name("name", "").is_err());
@@ -499,6 +525,8 @@ mod tests {
             batch: 4,
             processes: 1,
             shadow_mps_percent: 0.0,
+            tenant: String::new(),
+            isolation: crate::resources::Isolation::default(),
         };
         let plan = |wls: Vec<WorkloadAssignment>| {
             Spec::Plan(PlanSpec {

@@ -133,6 +133,27 @@ impl ClusterState {
         ClusterState { resources: self.resources.clone(), revision: self.revision, ..ClusterState::default() }
     }
 
+    /// [`ClusterState::resources_only`] with `spec` put as `name` of `tenant`, with no
+    /// status: what planning would read were the put applied, for a check made before it is
+    /// proposed (a Service against its tenant's quota). A new resource gets the next
+    /// revision as its creation; never apply to it.
+    pub fn resources_with(&self, name: &str, tenant: &str, spec: Spec) -> ClusterState {
+        let mut what_if = self.resources_only();
+        let kind = spec.kind();
+        let create_revision = self.get(kind, name).map_or(self.revision + 1, |r| r.create_revision);
+        let resource = StoredResource {
+            name: name.to_string(),
+            tenant: tenant.to_string(),
+            resource_version: self.revision + 1,
+            spec,
+            status: Default::default(),
+            create_revision,
+            mod_revision: self.revision + 1,
+        };
+        what_if.resources.entry(kind).or_default().insert(name.to_string(), resource);
+        what_if
+    }
+
     pub fn get(&self, kind: Kind, name: &str) -> Option<&StoredResource> {
         self.resources.get(&kind)?.get(name)
     }

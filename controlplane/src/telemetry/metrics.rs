@@ -48,6 +48,8 @@ pub struct Snapshot {
     pub plan_cost_per_hour: Option<f64>,
     /// From the agents' reports: only the leader receives them.
     pub services: Vec<ServiceSample>,
+    /// What the committed plan gives each tenant (`metering`; "" for workloads without one).
+    pub tenants: Vec<(String, crate::metering::Occupied)>,
 }
 
 /// The registry and its series; cheap to clone (shared).
@@ -77,6 +79,10 @@ struct Inner {
     service_throughput: Family<Labels, FloatGauge>,
     service_arrival: Family<Labels, FloatGauge>,
     service_failed: Family<Labels, Gauge>,
+    tenant_gpus: Family<Labels, FloatGauge>,
+    tenant_cost: Family<Labels, FloatGauge>,
+    slo_windows: Family<Labels, Counter>,
+    slo_windows_met: Family<Labels, Counter>,
     /// Setting the state figures and encoding them is one step: two scrapes never mix.
     render: Mutex<()>,
 }
@@ -108,6 +114,10 @@ impl Default for ControllerMetrics {
             service_throughput: Family::default(),
             service_arrival: Family::default(),
             service_failed: Family::default(),
+            tenant_gpus: Family::default(),
+            tenant_cost: Family::default(),
+            slo_windows: Family::default(),
+            slo_windows_met: Family::default(),
             render: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -164,6 +174,26 @@ impl Default for ControllerMetrics {
             inner.service_arrival.clone(),
         );
         r.register("service_failed", "Failed requests in a service's latest window on a node (leader only)", inner.service_failed.clone());
+        r.register(
+            "tenant_gpus",
+            "GPUs-worth the committed plan gives a tenant (MIG instance GPCs/7 plus MPS shares with the shadows' reserve)",
+            inner.tenant_gpus.clone(),
+        );
+        r.register(
+            "tenant_cost_per_hour",
+            "Cost per hour of what the committed plan gives a tenant (its GPUs-worth at each node's price per GPU)",
+            inner.tenant_cost.clone(),
+        );
+        r.register(
+            "slo_windows",
+            "Metrics windows of a service the leader received in agents' reports (with traffic, of services placed on the reporting node)",
+            inner.slo_windows.clone(),
+        );
+        r.register(
+            "slo_windows_met",
+            "Of those windows, the ones whose p99 met the service's SLO without a failed request",
+            inner.slo_windows_met.clone(),
+        );
         ControllerMetrics { inner: Arc::new(Inner { registry: r, ..inner }) }
     }
 }
@@ -211,6 +241,15 @@ impl ControllerMetrics {
     }
 
     /// Counts an agent report refused for `reason` (see `agents::report_check`).
+    /// A report's window of `service` of `tenant`, met or not (leader only).
+    pub fn observe_slo_window(&self, tenant: &str, service: &str, met: bool) {
+        let l = labels(&[("tenant", tenant), ("service", service)]);
+        self.inner.slo_windows.get_or_create(&l).inc();
+        if met {
+            self.inner.slo_windows_met.get_or_create(&l).inc();
+        }
+    }
+
     pub fn observe_report_refused(&self, reason: &str) {
         self.inner.reports_refused.get_or_create(&labels(&[("reason", reason)])).inc();
     }
@@ -256,6 +295,13 @@ impl ControllerMetrics {
             i.service_arrival.get_or_create(&l).set(s.arrival_rps);
             i.service_failed.get_or_create(&l).set(as_i64(s.failed));
         }
+        i.tenant_gpus.clear();
+        i.tenant_cost.clear();
+        for (tenant, used) in &snap.tenants {
+            let l = labels(&[("tenant", tenant)]);
+            i.tenant_gpus.get_or_create(&l).set(used.gpus);
+            i.tenant_cost.get_or_create(&l).set(used.cost_per_hour);
+        }
         let mut out = String::new();
         encode(&mut out, &i.registry).expect("writing to a String cannot fail");
         out
@@ -295,6 +341,7 @@ mod tests {
                 arrival_rps: 100.0,
                 failed: 1,
             }],
+            tenants: vec![("acme".into(), crate::metering::Occupied { gpus: 0.5, cost_per_hour: 2.25 })],
         };
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_raft_term"), Some(3.0), "{text}");
@@ -314,6 +361,13 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_service_p99_ms{service=\"chat\",node=\"gpu-1\"}"), Some(12.5));
         assert_eq!(value(&text, "gpuplane_service_arrival_rps{service=\"chat\",node=\"gpu-1\"}"), Some(100.0));
         assert_eq!(value(&text, "gpuplane_service_failed{service=\"chat\",node=\"gpu-1\"}"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_tenant_gpus{tenant=\"acme\"}"), Some(0.5));
+        assert_eq!(value(&text, "gpuplane_tenant_cost_per_hour{tenant=\"acme\"}"), Some(2.25));
+        m.observe_slo_window("acme", "chat", true);
+        m.observe_slo_window("acme", "chat", false);
+        let text = m.render(&snap);
+        assert_eq!(value(&text, "gpuplane_slo_windows_total{tenant=\"acme\",service=\"chat\"}"), Some(2.0), "{text}");
+        assert_eq!(value(&text, "gpuplane_slo_windows_met_total{tenant=\"acme\",service=\"chat\"}"), Some(1.0));
 
         // A node that stopped reporting leaves the per-service series.
         let text = m.render(&Snapshot { services: vec![], ..snap });

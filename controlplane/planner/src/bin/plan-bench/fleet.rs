@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
-const SEED: u64 = 0x6770_7570_6c61_6e65; // "gpuplane"
+pub const SEED: u64 = 0x6770_7570_6c61_6e65; // "gpuplane"
 const MIG_TYPE: &str = "a100-80gb";
 const MPS_TYPE: &str = "v100-synth";
 /// The MPS type's compute per sample relative to the A100 (a V100 has about half the
@@ -196,6 +196,8 @@ impl Row {
                 InfeasibleReason::TooLarge { .. } => "too large",
                 InfeasibleReason::InvalidDemand { .. } => "invalid demand",
                 InfeasibleReason::PlannerFailure { .. } => "planner failure",
+                InfeasibleReason::OverQuota { .. } => "over quota",
+                InfeasibleReason::FleetFull { .. } => "fleet full",
             };
             *reasons.entry(kind).or_default() += 1;
         }

@@ -6,7 +6,9 @@
 //! bound, the refused services and the median planning time over `--runs` runs, for
 //!
 //! 1. synthetic fleets of 10, 100, 1,000 and 10,000 services on a heterogeneous fleet
-//!    (always; generated from the project's own example models, see `fleet.rs`);
+//!    (always; generated from the project's own example models, see `fleet.rs`), and the
+//!    GPUs the 1,000-service fleet takes with its 20 tenants shared, mig or dedicated
+//!    (`isolation.rs`);
 //! 2. with the published reference data (`--anchors DIR`, `$GPUPLANE_ANCHORS`, or
 //!    `../shared/anchors`; none of it is part of this repository):
 //!    - every row of the ParvaGPU SLO files against the published deployment maps
@@ -20,6 +22,7 @@
 mod bounds;
 mod fleet;
 mod igniter;
+mod isolation;
 mod parva;
 
 use std::path::PathBuf;
@@ -69,6 +72,7 @@ pub fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
 
 fn run(args: &Args) -> Result<(), String> {
     fleet::run(args.runs);
+    isolation::run();
     let parva_dir = args.anchors.join("parvagpu");
     let igniter_file = args.anchors.join("igniter/config.jsonl");
     if !parva_dir.is_dir() && !igniter_file.is_file() {

@@ -1,0 +1,403 @@
+//! Tenant quotas at planning: no plan gives a tenant more than its `max_gpus` (GPUs-worth:
+//! each workload's MIG instance GPCs/7, or its MPS share of the GPU, `GpuPlan::occupancy`)
+//! or its `max_cost_per_hour` (that times the GPU's price per hour). A tenant over either
+//! keeps its services in admission order (oldest first) while they fit and the rest are
+//! refused, the quota named: a new service cannot push out one that runs. Pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use planner::input::{GpuType, PlanningInput};
+use planner::plan::{Infeasible, InfeasibleReason, Plan};
+use planner::policy::fair_share::{fair_share, Claim};
+use serde::Serialize;
+
+use super::{plan_pools, plan_pools_from, planning_input, service_rules, MigStrategy, PoolPlans, ServiceRules};
+use crate::resources::{ErrorCode, FieldError, TenantSpec};
+use crate::state::ClusterState;
+
+/// A tenant's limits on what the plan gives it; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Quota {
+    pub max_gpus: Option<f64>,
+    pub max_cost_per_hour: Option<f64>,
+}
+
+/// What a plan gives a service or a tenant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Usage {
+    /// GPUs-worth: MIG GPCs/7 plus MPS shares.
+    pub gpus: f64,
+    /// `gpus` of each GPU times its type's price per hour.
+    pub cost_per_hour: f64,
+}
+
+impl Usage {
+    fn plus(self, other: Usage) -> Usage {
+        Usage { gpus: self.gpus + other.gpus, cost_per_hour: self.cost_per_hour + other.cost_per_hour }
+    }
+}
+
+/// Relative slack for sums of shares taken in different orders.
+const SLACK: f64 = 1e-9;
+
+impl Quota {
+    /// The quota a Tenant's spec declares.
+    pub fn of(spec: &TenantSpec) -> Quota {
+        Quota { max_gpus: spec.max_gpus, max_cost_per_hour: spec.max_cost_per_hour }
+    }
+
+    pub fn is_limited(&self) -> bool {
+        self.max_gpus.is_some() || self.max_cost_per_hour.is_some()
+    }
+
+    /// The limit `usage` would pass, named as in the Tenant's spec, with the limit.
+    pub fn exceeded_by(&self, usage: Usage) -> Option<(&'static str, f64)> {
+        let over = |max: Option<f64>, used: f64| max.filter(|&m| used > m * (1.0 + SLACK) + SLACK);
+        over(self.max_gpus, usage.gpus)
+            .map(|m| ("max_gpus", m))
+            .or_else(|| over(self.max_cost_per_hour, usage.cost_per_hour).map(|m| ("max_cost_per_hour", m)))
+    }
+}
+
+/// What `plan` gives each service it places.
+pub fn usage_by_service(plan: &Plan, types: &[GpuType]) -> BTreeMap<String, Usage> {
+    let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
+    for g in &plan.gpus {
+        let price = types.iter().find(|t| t.name == g.gpu_type).map_or(0.0, |t| t.price_per_hour);
+        for w in &g.workloads {
+            let gpus = g.occupancy(w);
+            let u = usage.entry(w.service.clone()).or_default();
+            *u = u.plus(Usage { gpus, cost_per_hour: gpus * price });
+        }
+    }
+    usage
+}
+
+/// The services of `plan` to refuse so that every tenant stays within its quota, each with
+/// the quota it would pass. Per limited tenant, its planned services in admission order
+/// (`rules.admitted`, then name) are kept while the running sum fits; one that does not is
+/// refused and the next is tried.
+pub fn over_quota(plan: &Plan, input: &PlanningInput, rules: &ServiceRules) -> Vec<Infeasible> {
+    let usage = usage_by_service(plan, &input.gpu_types);
+    let mut by_tenant: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+    for s in &input.services {
+        let Some(b) = rules.boundaries.get(&s.name) else { continue };
+        if usage.contains_key(&s.name) && rules.quotas.get(&b.tenant).is_some_and(Quota::is_limited) {
+            by_tenant.entry(b.tenant.as_str()).or_default().push((rules.admitted.get(&s.name).copied().unwrap_or(u64::MAX), &s.name));
+        }
+    }
+    let mut refused = Vec::new();
+    for (tenant, mut services) in by_tenant {
+        let quota = rules.quotas[tenant];
+        services.sort_unstable();
+        let mut kept = Usage::default();
+        for (_, name) in services {
+            let needs = usage[name];
+            match quota.exceeded_by(kept.plus(needs)) {
+                None => kept = kept.plus(needs),
+                Some((limit, max)) => refused.push(Infeasible {
+                    service: name.to_string(),
+                    reason: InfeasibleReason::OverQuota {
+                        detail: format!(
+                            "tenant {tenant:?}'s {limit} is {max}: its services admitted before use {:.2} GPUs at {:.2}/h, this one needs {:.2} GPUs at {:.2}/h",
+                            kept.gpus, kept.cost_per_hour, needs.gpus, needs.cost_per_hour
+                        ),
+                    },
+                }),
+            }
+        }
+    }
+    refused
+}
+
+/// Plans every service (from `previous` where only a few changed, `replan`), then, while
+/// some tenant is over its quota ([`over_quota`]) or, on a fleet that cannot grow
+/// (`capacity`), over its fair share of a GPU type the plan needs more of than the fleet
+/// holds ([`over_fair_share`]), refuses what they name and plans the rest again. Each round
+/// refuses at least one service, so there are at most as many rounds as services; without
+/// limits there is one. Quotas are kept whatever the rounds; shares for at most
+/// [`MAX_SHARE_ROUNDS`] rounds, past which what the plan still holds beyond the fleet is
+/// left to the placement (which names what finds no GPU). `None` when `stop` said to stop.
+pub fn plan_within_limits(
+    input: &PlanningInput,
+    rules: &ServiceRules,
+    strategy: MigStrategy,
+    previous: Option<&PoolPlans>,
+    stop: &dyn Fn() -> bool,
+    capacity: Option<&Capacity>,
+) -> Option<(Plan, PoolPlans)> {
+    let (mut plan, mut pools) = plan_pools_from(input, rules, strategy, previous, stop)?;
+    let mut refused: Vec<Infeasible> = Vec::new();
+    let mut share_rounds = 0;
+    loop {
+        let mut over = over_quota(&plan, input, rules);
+        if let (true, Some(capacity), true) = (over.is_empty(), capacity, share_rounds < MAX_SHARE_ROUNDS) {
+            over = over_fair_share(&plan, input, rules, capacity);
+            share_rounds += 1;
+        }
+        if over.is_empty() {
+            break;
+        }
+        refused.extend(over);
+        let out: BTreeSet<&str> = refused.iter().map(|r| r.service.as_str()).collect();
+        let within = PlanningInput {
+            services: input.services.iter().filter(|s| !out.contains(s.name.as_str())).cloned().collect(),
+            ..input.clone()
+        };
+        (plan, pools) = plan_pools_from(&within, rules, strategy, None, stop)?;
+    }
+    plan.infeasible.extend(refused);
+    Some((plan, pools))
+}
+
+/// Most re-planning rounds of one pass for the fair share: each is a whole planning pass
+/// (0.3 s at 10,000 hosts), and one round usually refuses all it must.
+pub const MAX_SHARE_ROUNDS: usize = 4;
+
+/// GPUs of each type the fleet holds when it cannot grow (no node provider: the autoscaler
+/// launches nothing); see [`over_fair_share`].
+pub type Capacity = BTreeMap<String, u32>;
+
+/// When the plan needs more GPUs of a type than a fleet that cannot grow holds: the
+/// services to refuse so that every tenant keeps within its weighted max-min fair share of
+/// that type (`planner::policy::fair_share`, GSLICE's and HetSev's weighted fairness), each
+/// named "fleet full". Per short type, the capacity in GPUs-worth is what the plan's
+/// services use there scaled by `capacity / GPUs planned` (the plan's packing); each tenant
+/// claims what its services use there, weighted by its `weight`, and keeps its oldest
+/// service and then, in admission order, the services that fit its share.
+pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules, capacity: &Capacity) -> Vec<Infeasible> {
+    let mut planned: BTreeMap<&str, u32> = BTreeMap::new();
+    for g in &plan.gpus {
+        *planned.entry(g.gpu_type.as_str()).or_default() += 1;
+    }
+    let admitted = |name: &str| rules.admitted.get(name).copied().unwrap_or(u64::MAX);
+    let tenant_of = |name: &str| rules.boundaries.get(name).map_or("", |b| b.tenant.as_str());
+    let mut refused = Vec::new();
+    for (gpu_type, &n) in &planned {
+        let held = capacity.get(*gpu_type).copied().unwrap_or(0);
+        if n <= held {
+            continue;
+        }
+        // What each service uses on this type, and per tenant its services in admission order.
+        let mut used: BTreeMap<&str, f64> = BTreeMap::new();
+        for g in plan.gpus.iter().filter(|g| g.gpu_type == *gpu_type) {
+            for w in &g.workloads {
+                *used.entry(w.service.as_str()).or_default() += g.occupancy(w);
+            }
+        }
+        let mut tenants: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+        for s in input.services.iter().filter(|s| used.contains_key(s.name.as_str())) {
+            tenants.entry(tenant_of(&s.name)).or_default().push((admitted(&s.name), s.name.as_str()));
+        }
+        // Claims and capacity in percent of what the plan uses here (fair_share's scale):
+        // the capacity is the share of the planned GPUs the fleet holds.
+        let total: f64 = used.values().sum();
+        if total <= 0.0 {
+            continue;
+        }
+        let claims: Vec<Claim> = tenants
+            .iter()
+            .map(|(t, services)| Claim {
+                weight: rules.weights.get(*t).copied().unwrap_or(1.0),
+                demand_pct: 100.0 * services.iter().map(|(_, s)| used[s]).sum::<f64>() / total,
+            })
+            .collect();
+        let shares_pct = match fair_share(100.0 * f64::from(held) / f64::from(n), &claims) {
+            Ok(f) => f.shares_pct,
+            // No GPU of this type at all (or nothing used): no share for anyone.
+            Err(_) => vec![0.0; claims.len()],
+        };
+        for ((tenant, mut services), share_pct) in tenants.into_iter().zip(shares_pct) {
+            let share = share_pct * total / 100.0;
+            services.sort_unstable();
+            let mut kept = 0.0;
+            for (_, name) in services {
+                let needs = used[name];
+                // A tenant's oldest service is never refused for its share: alone larger
+                // than the fleet, it keeps what the placement can give it (as without a
+                // share). Past it, a service is kept while it fits the share.
+                if kept == 0.0 || kept + needs <= share * (1.0 + SLACK) + SLACK {
+                    kept += needs;
+                    continue;
+                }
+                refused.push(Infeasible {
+                    service: name.to_string(),
+                    reason: InfeasibleReason::FleetFull {
+                        detail: format!(
+                            "the fleet holds {held} {gpu_type} GPUs and cannot grow; tenant {tenant:?}'s weighted fair share of them is {share:.2} GPUs-worth, its services admitted before use {kept:.2}, this one needs {needs:.2}"
+                        ),
+                    },
+                });
+            }
+        }
+    }
+    refused
+}
+
+/// Admission: service `name` of `cluster` (holding it as it would be written, see
+/// `ClusterState::resources_with`) planned alone, as the provisioner would at its minimum
+/// rate, against its tenant's quota. A service that cannot fit even with nothing else of its
+/// tenant's is refused with the quota named; one the planner cannot place at all is left to
+/// the plan, which names why.
+pub fn admits(cluster: &ClusterState, name: &str, strategy: MigStrategy) -> Result<(), FieldError> {
+    let rules = service_rules(cluster);
+    let Some(tenant) = rules.boundaries.get(name).map(|b| b.tenant.clone()) else { return Ok(()) };
+    let Some(quota) = rules.quotas.get(&tenant).copied() else { return Ok(()) };
+    let mut alone = planning_input(cluster);
+    alone.services.retain(|s| s.name == name);
+    let plan = plan_pools(&alone, &rules, strategy);
+    let Some(needs) = usage_by_service(&plan, &alone.gpu_types).get(name).copied() else { return Ok(()) };
+    match quota.exceeded_by(needs) {
+        None => Ok(()),
+        Some((limit, max)) => Err(FieldError::new(
+            ErrorCode::ResourceExhausted,
+            "spec.slo",
+            format!(
+                "service {name:?} alone needs {:.2} GPUs at {:.2}/h at its minimum rate; tenant {tenant:?}'s spec.{limit} is {max}",
+                needs.gpus, needs.cost_per_hour
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use planner::input::{Profiles, ServiceDemand};
+    use planner::isolation::{Boundary, Isolation};
+    use planner::mig::GpuModel;
+    use planner::perf::synthetic::example_models;
+
+    fn input(services: Vec<ServiceDemand>) -> PlanningInput {
+        let mut profiles = Profiles::default();
+        for m in example_models() {
+            profiles.tables.entry("A100-80GB".into()).or_default().insert(m.name.clone(), m.table(3));
+        }
+        PlanningInput {
+            gpu_types: vec![GpuType {
+                name: "A100-80GB".into(),
+                model: GpuModel::A100_80GB,
+                price_per_hour: 7.0,
+                mps: true,
+                igniter: None,
+            }],
+            services,
+            profiles,
+        }
+    }
+
+    fn service(name: &str, rate: f64) -> ServiceDemand {
+        ServiceDemand { name: name.into(), model: "resnet50".into(), slo_ms: 100.0, request_rate: rate }
+    }
+
+    /// Services of tenant t1 admitted in the given order, under `quota`.
+    fn rules(order: &[&str], quota: Quota) -> ServiceRules {
+        let mut rules = ServiceRules::default();
+        for (i, s) in order.iter().enumerate() {
+            rules.boundaries.insert(s.to_string(), Boundary { tenant: "t1".into(), isolation: Isolation::Mig });
+            rules.admitted.insert(s.to_string(), i as u64 + 1);
+        }
+        rules.quotas.insert("t1".into(), quota);
+        rules
+    }
+
+    #[test]
+    fn usage_counts_instance_gpcs_and_prices_them() {
+        let inp = input(vec![service("a", 300.0)]);
+        let plan = super::super::plan_pools(&inp, &ServiceRules::default(), super::super::MigStrategy::Parvagpu);
+        let u = usage_by_service(&plan, &inp.gpu_types)["a"];
+        let gpcs: u32 = plan.gpus.iter().map(|g| g.gpcs_used()).sum();
+        assert!((u.gpus - f64::from(gpcs) / 7.0).abs() < 1e-9, "{u:?} vs {gpcs} GPCs");
+        assert!((u.cost_per_hour - 7.0 * u.gpus).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_newest_services_past_a_quota_are_refused_with_the_quota_named() {
+        let inp = input(vec![service("a", 300.0), service("b", 300.0), service("c", 300.0)]);
+        let plan = super::super::plan_pools(&inp, &ServiceRules::default(), super::super::MigStrategy::Parvagpu);
+        let each = usage_by_service(&plan, &inp.gpu_types)["a"].gpus;
+        // Room for two of the three: the one admitted last is refused, whatever its name.
+        let quota = Quota { max_gpus: Some(2.5 * each), max_cost_per_hour: None };
+        let refused = over_quota(&plan, &inp, &rules(&["c", "a", "b"], quota));
+        assert_eq!(refused.iter().map(|r| r.service.as_str()).collect::<Vec<_>>(), ["b"]);
+        let InfeasibleReason::OverQuota { detail } = &refused[0].reason else { panic!("{:?}", refused[0]) };
+        assert!(detail.starts_with("tenant \"t1\"'s max_gpus is"), "{detail}");
+        // A cost quota counts the price: room for one.
+        let quota = Quota { max_gpus: None, max_cost_per_hour: Some(7.0 * each * 1.5) };
+        let refused = over_quota(&plan, &inp, &rules(&["a", "b", "c"], quota));
+        assert_eq!(refused.iter().map(|r| r.service.as_str()).collect::<Vec<_>>(), ["b", "c"]);
+        assert!(refused.iter().all(|r| r.reason.to_string().contains("max_cost_per_hour")));
+        // Unlimited, or another tenant's quota: nothing refused.
+        assert!(over_quota(&plan, &inp, &rules(&["a", "b", "c"], Quota::default())).is_empty());
+        let mut other = rules(&["a", "b", "c"], Quota::default());
+        other.quotas.insert("t2".into(), Quota { max_gpus: Some(0.0), max_cost_per_hour: None });
+        assert!(over_quota(&plan, &inp, &other).is_empty());
+    }
+
+    #[test]
+    fn a_fleet_that_cannot_grow_is_shared_by_weight_and_frees_to_everyone() {
+        // Two tenants, weights 2 and 1, each with 14 equal services: a fleet with half the
+        // GPUs the plan needs.
+        let names: Vec<String> = (0..28).map(|i| format!("s{i:02}")).collect();
+        let inp = input(names.iter().map(|n| service(n, 300.0)).collect());
+        let mut rules = ServiceRules::default();
+        for (i, n) in names.iter().enumerate() {
+            let tenant = if i % 2 == 0 { "heavy" } else { "light" };
+            rules.boundaries.insert(n.clone(), Boundary { tenant: tenant.into(), isolation: Isolation::Mig });
+            rules.admitted.insert(n.clone(), i as u64);
+        }
+        rules.weights.insert("heavy".into(), 2.0);
+        rules.weights.insert("light".into(), 1.0);
+        let strategy = super::super::MigStrategy::Parvagpu;
+        let (all, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, None).unwrap();
+        let needed = all.gpus.len() as u32;
+        assert!(needed >= 2, "{needed}");
+        let half = Capacity::from([("A100-80GB".to_string(), needed / 2)]);
+        let (plan, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, Some(&half)).unwrap();
+        assert_eq!(planner::invariants::check_invariants(&plan, &inp), Ok(()));
+        assert!(plan.gpus.len() as u32 <= needed / 2, "{} GPUs on a fleet of {}", plan.gpus.len(), needed / 2);
+        let kept = |t: &str| plan.predictions.iter().filter(|p| rules.boundaries[&p.service].tenant == t).count() as f64;
+        let (heavy, light) = (kept("heavy"), kept("light"));
+        assert!(light >= 1.0 && (heavy - 2.0 * light).abs() <= 2.0, "heavy {heavy}, light {light}: not 2:1 within a service");
+        assert!(plan.infeasible.iter().all(|f| matches!(f.reason, InfeasibleReason::FleetFull { .. })), "{:?}", plan.infeasible);
+        assert!(plan.infeasible.iter().any(|f| f.reason.to_string().contains("tenant \"heavy\"'s weighted fair share")));
+        // The oldest services of each tenant are the ones kept.
+        let light_kept: Vec<&str> = names.iter().skip(1).step_by(2).map(String::as_str).filter(|n| plan.prediction(n).is_some()).collect();
+        let light_oldest: Vec<&str> = names.iter().skip(1).step_by(2).take(light_kept.len()).map(String::as_str).collect();
+        assert_eq!(light_kept, light_oldest);
+        // Capacity frees: everything is planned again.
+        let room = Capacity::from([("A100-80GB".to_string(), needed)]);
+        let (again, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, Some(&room)).unwrap();
+        assert!(again.infeasible.is_empty(), "{:?}", again.infeasible);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn no_plan_gives_a_tenant_more_than_its_quota(
+            rates in proptest::collection::vec((1.0f64..3000.0, 0..3usize), 1..8),
+            max_gpus in proptest::array::uniform3(0.05f64..2.0),
+        ) {
+            let inp = input(rates.iter().enumerate().map(|(i, (r, _))| service(&format!("s{i}"), *r)).collect());
+            let mut rules = ServiceRules::default();
+            for (i, (_, t)) in rates.iter().enumerate() {
+                rules.boundaries.insert(format!("s{i}"), Boundary { tenant: format!("t{t}"), isolation: Isolation::Mig });
+                rules.admitted.insert(format!("s{i}"), i as u64);
+            }
+            for (t, max) in max_gpus.iter().enumerate() {
+                rules.quotas.insert(format!("t{t}"), Quota { max_gpus: Some(*max), max_cost_per_hour: None });
+            }
+            let (plan, _) = plan_within_limits(&inp, &rules, super::super::MigStrategy::Parvagpu, None, &|| false, None).unwrap();
+            proptest::prop_assert_eq!(planner::invariants::check_invariants(&plan, &inp), Ok(()));
+            let mut per_tenant: BTreeMap<String, f64> = BTreeMap::new();
+            for (service, u) in usage_by_service(&plan, &inp.gpu_types) {
+                *per_tenant.entry(rules.boundaries[&service].tenant.clone()).or_default() += u.gpus;
+            }
+            for (tenant, used) in per_tenant {
+                let max = rules.quotas[&tenant].max_gpus.unwrap();
+                proptest::prop_assert!(used <= max + 1e-6, "tenant {} uses {} GPUs over its quota {}", tenant, used, max);
+            }
+        }
+    }
+}
