@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 /// One agent's latest report and when it arrived.
@@ -49,18 +51,25 @@ impl AgentReports {
     /// old stream can reach the leader after the report on the new one). Session 0 (an
     /// agent that does not name its streams) says nothing. Returns whether it was newly
     /// taken (a repeat keeps the first time: it does not push the grace further out).
-    pub fn watch_ended(&self, node: &str, session: u64, now: Instant) -> bool {
+    ///
+    /// The end of a node this leader has no report of (it took over since, or the agent
+    /// never reported) cannot be checked that way: the agent may have moved and reported
+    /// its new stream to the former leader. It counts from `unheard_wait` (one report
+    /// interval) later, by when a live agent has reported here and cleared it.
+    pub fn watch_ended(&self, node: &str, session: u64, now: Instant, unheard_wait: Duration) -> bool {
         if session == 0 {
             return false;
         }
         let mut inner = self.inner.lock().expect("reports lock");
-        if inner.latest.get(node).is_some_and(|r| r.report.watch_session != session) {
-            return false;
-        }
+        let counts_from = match inner.latest.get(node) {
+            Some(r) if r.report.watch_session != session => return false,
+            Some(_) => now,
+            None => now + unheard_wait,
+        };
         match inner.watch_ended.entry(node.to_string()) {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert((session, now));
+                v.insert((session, counts_from));
                 true
             }
         }
@@ -106,7 +115,8 @@ pub struct Heard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+
+    const WAIT: Duration = Duration::from_secs(5);
 
     fn report(node: &str, watch_session: u64) -> proto::ReportRequest {
         proto::ReportRequest { node: node.into(), watch_session, ..Default::default() }
@@ -117,9 +127,9 @@ mod tests {
         let reports = AgentReports::default();
         let t0 = Instant::now();
         reports.record(report("a", 7), t0);
-        assert!(reports.watch_ended("a", 7, t0 + Duration::from_secs(1)));
+        assert!(reports.watch_ended("a", 7, t0 + Duration::from_secs(1), WAIT));
         // A repeat keeps the first time.
-        assert!(!reports.watch_ended("a", 7, t0 + Duration::from_secs(2)));
+        assert!(!reports.watch_ended("a", 7, t0 + Duration::from_secs(2), WAIT));
         assert_eq!(reports.last_heard().watch_ended.get("a"), Some(&(t0 + Duration::from_secs(1))));
         // A report the agent sent from the ended stream, arriving late, does not clear it.
         reports.record(report("a", 7), t0 + Duration::from_secs(2));
@@ -136,17 +146,21 @@ mod tests {
         // The agent moved to another controller and reported its new stream before the
         // old controller's word of the old one arrived.
         reports.record(report("a", 8), t0);
-        assert!(!reports.watch_ended("a", 7, t0));
+        assert!(!reports.watch_ended("a", 7, t0, WAIT));
         // Agents that do not name their streams.
         reports.record(report("b", 0), t0);
-        assert!(!reports.watch_ended("b", 0, t0));
+        assert!(!reports.watch_ended("b", 0, t0, WAIT));
         assert!(reports.last_heard().watch_ended.is_empty());
         // A node this leader has not heard from yet: the end counts (a new leader learns
-        // of a dead agent without waiting for the report timeout).
-        assert!(reports.watch_ended("c", 3, t0));
-        assert_eq!(reports.last_heard().watch_ended.keys().collect::<Vec<_>>(), ["c"]);
+        // of a dead agent without waiting for the report timeout), from one report interval
+        // on, in which an agent that moved reports its new stream here.
+        assert!(reports.watch_ended("c", 3, t0, WAIT));
+        assert_eq!(reports.last_heard().watch_ended.into_iter().collect::<Vec<_>>(), [("c".to_string(), t0 + WAIT)]);
+        assert!(reports.watch_ended("moved", 4, t0, WAIT));
+        reports.record(report("moved", 5), t0 + Duration::from_secs(1));
+        assert!(!reports.last_heard().watch_ended.contains_key("moved"));
         // Deleted nodes are forgotten, their reports and ended streams alike.
-        reports.forget(&["a".to_string(), "c".to_string()]);
+        reports.forget(&["a".to_string(), "c".to_string(), "moved".to_string()]);
         let heard = reports.last_heard();
         assert_eq!(heard.reported.keys().map(String::as_str).collect::<Vec<_>>(), ["b"]);
         assert!(heard.watch_ended.is_empty());

@@ -8,9 +8,16 @@
 //!
 //! Ends are collected and sent in batches, so a controller that loses thousands of streams
 //! at once (a network partition) sends a few requests, not thousands. Soft state like the
-//! reports: an end that cannot be delivered is dropped (the timeout still applies).
+//! reports, kept where it arose: each controller keeps the ends of the streams it served
+//! that have not been opened again on it (for [`KEEP_ENDS_FOR`], at most
+//! [`MAX_PENDING_ENDS`]) and sends them again to every new leader, which learns nothing of
+//! its predecessor's. Without that, a host that died around a leader change (its end sent
+//! to the old leader, or to none) was marked only at the report timeout counted from the
+//! takeover.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -21,9 +28,14 @@ use crate::controller::Controller;
 /// refuses more.
 pub const MAX_ENDS_PER_RELAY: usize = 4_096;
 
-/// Ends waiting to be relayed, at most (one per stream this controller served; beyond, the
-/// report timeout still applies).
+/// Ends waiting to be relayed, and ends kept for a new leader, at most each (one per stream
+/// this controller served; beyond, the report timeout still applies).
 const MAX_PENDING_ENDS: usize = 100_000;
+
+/// How long an end is sent again to new leaders. Longer than any report timeout
+/// (`missed × interval`, 25 s at 10,000 hosts): by then a leader that heard of the end has
+/// marked the node, and one that did not has reached the timeout.
+pub const KEEP_ENDS_FOR: Duration = Duration::from_secs(300);
 
 /// How long the leader may take to take a relay.
 const RELAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -31,19 +43,45 @@ const RELAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Clone)]
 pub struct WatchEnds {
     queue: Arc<Queue<proto::EndedWatch>>,
+    /// Per node, the session and time of the last stream of it that ended here, until the
+    /// node opens a stream here again.
+    kept: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
 }
 
 impl Default for WatchEnds {
     fn default() -> Self {
-        WatchEnds { queue: Queue::new(MAX_PENDING_ENDS) }
+        WatchEnds { queue: Queue::new(MAX_PENDING_ENDS), kept: Arc::default() }
     }
 }
 
 impl WatchEnds {
     /// The agent of `node` ended its stream `session` (0: an unnamed stream, ignored).
-    pub fn ended(&self, node: &str, session: u64) {
-        if session != 0 {
-            self.queue.push(proto::EndedWatch { node: node.to_string(), session });
+    pub fn ended(&self, node: &str, session: u64, now: Instant) {
+        if session == 0 || !self.queue.push(proto::EndedWatch { node: node.to_string(), session }) {
+            return;
+        }
+        let mut kept = self.kept.lock().expect("kept ends lock");
+        if kept.len() < MAX_PENDING_ENDS || kept.contains_key(node) {
+            kept.insert(node.to_string(), (session, now));
+        }
+    }
+
+    /// The agent of `node` opened a stream here: its earlier ends here are old news. (An
+    /// end of the old stream noticed after this is kept, and harmless: the agent's next
+    /// report names its new stream, which clears that end at the leader.)
+    pub fn opened(&self, node: &str) {
+        self.kept.lock().expect("kept ends lock").remove(node);
+    }
+
+    /// Queues again every end kept from the last [`KEEP_ENDS_FOR`], for a new leader;
+    /// forgets older ones.
+    pub fn resend(&self, now: Instant) {
+        let mut kept = self.kept.lock().expect("kept ends lock");
+        kept.retain(|_, (_, at)| now.saturating_duration_since(*at) <= KEEP_ENDS_FOR);
+        for (node, (session, _)) in kept.iter() {
+            if !self.queue.push(proto::EndedWatch { node: node.clone(), session: *session }) {
+                break;
+            }
         }
     }
 
@@ -58,10 +96,26 @@ impl WatchEnds {
 }
 
 /// Delivers the ends `controller.watch_ends` collects, to this controller's own reports when
-/// it leads, else to the leader; runs as long as the controller.
+/// it leads, else to the leader, and the kept ones again to every new leader; runs as long
+/// as the controller.
 pub async fn relay(controller: Controller) {
+    let mut metrics = controller.raft.metrics();
+    let mut leaders = NewLeader::default();
     loop {
-        controller.watch_ends.queue.pushed().await;
+        tokio::select! {
+            () = controller.watch_ends.queue.pushed() => {}
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return; // Raft stopped: so does this controller.
+                }
+                let m = metrics.borrow_and_update();
+                if !leaders.is_new(m.current_term, m.current_leader) {
+                    continue;
+                }
+                drop(m);
+                controller.watch_ends.resend(Instant::now());
+            }
+        }
         loop {
             let batch = controller.watch_ends.take();
             if batch.is_empty() {
@@ -90,11 +144,30 @@ async fn deliver(controller: &Controller, batch: Vec<proto::EndedWatch>) {
     }
 }
 
+/// Tells a leader that has come to be since the last one seen (a term and a known leader;
+/// with one leader per term, a new term with a leader is a new leader's reign).
+#[derive(Debug, Default)]
+struct NewLeader {
+    term_seen: u64,
+}
+
+impl NewLeader {
+    fn is_new(&mut self, term: u64, leader: Option<u64>) -> bool {
+        if leader.is_none() || term <= self.term_seen {
+            return false;
+        }
+        self.term_seen = term;
+        true
+    }
+}
+
 /// Records ends at the leader (relayed or its own).
 pub fn record(controller: &Controller, ended: &[proto::EndedWatch]) {
     let now = Instant::now();
+    let nodes = controller.read(|d| d.cluster.count(crate::resources::Kind::Node));
+    let unheard_wait = controller.report_pace.interval(nodes);
     for e in ended {
-        if controller.reports.watch_ended(&e.node, e.session, now) {
+        if controller.reports.watch_ended(&e.node, e.session, now, unheard_wait) {
             tracing::info!(node = %e.node, session = e.session, "agent's desired-state stream ended");
         }
     }
@@ -107,17 +180,58 @@ mod tests {
     #[test]
     fn ends_are_taken_in_bounded_batches_and_none_after_stop() {
         let ends = WatchEnds::default();
+        let now = Instant::now();
         for i in 0..MAX_ENDS_PER_RELAY + 10 {
-            ends.ended(&format!("n{i}"), 1);
+            ends.ended(&format!("n{i}"), 1, now);
         }
-        ends.ended("unnamed", 0);
+        ends.ended("unnamed", 0, now);
         assert_eq!(ends.take().len(), MAX_ENDS_PER_RELAY);
         let rest = ends.take();
         assert_eq!(rest.len(), 10);
         assert_eq!(rest[0].node, format!("n{MAX_ENDS_PER_RELAY}"));
         assert!(ends.take().is_empty(), "the unnamed stream is not relayed");
         ends.stop();
-        ends.ended("late", 1);
+        ends.ended("late", 1, now);
+        ends.resend(now);
         assert!(ends.take().is_empty());
+    }
+
+    fn taken(ends: &WatchEnds) -> Vec<(String, u64)> {
+        let mut taken: Vec<_> = ends.take().into_iter().map(|e| (e.node, e.session)).collect();
+        taken.sort();
+        taken
+    }
+
+    #[test]
+    fn ends_not_reopened_here_are_sent_again_until_they_are_old() {
+        let ends = WatchEnds::default();
+        let t0 = Instant::now();
+        ends.ended("dies", 11, t0);
+        ends.ended("blinks", 21, t0);
+        ends.ended("old", 31, t0);
+        assert_eq!(taken(&ends).len(), 3, "relayed once as they end");
+        ends.opened("blinks");
+        ends.ended("old", 32, t0 + Duration::from_secs(1));
+        assert_eq!(taken(&ends), [("old".into(), 32)]);
+
+        // A new leader: the ends of the streams not opened again here, the latest of each.
+        ends.resend(t0 + Duration::from_secs(2));
+        assert_eq!(taken(&ends), [("dies".into(), 11), ("old".into(), 32)]);
+        // And again for the next one, until they are too old to matter.
+        ends.resend(t0 + KEEP_ENDS_FOR + Duration::from_millis(500));
+        assert_eq!(taken(&ends), [("old".into(), 32)]);
+        ends.resend(t0 + KEEP_ENDS_FOR + Duration::from_secs(2));
+        assert!(taken(&ends).is_empty());
+    }
+
+    #[test]
+    fn a_new_leader_is_a_later_term_with_a_leader() {
+        let mut leaders = NewLeader::default();
+        assert!(!leaders.is_new(1, None), "an election under way");
+        assert!(leaders.is_new(1, Some(2)));
+        assert!(!leaders.is_new(1, Some(2)), "the same reign");
+        assert!(!leaders.is_new(2, None));
+        assert!(leaders.is_new(3, Some(2)), "re-elected in a later term: it may have lost what it knew");
+        assert!(!leaders.is_new(2, Some(1)), "a stale view of an older term");
     }
 }

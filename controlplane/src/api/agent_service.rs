@@ -182,18 +182,19 @@ impl Agent for AgentService {
         let mut wake = sm.node_wakers.subscribe(&req.node);
         let (tx, rx) = mpsc::channel(16);
         let ends = self.controller.watch_ends.clone();
+        ends.opened(&req.node);
         tokio::spawn(async move {
             let mut sent = SentVersions::from(req.from_version);
             loop {
                 let desired = desired_state(&sm.data.read().expect("state lock").cluster, &req.node);
                 if sent.is_new(desired.version) && tx.send(Ok(desired)).await.is_err() {
-                    return ends.ended(&req.node, req.session);
+                    return ends.ended(&req.node, req.session, tokio::time::Instant::now());
                 }
                 tokio::select! {
                     // The state machine is gone: this controller stops.
                     woken = wake.changed() => if woken.is_err() { return },
                     // The agent's side went away (its process, or its connection).
-                    () = tx.closed() => return ends.ended(&req.node, req.session),
+                    () = tx.closed() => return ends.ended(&req.node, req.session, tokio::time::Instant::now()),
                 }
             }
         });

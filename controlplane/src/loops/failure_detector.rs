@@ -9,7 +9,8 @@
 //!
 //! Its next report marks it healthy again. Heartbeats and ended streams are kept in the
 //! leader's memory, so a new leader first gives every node a full timeout from the moment it
-//! took over (ended streams it learns of count at once).
+//! took over; ended streams, which every controller sends again to each new leader, count
+//! once it learns of them (one report interval later for a node it has not heard from).
 
 use std::time::Duration;
 
