@@ -123,6 +123,9 @@ pub struct LoopsConfig {
     pub tune_slo_fraction: Option<f64>,
     /// Seconds between two share changes of one workload (default 10, GSLICE's hold-down).
     pub tune_hold_down_s: Option<f64>,
+    /// Seconds between writes of each Tenant's usage and SLO attainment into its status
+    /// (default 10).
+    pub metering_interval_s: Option<f64>,
 }
 
 /// `[cloud]`: where the autoscaler gets nodes. Only `provider = "sim"` exists so far.
@@ -192,6 +195,7 @@ impl LoopsConfig {
             lambda_per_s: non_negative("lambda_per_s", self.lambda_per_s, d.lambda_per_s)?,
             tuner: self.tuner.unwrap_or(d.tuner),
             tune_interval: seconds("tune_interval_s", self.tune_interval_s, d.tune_interval)?,
+            metering_interval: seconds("metering_interval_s", self.metering_interval_s, d.metering_interval)?,
             tuning: TuningSettings::new(
                 self.tune_slo_fraction.unwrap_or(d.tuning.slo_fraction()),
                 TunerConfig {

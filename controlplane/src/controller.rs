@@ -45,6 +45,9 @@ pub struct Controller {
     /// Ends of the agents' desired-state streams this controller served, for the leader's
     /// failure detector.
     pub watch_ends: crate::agents::WatchEnds,
+    /// SLO windows the leader counted from reports since its last Tenant status write
+    /// (`loops::metering`).
+    pub slo_tally: crate::metering::SloTally,
     /// Reports this controller answered as a follower, for the leader.
     pub report_relay: crate::agents::report_relay::ReportRelay,
     /// Writes the agents' observed state to their Nodes (leader only).

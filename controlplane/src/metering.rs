@@ -1,12 +1,18 @@
 //! What the committed plan gives each tenant and service: GPUs-worth (a MIG instance's
 //! GPCs / 7 of its GPU, or an MPS workload's share of the GPU with its shadow's reserve)
-//! and cost per hour (that share of the GPU's price, its node's instance price per GPU).
-//! The same measure the quotas count (`GpuPlan::occupancy`), read from the stored plan.
-//! Pure: the plan and the prices in, the usage out.
+//! and cost per hour (that share of its GPU model's price per GPU-hour, `provision::gpu_price`,
+//! the price the planner and the quotas count, so usage and quota compare like with like),
+//! and how many of their services' SLO windows the agents reported met. The leader writes it
+//! per tenant into the Tenant's status (`loops::metering`), where a tenant reads its own and
+//! no other's. Pure but for [`SloTally`], the leader's count between two writes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
-use crate::resources::{GpuAssignment, PlanSpec, WorkloadAssignment};
+use serde::{Deserialize, Serialize};
+
+use crate::resources::{GpuAssignment, Kind, PlanSpec, Spec, StoredResource, WorkloadAssignment};
+use crate::state::ClusterState;
 
 /// What a tenant or a service occupies.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -33,17 +39,133 @@ pub fn occupancy(g: &GpuAssignment, w: &WorkloadAssignment) -> f64 {
     planner::plan::occupied_share(gpcs, w.mps_percent, w.processes, w.shadow_mps_percent)
 }
 
-/// Per tenant (workloads without one under ""), what the plan gives it; `price_of_node` is
-/// the price per GPU-hour on a node.
-pub fn by_tenant(plan: &PlanSpec, price_of_node: impl Fn(&str) -> f64) -> BTreeMap<String, Occupied> {
+/// Per tenant (workloads without one under ""), what the plan gives it; `price_of_gpu` is a
+/// planned GPU's price per hour.
+pub fn by_tenant(plan: &PlanSpec, price_of_gpu: impl Fn(&GpuAssignment) -> f64) -> BTreeMap<String, Occupied> {
     let mut out: BTreeMap<&str, Occupied> = BTreeMap::new();
     for g in &plan.gpus {
-        let price = price_of_node(&g.node);
+        let price = price_of_gpu(g);
         for w in &g.workloads {
             out.entry(w.tenant.as_str()).or_default().add(occupancy(g, w), price);
         }
     }
     out.into_iter().map(|(t, o)| (t.to_string(), o)).collect()
+}
+
+/// A planned GPU's price per hour in `cluster`: its model's (`provision::gpu_price`), the
+/// model read from its node's spec; 0 for a GPU whose node, or model's price, is gone.
+pub fn gpu_prices(cluster: &ClusterState) -> impl Fn(&GpuAssignment) -> f64 + '_ {
+    let per_model: BTreeMap<&str, f64> =
+        cluster.list(Kind::GpuModel).filter_map(|m| Some((m.name.as_str(), crate::provision::gpu_price(cluster, &m.name)?))).collect();
+    move |g: &GpuAssignment| {
+        let Some(Spec::Node(node)) = cluster.get(Kind::Node, &g.node).map(|n| &n.spec) else { return 0.0 };
+        let model = node.gpus.iter().find(|d| d.uuid == g.gpu_uuid).map(|d| d.model.as_str());
+        model.and_then(|m| per_model.get(m)).copied().unwrap_or(0.0)
+    }
+}
+
+/// The services each tenant has in the plan.
+fn services_by_tenant(plan: &PlanSpec) -> BTreeMap<&str, BTreeSet<&str>> {
+    let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for w in plan.gpus.iter().flat_map(|g| &g.workloads) {
+        out.entry(w.tenant.as_str()).or_default().insert(w.service.as_str());
+    }
+    out
+}
+
+/// SLO windows reported for a tenant's services, and how many met their SLO.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SloCount {
+    pub windows: u64,
+    pub met: u64,
+}
+
+impl SloCount {
+    fn plus(self, other: SloCount) -> SloCount {
+        SloCount { windows: self.windows.saturating_add(other.windows), met: self.met.saturating_add(other.met) }
+    }
+}
+
+/// A Tenant's status: its usage as of the committed plan and its SLO attainment since
+/// metering began (carried over from leader to leader in the status itself).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TenantStatus {
+    /// GPUs-worth the plan gives it: what its spec's `max_gpus` bounds.
+    pub gpus: f64,
+    /// `gpus` at their models' prices: what its spec's `max_cost_per_hour` bounds.
+    pub cost_per_hour: f64,
+    /// Its services the plan places.
+    pub services_planned: u32,
+    pub slo: SloCount,
+}
+
+impl TenantStatus {
+    /// As stored (a status this binary cannot read counts as none: it is rewritten).
+    pub fn of(r: &StoredResource) -> TenantStatus {
+        serde_json::from_value(r.status.as_ref().clone()).unwrap_or_default()
+    }
+}
+
+/// Rounds away the last bits a sum in another order would change, so that an unchanged plan
+/// rewrites no status.
+fn rounded(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+/// The statuses to write: for each of `tenants` (name, as stored), its usage in `plan` and
+/// its stored SLO count plus `tally`'s, where that differs from what is stored.
+pub fn changed_statuses(
+    tenants: &[(String, TenantStatus)],
+    plan: Option<&PlanSpec>,
+    price_of_gpu: impl Fn(&GpuAssignment) -> f64,
+    tally: &BTreeMap<String, SloCount>,
+) -> Vec<(String, TenantStatus)> {
+    let usage = plan.map(|p| by_tenant(p, price_of_gpu)).unwrap_or_default();
+    let services = plan.map(services_by_tenant).unwrap_or_default();
+    tenants
+        .iter()
+        .filter_map(|(name, stored)| {
+            let used = usage.get(name).copied().unwrap_or_default();
+            let next = TenantStatus {
+                gpus: rounded(used.gpus),
+                cost_per_hour: rounded(used.cost_per_hour),
+                services_planned: services.get(name.as_str()).map_or(0, |s| u32::try_from(s.len()).unwrap_or(u32::MAX)),
+                slo: stored.slo.plus(tally.get(name).copied().unwrap_or_default()),
+            };
+            (next != *stored).then(|| (name.clone(), next))
+        })
+        .collect()
+}
+
+/// The SLO windows the leader counted since its last status write, per tenant. Bounded by
+/// the tenants the plan names (the report check keeps only windows of placed services).
+#[derive(Clone, Default)]
+pub struct SloTally(Arc<Mutex<BTreeMap<String, SloCount>>>);
+
+impl SloTally {
+    pub fn add(&self, tenant: &str, met: bool) {
+        if tenant.is_empty() {
+            return;
+        }
+        let mut counts = self.0.lock().expect("slo tally lock");
+        let c = counts.entry(tenant.to_string()).or_default();
+        *c = c.plus(SloCount { windows: 1, met: u64::from(met) });
+    }
+
+    /// What was counted, leaving nothing.
+    pub fn take(&self) -> BTreeMap<String, SloCount> {
+        std::mem::take(&mut *self.0.lock().expect("slo tally lock"))
+    }
+
+    /// Counts whose write failed, to be written with the next.
+    pub fn give_back(&self, counts: BTreeMap<String, SloCount>) {
+        let mut mine = self.0.lock().expect("slo tally lock");
+        for (tenant, c) in counts {
+            let m = mine.entry(tenant).or_default();
+            *m = m.plus(c);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -64,8 +186,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn tenants_are_charged_their_instances_and_shares_at_their_nodes_prices() {
+    /// acme: a 3g instance of an A100; globex: a 1g instance beside it and 40% of a T4
+    /// with a 10% shadow.
+    fn two_tenants_plan() -> PlanSpec {
         let mig = GpuAssignment {
             node: "a100".into(),
             gpu_uuid: "GPU-0".into(),
@@ -78,17 +201,71 @@ mod tests {
             mig_layout: vec![],
             workloads: vec![workload("ocr", "globex", None, 40.0, 10.0)],
         };
-        let plan = PlanSpec {
+        PlanSpec {
             strategy: "test".into(),
             gpus: vec![mig, mps].into(),
             services: Default::default(),
             inputs_digest: String::new(),
             trace_parent: String::new(),
-        };
-        let usage = by_tenant(&plan, |node| if node == "a100" { 7.0 } else { 1.0 });
+        }
+    }
+
+    fn price(g: &GpuAssignment) -> f64 {
+        if g.node == "a100" {
+            7.0
+        } else {
+            1.0
+        }
+    }
+
+    #[test]
+    fn tenants_are_charged_their_instances_and_shares_at_their_gpus_prices() {
+        let plan = two_tenants_plan();
+        let usage = by_tenant(&plan, price);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         assert!(close(usage["acme"].gpus, 3.0 / 7.0) && close(usage["acme"].cost_per_hour, 3.0), "{usage:?}");
         assert!(close(usage["globex"].gpus, 1.0 / 7.0 + 0.5), "{usage:?}");
         assert!(close(usage["globex"].cost_per_hour, 1.0 + 0.5), "{usage:?}");
+    }
+
+    #[test]
+    fn a_status_is_rewritten_only_when_the_usage_or_the_slo_count_moved() {
+        let plan = two_tenants_plan();
+        let stored = |slo: SloCount| TenantStatus { gpus: 0.428571, cost_per_hour: 3.0, services_planned: 1, slo };
+        let tenants = vec![
+            ("acme".to_string(), stored(SloCount { windows: 10, met: 9 })),
+            ("globex".to_string(), TenantStatus::default()),
+            ("initech".to_string(), TenantStatus::default()),
+        ];
+        // acme's usage is as stored and no window came: only globex changes (initech has
+        // nothing in the plan, as stored).
+        let changed = changed_statuses(&tenants, Some(&plan), price, &BTreeMap::new());
+        assert_eq!(changed.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["globex"]);
+        let globex = &changed[0].1;
+        assert_eq!((globex.gpus, globex.cost_per_hour, globex.services_planned), (0.642857, 1.5, 2));
+
+        // Windows counted since add to the stored count, carried from leader to leader.
+        let tally = SloTally::default();
+        tally.add("acme", true);
+        tally.add("acme", false);
+        tally.add("", true);
+        let counted = tally.take();
+        assert!(tally.take().is_empty(), "taken");
+        let changed = changed_statuses(&tenants[..1], Some(&plan), price, &counted);
+        assert_eq!(changed, [("acme".to_string(), stored(SloCount { windows: 12, met: 10 }))]);
+        // A failed write gives its counts back for the next.
+        tally.give_back(counted);
+        tally.add("acme", true);
+        assert_eq!(tally.take()["acme"], SloCount { windows: 3, met: 2 });
+
+        // Without a plan a tenant uses nothing.
+        let changed = changed_statuses(&tenants[..1], None, price, &BTreeMap::new());
+        assert_eq!(
+            changed,
+            [(
+                "acme".to_string(),
+                TenantStatus { gpus: 0.0, cost_per_hour: 0.0, services_planned: 0, slo: SloCount { windows: 10, met: 9 } }
+            )]
+        );
     }
 }

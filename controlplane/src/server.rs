@@ -220,6 +220,7 @@ where
         channels,
         reports: AgentReports::default(),
         watch_ends: Default::default(),
+        slo_tally: Default::default(),
         report_relay: Default::default(),
         status_writer: Default::default(),
         report_pace: opts.loops.report_pace(),

@@ -368,11 +368,16 @@ async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_dro
 /// Tenant quotas: a Service that cannot fit its tenant's quota even alone is refused when it
 /// is written, naming the quota; services that each fit but not together are planned oldest
 /// first, and the newest is named over quota in the plan. Every planned workload carries
-/// its tenant and isolation for the agent.
+/// its tenant and isolation for the agent. The Tenant's status shows its usage against the
+/// quota and the SLO windows its agents reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_quota_refuses_at_admission_and_caps_the_plan() {
-    let loops = LoopSettings { provision_interval: Duration::from_secs(1), ..LoopSettings::default() };
-    let (_cluster, client) = cluster_with_fleet(loops).await;
+    let loops = LoopSettings {
+        provision_interval: Duration::from_secs(1),
+        metering_interval: Duration::from_millis(200),
+        ..LoopSettings::default()
+    };
+    let (cluster, client) = cluster_with_fleet(loops).await;
     // 90 req/s takes one 1g instance (1/7 of a GPU): room for two under 0.3.
     client.put(resource("Tenant", "acme", "", json!({"max_gpus": 0.3})), proto::WriteMode::Update).await.unwrap();
     let err = client.put(svc("big", 2000.0), proto::WriteMode::Create).await.unwrap_err();
@@ -390,5 +395,32 @@ async fn a_tenant_quota_refuses_at_admission_and_caps_the_plan() {
     assert!(reason.contains("over quota: tenant \"acme\"'s max_gpus is 0.3"), "{plan}");
     for w in plan["gpus"].as_array().unwrap().iter().flat_map(|g| g["workloads"].as_array().unwrap()) {
         assert_eq!((w["tenant"].as_str(), w["isolation"].as_str()), (Some("acme"), Some("mig")), "{w}");
+    }
+
+    // Metered: two 1g instances of a GPU priced 8/2 an hour, within the quota.
+    let status = tenant_status_when(&client, "acme", |s| s["services_planned"] == 2).await;
+    assert_eq!((status["gpus"].as_f64(), status["cost_per_hour"].as_f64()), (Some(0.285714), Some(1.142857)), "{status}");
+    assert_eq!(status["slo"], json!({"windows": 0, "met": 0}));
+    // An agent reports a window of "first" within its SLO and one of "second" over it.
+    let window =
+        |service: &str, p99_ms: f64| proto::ServiceMetrics { service: service.into(), p99_ms, arrival_rps: 90.0, ..Default::default() };
+    let mut agent = proto::agent_client::AgentClient::connect(format!("http://{}", cluster.endpoints()[0])).await.unwrap();
+    let metrics = vec![window("first", 20.0), window("second", 150.0)];
+    agent.report(proto::ReportRequest { node: "n1".into(), metrics, ..Default::default() }).await.unwrap();
+    let status = tenant_status_when(&client, "acme", |s| s["slo"]["windows"] == 2).await;
+    assert_eq!(status["slo"], json!({"windows": 2, "met": 1}));
+}
+
+/// The Tenant's status once `ok` accepts it (waits up to 20 s).
+async fn tenant_status_when(client: &controlplane::client::Client, tenant: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = client.get("Tenant", tenant, false).await.unwrap();
+        let status: Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+        if ok(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "tenant {tenant}'s status never got there: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

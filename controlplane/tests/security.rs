@@ -126,6 +126,13 @@ async fn tenants_see_and_change_only_their_own_services_even_through_a_follower(
     assert_eq!(created.tenant, "acme");
     acme.delete("Service", "acme-two", 0).await.unwrap();
 
+    // Its own Tenant (whose status carries its metered usage) it reads; another's does not
+    // exist for it, and the list holds its own alone.
+    assert_eq!(acme.get("Tenant", "acme", false).await.unwrap().name, "acme");
+    assert_eq!(acme.get("Tenant", "globex", false).await.unwrap_err().code(), Code::NotFound);
+    let tenants = acme.list("Tenant", "", false).await.unwrap().resources;
+    assert_eq!(tenants.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["acme"]);
+
     // The catalogue is readable; Plans, Nodes and membership are for admins.
     acme.get("GpuModel", "A100-80GB", false).await.unwrap();
     assert_eq!(acme.get("Node", "node-a", false).await.unwrap_err().code(), Code::PermissionDenied);

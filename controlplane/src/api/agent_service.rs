@@ -91,6 +91,7 @@ impl AgentService {
     fn keep_counted(&self, req: proto::ReportRequest, windows: Vec<SloWindow>) {
         for w in windows {
             self.controller.telemetry.observe_slo_window(&w.tenant, &w.service, w.met);
+            self.controller.slo_tally.add(&w.tenant, w.met);
         }
         self.keep(req);
     }

@@ -471,11 +471,12 @@ fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) ->
     let mut rows = vec![vec!["NAME".to_string(), "TENANT".into(), "VERSION".into(), "SUMMARY".into()]];
     for r in resources {
         let spec: serde_json::Value = serde_json::from_str(&r.spec_json).unwrap_or_default();
+        let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
         rows.push(vec![
             r.name.clone(),
             if r.tenant.is_empty() { "-".into() } else { r.tenant.clone() },
             r.resource_version.to_string(),
-            summary(kind, &spec),
+            summary(kind, &spec, &status),
         ]);
     }
     print_table(&rows);
@@ -483,16 +484,27 @@ fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) ->
 }
 
 /// The few fields worth a glance, per kind.
-fn summary(kind: Kind, spec: &serde_json::Value) -> String {
+fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> String {
     let f = |path: &str| spec.pointer(path).map(|v| v.to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
     match kind {
-        Kind::Tenant => format!(
-            "weight={} isolation={} max_gpus={} max_cost/h={}",
-            f("/weight"),
-            spec.get("isolation").and_then(|i| i.as_str()).unwrap_or("mig"),
-            f("/max_gpus"),
-            f("/max_cost_per_hour")
-        ),
+        // Usage against quota, as the leader last metered it into the status.
+        Kind::Tenant => {
+            let usage: controlplane::metering::TenantStatus = serde_json::from_value(status.clone()).unwrap_or_default();
+            let attainment = match usage.slo.windows {
+                0 => "-".to_string(),
+                n => format!("{}/{n} ({:.1}%)", usage.slo.met, 100.0 * usage.slo.met as f64 / n as f64),
+            };
+            format!(
+                "weight={} isolation={} gpus={:.2}/{} cost/h={:.2}/{} services={} slo_met={attainment}",
+                f("/weight"),
+                spec.get("isolation").and_then(|i| i.as_str()).unwrap_or("mig"),
+                usage.gpus,
+                f("/max_gpus"),
+                usage.cost_per_hour,
+                f("/max_cost_per_hour"),
+                usage.services_planned,
+            )
+        }
         Kind::GpuModel => format!(
             "sm={} mem={}GiB mig={}",
             f("/sm_count"),

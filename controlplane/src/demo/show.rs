@@ -117,20 +117,15 @@ pub struct TenantRow {
     pub windows: usize,
 }
 
-/// Per tenant of `tenant_of` (service → tenant): [`TenantRow`] from the plan, priced at
-/// each node's instance price per GPU, and the services' windows in `slo`.
-pub fn tenant_report(
-    plan: &PlanSpec,
-    nodes: &[proto::Resource],
-    types: &[proto::Resource],
-    slo: &[ServiceSlo],
-    tenant_of: &BTreeMap<String, String>,
-) -> Vec<TenantRow> {
-    let (_, node_price) = gpu_index(nodes, types);
-    let used = crate::metering::by_tenant(plan, |n| node_price.get(n).copied().unwrap_or(0.0));
+/// Per tenant of `tenant_of` (service → tenant): [`TenantRow`] with the usage the leader
+/// metered into its Tenant's status (`loops::metering`; none for a Tenant not listed in
+/// `tenants` or not metered yet) and its services' windows in `slo`.
+pub fn tenant_report(tenants: &[proto::Resource], slo: &[ServiceSlo], tenant_of: &BTreeMap<String, String>) -> Vec<TenantRow> {
+    let metered: BTreeMap<&str, crate::metering::TenantStatus> =
+        tenants.iter().map(|r| (r.name.as_str(), serde_json::from_str(&r.status_json).unwrap_or_default())).collect();
     let mut rows: BTreeMap<&str, TenantRow> = BTreeMap::new();
     for tenant in tenant_of.values() {
-        let u = used.get(tenant).copied().unwrap_or_default();
+        let u = metered.get(tenant.as_str()).cloned().unwrap_or_default();
         rows.entry(tenant).or_insert_with(|| TenantRow {
             tenant: tenant.clone(),
             gpus: u.gpus,
@@ -249,15 +244,14 @@ mod tests {
     }
 
     #[test]
-    fn the_tenant_report_prices_each_tenants_share_and_adds_up_its_windows() {
-        let types = one_gpu_at_7();
-        let nodes = [node_of_one("m")];
-        let plan: PlanSpec = serde_json::from_value(serde_json::json!({"strategy": "t", "gpus": [
-            {"node": "m", "gpu_uuid": "GPU-m", "mig_layout": [{"profile": "4g", "start": 0}, {"profile": "2g", "start": 4}], "workloads": [
-                {"service": "a", "mig_instance": 0, "mps_percent": 100, "batch": 1, "tenant": "acme"},
-                {"service": "b", "mig_instance": 1, "mps_percent": 100, "batch": 1, "tenant": "globex"}]}
-        ], "services": []}))
-        .unwrap();
+    fn the_tenant_report_shows_each_tenants_metered_usage_and_adds_up_its_windows() {
+        let tenant = |name: &str, status: serde_json::Value| proto::Resource {
+            kind: "Tenant".into(),
+            name: name.into(),
+            status_json: status.to_string(),
+            ..Default::default()
+        };
+        let tenants = [tenant("acme", serde_json::json!({"gpus": 0.5, "cost_per_hour": 4.0})), tenant("globex", serde_json::Value::Null)];
         let slo = |service: &str, windows_met, windows| ServiceSlo {
             service: service.into(),
             slo_ms: 50.0,
@@ -269,12 +263,12 @@ mod tests {
         };
         let tenant_of: BTreeMap<String, String> =
             [("a", "acme"), ("b", "globex"), ("c", "globex")].iter().map(|(s, t)| (s.to_string(), t.to_string())).collect();
-        let rows = tenant_report(&plan, &nodes, &types, &[slo("a", 9, 10), slo("b", 5, 5), slo("c", 3, 5)], &tenant_of);
+        let rows = tenant_report(&tenants, &[slo("a", 9, 10), slo("b", 5, 5), slo("c", 3, 5)], &tenant_of);
         assert_eq!(
-            rows.iter().map(|r| (r.tenant.as_str(), r.windows_met, r.windows)).collect::<Vec<_>>(),
-            [("acme", 9, 10), ("globex", 8, 10)]
+            rows.iter().map(|r| (r.tenant.as_str(), r.gpus, r.cost_per_hour, r.windows_met, r.windows)).collect::<Vec<_>>(),
+            [("acme", 0.5, 4.0, 9, 10), ("globex", 0.0, 0.0, 8, 10)],
+            "globex is not metered yet"
         );
-        assert!((rows[0].cost_per_hour - 4.0).abs() < 1e-9 && (rows[1].gpus - 2.0 / 7.0).abs() < 1e-9, "{rows:?}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod autoscaler;
 pub mod failure_detector;
+mod metering;
 mod provisioner;
 mod tuner;
 
@@ -55,6 +56,9 @@ pub struct LoopSettings {
     /// The tuner's latency target (a fraction of the SLO) and Algorithm 1's parameters
     /// (hold-down included).
     pub tuning: TuningSettings,
+    /// How often the leader writes each Tenant's usage and SLO attainment into its status
+    /// (`loops::metering`).
+    pub metering_interval: Duration,
     /// Run planning passes on tokio's blocking pool (true everywhere but the deterministic
     /// simulation, whose replay needs every step on its own scheduler: a blocking-pool
     /// thread runs outside it).
@@ -78,6 +82,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("tuner", &self.tuner)
             .field("tune_interval", &self.tune_interval)
             .field("tuning", &self.tuning)
+            .field("metering_interval", &self.metering_interval)
             .field("plan_off_runtime", &self.plan_off_runtime)
             .finish()
     }
@@ -106,6 +111,7 @@ impl Default for LoopSettings {
             tuner: true,
             tune_interval: Duration::from_secs(5),
             tuning: TuningSettings::default(),
+            metering_interval: Duration::from_secs(10),
             plan_off_runtime: true,
         }
     }
@@ -301,11 +307,12 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                 (true, true) => {
                     tracing::info!(
                         tuner = settings.tuner,
-                        "leader: starting the provisioner, the failure detector, the autoscaler and the tuner"
+                        "leader: starting the provisioner, the failure detector, the autoscaler, the metering and the tuner"
                     );
                     running.push(supervise("provisioner", &controller, &settings, provisioner::run));
                     running.push(supervise("failure_detector", &controller, &settings, failure_detector::run));
                     running.push(supervise("autoscaler", &controller, &settings, autoscaler::run));
+                    running.push(supervise("metering", &controller, &settings, metering::run));
                     if settings.tuner {
                         running.push(supervise("tuner", &controller, &settings, tuner::run));
                     }

@@ -7,6 +7,19 @@ use planner::mig::GpuModel;
 use planner::perf::igniter::HardwareCoeffs;
 use planner::perf::table::ProfilePoint;
 
+/// The price of one GPU of `model` per hour: the cheapest instance type that carries it,
+/// per GPU (what the planner, the quotas and the metering count); `None` when no instance
+/// type does.
+pub fn gpu_price(cluster: &ClusterState, model: &str) -> Option<f64> {
+    cluster
+        .list(Kind::InstanceType)
+        .filter_map(|i| match &i.spec {
+            Spec::InstanceType(it) if it.gpu_model == model && it.gpu_count > 0 => Some(it.price_per_hour / f64::from(it.gpu_count)),
+            _ => None,
+        })
+        .reduce(f64::min)
+}
+
 /// GPU types from the GpuModel resources (priced per GPU-hour by the cheapest instance
 /// type that carries them), services with a fixed rate (or the floor of their autoscaling
 /// range), and ParvaGPU-style tables from the ModelProfiles.
@@ -17,15 +30,8 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
         let Some(model) = GpuModel::for_name(&r.name) else { continue };
         // MIG geometry needs the resource to declare MIG; otherwise the GPU is used whole.
         let model = if spec.mig.is_some() { model } else { GpuModel::NoMig };
-        let price = cluster
-            .list(Kind::InstanceType)
-            .filter_map(|i| match &i.spec {
-                Spec::InstanceType(it) if it.gpu_model == r.name && it.gpu_count > 0 => Some(it.price_per_hour / f64::from(it.gpu_count)),
-                _ => None,
-            })
-            .fold(f64::INFINITY, f64::min);
         // A GPU no instance type offers can still be planned on (nodes may exist), last.
-        let price_per_hour = if price.is_finite() { price } else { 1e9 };
+        let price_per_hour = gpu_price(cluster, &r.name).unwrap_or(1e9);
         input.gpu_types.push(GpuType { name: r.name.clone(), model, price_per_hour, mps: spec.mps, igniter: igniter_hardware(spec) });
     }
     // (model key, model, allowed GPU models) of the services restricted to some GPU models.

@@ -48,8 +48,8 @@ pub struct Snapshot {
     pub plan_cost_per_hour: Option<f64>,
     /// From the agents' reports: only the leader receives them.
     pub services: Vec<ServiceSample>,
-    /// What the committed plan gives each tenant (`metering`; "" for workloads without one).
-    pub tenants: Vec<(String, crate::metering::Occupied)>,
+    /// Each Tenant's usage as the leader last metered it (`metering`).
+    pub tenants: Vec<(String, crate::metering::TenantStatus)>,
 }
 
 /// The registry and its series; cheap to clone (shared).
@@ -181,7 +181,7 @@ impl Default for ControllerMetrics {
         );
         r.register(
             "tenant_cost_per_hour",
-            "Cost per hour of what the committed plan gives a tenant (its GPUs-worth at each node's price per GPU)",
+            "Cost per hour of what the committed plan gives a tenant (its GPUs-worth at each GPU model's price per GPU, as its quota counts)",
             inner.tenant_cost.clone(),
         );
         r.register(
@@ -341,7 +341,7 @@ mod tests {
                 arrival_rps: 100.0,
                 failed: 1,
             }],
-            tenants: vec![("acme".into(), crate::metering::Occupied { gpus: 0.5, cost_per_hour: 2.25 })],
+            tenants: vec![("acme".into(), crate::metering::TenantStatus { gpus: 0.5, cost_per_hour: 2.25, ..Default::default() })],
         };
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_raft_term"), Some(3.0), "{text}");

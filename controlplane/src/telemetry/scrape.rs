@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 
 use super::metrics::{RaftFigures, ServiceSample, Snapshot};
 use crate::controller::Controller;
-use crate::metering::{self, Occupied};
-use crate::resources::{Kind, PlanSpec, Spec};
+use crate::metering::TenantStatus;
+use crate::resources::{Kind, Spec};
 use crate::state::ClusterState;
 
 /// The state figures of `controller` now.
@@ -21,11 +21,13 @@ pub fn snapshot(controller: &Controller) -> Snapshot {
         is_leader: m.current_leader == Some(controller.id),
         leader: m.current_leader,
     };
-    // Under the lock only the O(1) copy of the plan and the node prices: summing 10,000
-    // hosts' workloads there would hold up the applies.
-    let (plan_cost_per_hour, tenants) =
-        controller.read(|d| plan_and_prices(&d.cluster)).map(|(plan, prices)| plan_cost(&plan, &prices)).unzip();
-    let tenants = tenants.unwrap_or_default();
+    // Under the lock only an O(1) copy of the state: summing 10,000 hosts' GPUs there
+    // would hold up the applies.
+    let cluster = controller.read(|d| d.cluster.resources_only());
+    let plan_cost_per_hour = plan_cost(&cluster);
+    // As the leader last metered them (`loops::metering`): the same figures on every
+    // controller, and no pass over the plan per scrape.
+    let tenants = cluster.list(Kind::Tenant).map(|r| (r.name.clone(), TenantStatus::of(r))).collect();
     // Reports reach the leader only; a former leader's are stale.
     let services = if raft.is_leader {
         controller
@@ -50,9 +52,9 @@ pub fn snapshot(controller: &Controller) -> Snapshot {
     Snapshot { raft, plan_cost_per_hour, services, tenants }
 }
 
-/// The committed plan (an O(1) copy) and each node's instance price per GPU; `None`
-/// without a plan.
-fn plan_and_prices(cluster: &ClusterState) -> Option<(PlanSpec, BTreeMap<String, f64>)> {
+/// Cost per hour of the GPUs the committed plan uses, each at its node's instance price per
+/// GPU (as `gpuctl demo` prints it); `None` without a plan.
+fn plan_cost(cluster: &ClusterState) -> Option<f64> {
     let Spec::Plan(plan) = &cluster.get(Kind::Plan, "current")?.spec else { return None };
     let per_gpu: BTreeMap<&str, f64> = cluster
         .list(Kind::InstanceType)
@@ -61,22 +63,11 @@ fn plan_and_prices(cluster: &ClusterState) -> Option<(PlanSpec, BTreeMap<String,
             _ => None,
         })
         .collect();
-    let node_price = cluster
-        .list(Kind::Node)
-        .filter_map(|r| match &r.spec {
-            Spec::Node(n) => Some((r.name.clone(), per_gpu.get(n.instance_type.as_str()).copied().unwrap_or(0.0))),
-            _ => None,
-        })
-        .collect();
-    Some((plan.clone(), node_price))
-}
-
-/// Cost per hour of the GPUs `plan` uses, each at its node's instance price per GPU (as
-/// `gpuctl demo` prints it), and what it gives each tenant (`metering`).
-fn plan_cost(plan: &PlanSpec, node_price: &BTreeMap<String, f64>) -> (f64, Vec<(String, Occupied)>) {
-    let price = |node: &str| node_price.get(node).copied().unwrap_or(0.0);
-    let whole = plan.gpus.iter().map(|g| price(&g.node)).sum();
-    (whole, metering::by_tenant(plan, price).into_iter().collect())
+    let price = |node: &str| match cluster.get(Kind::Node, node).map(|n| &n.spec) {
+        Some(Spec::Node(n)) => per_gpu.get(n.instance_type.as_str()).copied().unwrap_or(0.0),
+        _ => 0.0,
+    };
+    Some(plan.gpus.iter().map(|g| price(&g.node)).sum())
 }
 
 /// A leader-only loop that failed this many passes in a row makes the leader unready.
