@@ -485,7 +485,9 @@ fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) ->
 
 /// The few fields worth a glance, per kind.
 fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> String {
-    let f = |path: &str| spec.pointer(path).map(|v| v.to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
+    let f = |path: &str| {
+        spec.pointer(path).filter(|v| !v.is_null()).map(|v| v.to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into())
+    };
     match kind {
         // Usage against quota, as the leader last metered it into the status.
         Kind::Tenant => {
