@@ -108,8 +108,8 @@ pub fn gather(cluster: &ClusterState) -> ProvisionInputs {
 }
 
 /// The strategy each Service names, every Service's tenant boundary (its tenant and the
-/// isolation that Tenant declares; the default, `mig`, for a tenant without one) and
-/// creation revision, and every limited Tenant's quota.
+/// isolation that Tenant declares; the default, `mig`, for a tenant without one),
+/// creation revision and priority, and every limited Tenant's quota.
 pub fn service_rules(cluster: &ClusterState) -> ServiceRules {
     let mut rules = ServiceRules::default();
     for r in cluster.list(Kind::Service) {
@@ -123,6 +123,9 @@ pub fn service_rules(cluster: &ClusterState) -> ServiceRules {
         };
         rules.boundaries.insert(r.name.clone(), Boundary { tenant: r.tenant.clone(), isolation });
         rules.admitted.insert(r.name.clone(), r.create_revision);
+        if s.priority > 0 {
+            rules.priorities.insert(r.name.clone(), s.priority);
+        }
     }
     for t in cluster.list(Kind::Tenant) {
         let Spec::Tenant(spec) = &t.spec else { continue };

@@ -19,7 +19,7 @@ use crate::resources::Strategy;
 
 /// What the pools follow per service besides its demand: the strategy its Service names
 /// (`spec.strategy`), its tenant's isolation boundary, and for the tenants' quotas
-/// (`quota`) each limited tenant's quota and each service's admission order.
+/// (`quota`) each limited tenant's quota and each service's admission order and priority.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ServiceRules {
     pub strategies: BTreeMap<String, Strategy>,
@@ -28,8 +28,20 @@ pub struct ServiceRules {
     pub quotas: BTreeMap<String, Quota>,
     /// Per service, the revision that created it: under a quota the oldest are kept first.
     pub admitted: BTreeMap<String, u64>,
+    /// Per service with one above 0, its `priority`: kept before older services.
+    pub priorities: BTreeMap<String, u32>,
     /// Per tenant, its weight in the fair share of a fleet that cannot grow (default 1).
     pub weights: BTreeMap<String, f64>,
+}
+
+impl ServiceRules {
+    /// Where service `name` stands among its tenant's when a quota or a fair share holds
+    /// only some: higher priority first, then admitted earlier, then by name (sort
+    /// ascending).
+    pub fn keep_order<'a>(&self, name: &'a str) -> (std::cmp::Reverse<u32>, u64, &'a str) {
+        let priority = self.priorities.get(name).copied().unwrap_or(0);
+        (std::cmp::Reverse(priority), self.admitted.get(name).copied().unwrap_or(u64::MAX), name)
+    }
 }
 
 /// A group of services planned together by one strategy.

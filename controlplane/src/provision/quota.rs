@@ -1,8 +1,9 @@
 //! Tenant quotas at planning: no plan gives a tenant more than its `max_gpus` (GPUs-worth:
 //! each workload's MIG instance GPCs/7, or its MPS share of the GPU, `GpuPlan::occupancy`)
 //! or its `max_cost_per_hour` (that times the GPU's price per hour). A tenant over either
-//! keeps its services in admission order (oldest first) while they fit and the rest are
-//! refused, the quota named: a new service cannot push out one that runs. Pure.
+//! keeps its services in order of priority, then admission (oldest first), while they fit,
+//! and the rest are refused, the quota named: a new service cannot push out one that runs
+//! unless its priority is higher. Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -74,24 +75,24 @@ pub fn usage_by_service(plan: &Plan, types: &[GpuType]) -> BTreeMap<String, Usag
 }
 
 /// The services of `plan` to refuse so that every tenant stays within its quota, each with
-/// the quota it would pass. Per limited tenant, its planned services in admission order
-/// (`rules.admitted`, then name) are kept while the running sum fits; one that does not is
-/// refused and the next is tried.
+/// the quota it would pass. Per limited tenant, its planned services in keeping order
+/// (`ServiceRules::keep_order`: priority, then admission, then name) are kept while the
+/// running sum fits; one that does not is refused and the next is tried.
 pub fn over_quota(plan: &Plan, input: &PlanningInput, rules: &ServiceRules) -> Vec<Infeasible> {
     let usage = usage_by_service(plan, &input.gpu_types);
-    let mut by_tenant: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+    let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for s in &input.services {
         let Some(b) = rules.boundaries.get(&s.name) else { continue };
         if usage.contains_key(&s.name) && rules.quotas.get(&b.tenant).is_some_and(Quota::is_limited) {
-            by_tenant.entry(b.tenant.as_str()).or_default().push((rules.admitted.get(&s.name).copied().unwrap_or(u64::MAX), &s.name));
+            by_tenant.entry(b.tenant.as_str()).or_default().push(&s.name);
         }
     }
     let mut refused = Vec::new();
     for (tenant, mut services) in by_tenant {
         let quota = rules.quotas[tenant];
-        services.sort_unstable();
+        services.sort_unstable_by_key(|name| rules.keep_order(name));
         let mut kept = Usage::default();
-        for (_, name) in services {
+        for name in services {
             let needs = usage[name];
             match quota.exceeded_by(kept.plus(needs)) {
                 None => kept = kept.plus(needs),
@@ -99,7 +100,7 @@ pub fn over_quota(plan: &Plan, input: &PlanningInput, rules: &ServiceRules) -> V
                     service: name.to_string(),
                     reason: InfeasibleReason::OverQuota {
                         detail: format!(
-                            "tenant {tenant:?}'s {limit} is {max}: its services admitted before use {:.2} GPUs at {:.2}/h, this one needs {:.2} GPUs at {:.2}/h",
+                            "tenant {tenant:?}'s {limit} is {max}: its services kept before it (by priority, then age) use {:.2} GPUs at {:.2}/h, this one needs {:.2} GPUs at {:.2}/h",
                             kept.gpus, kept.cost_per_hour, needs.gpus, needs.cost_per_hour
                         ),
                     },
@@ -163,14 +164,14 @@ pub type Capacity = BTreeMap<String, u32>;
 /// that type (`planner::policy::fair_share`, GSLICE's and HetSev's weighted fairness), each
 /// named "fleet full". Per short type, the capacity in GPUs-worth is what the plan's
 /// services use there scaled by `capacity / GPUs planned` (the plan's packing); each tenant
-/// claims what its services use there, weighted by its `weight`, and keeps its oldest
-/// service and then, in admission order, the services that fit its share.
+/// claims what its services use there, weighted by its `weight`, and keeps its first
+/// service in keeping order (`ServiceRules::keep_order`: priority, then admission) and then,
+/// in that order, the services that fit its share.
 pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules, capacity: &Capacity) -> Vec<Infeasible> {
     let mut planned: BTreeMap<&str, u32> = BTreeMap::new();
     for g in &plan.gpus {
         *planned.entry(g.gpu_type.as_str()).or_default() += 1;
     }
-    let admitted = |name: &str| rules.admitted.get(name).copied().unwrap_or(u64::MAX);
     let tenant_of = |name: &str| rules.boundaries.get(name).map_or("", |b| b.tenant.as_str());
     let mut refused = Vec::new();
     for (gpu_type, &n) in &planned {
@@ -178,16 +179,16 @@ pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules,
         if n <= held {
             continue;
         }
-        // What each service uses on this type, and per tenant its services in admission order.
+        // What each service uses on this type, and per tenant its services.
         let mut used: BTreeMap<&str, f64> = BTreeMap::new();
         for g in plan.gpus.iter().filter(|g| g.gpu_type == *gpu_type) {
             for w in &g.workloads {
                 *used.entry(w.service.as_str()).or_default() += g.occupancy(w);
             }
         }
-        let mut tenants: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+        let mut tenants: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for s in input.services.iter().filter(|s| used.contains_key(s.name.as_str())) {
-            tenants.entry(tenant_of(&s.name)).or_default().push((admitted(&s.name), s.name.as_str()));
+            tenants.entry(tenant_of(&s.name)).or_default().push(s.name.as_str());
         }
         // Claims and capacity in percent of what the plan uses here (fair_share's scale):
         // the capacity is the share of the planned GPUs the fleet holds.
@@ -199,7 +200,7 @@ pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules,
             .iter()
             .map(|(t, services)| Claim {
                 weight: rules.weights.get(*t).copied().unwrap_or(1.0),
-                demand_pct: 100.0 * services.iter().map(|(_, s)| used[s]).sum::<f64>() / total,
+                demand_pct: 100.0 * services.iter().map(|s| used[s]).sum::<f64>() / total,
             })
             .collect();
         let shares_pct = match fair_share(100.0 * f64::from(held) / f64::from(n), &claims) {
@@ -209,13 +210,13 @@ pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules,
         };
         for ((tenant, mut services), share_pct) in tenants.into_iter().zip(shares_pct) {
             let share = share_pct * total / 100.0;
-            services.sort_unstable();
+            services.sort_unstable_by_key(|name| rules.keep_order(name));
             let mut kept = 0.0;
-            for (_, name) in services {
+            for name in services {
                 let needs = used[name];
-                // A tenant's oldest service is never refused for its share: alone larger
-                // than the fleet, it keeps what the placement can give it (as without a
-                // share). Past it, a service is kept while it fits the share.
+                // A tenant's first service in keeping order is never refused for its share:
+                // alone larger than the fleet, it keeps what the placement can give it (as
+                // without a share). Past it, a service is kept while it fits the share.
                 if kept == 0.0 || kept + needs <= share * (1.0 + SLACK) + SLACK {
                     kept += needs;
                     continue;
@@ -224,7 +225,7 @@ pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules,
                     service: name.to_string(),
                     reason: InfeasibleReason::FleetFull {
                         detail: format!(
-                            "the fleet holds {held} {gpu_type} GPUs and cannot grow; tenant {tenant:?}'s weighted fair share of them is {share:.2} GPUs-worth, its services admitted before use {kept:.2}, this one needs {needs:.2}"
+                            "the fleet holds {held} {gpu_type} GPUs and cannot grow; tenant {tenant:?}'s weighted fair share of them is {share:.2} GPUs-worth, its services kept before it (by priority, then age) use {kept:.2}, this one needs {needs:.2}"
                         ),
                     },
                 });
@@ -311,11 +312,17 @@ mod tests {
         assert!((u.cost_per_hour - 7.0 * u.gpus).abs() < 1e-9);
     }
 
-    #[test]
-    fn the_newest_services_past_a_quota_are_refused_with_the_quota_named() {
+    /// Services a, b and c of 300 req/s each, planned, and the GPUs-worth each uses.
+    fn three_equal_services() -> (PlanningInput, Plan, f64) {
         let inp = input(vec![service("a", 300.0), service("b", 300.0), service("c", 300.0)]);
         let plan = super::super::plan_pools(&inp, &ServiceRules::default(), super::super::MigStrategy::Parvagpu);
         let each = usage_by_service(&plan, &inp.gpu_types)["a"].gpus;
+        (inp, plan, each)
+    }
+
+    #[test]
+    fn the_newest_services_past_a_quota_are_refused_with_the_quota_named() {
+        let (inp, plan, each) = three_equal_services();
         // Room for two of the three: the one admitted last is refused, whatever its name.
         let quota = Quota { max_gpus: Some(2.5 * each), max_cost_per_hour: None };
         let refused = over_quota(&plan, &inp, &rules(&["c", "a", "b"], quota));
@@ -332,6 +339,24 @@ mod tests {
         let mut other = rules(&["a", "b", "c"], Quota::default());
         other.quotas.insert("t2".into(), Quota { max_gpus: Some(0.0), max_cost_per_hour: None });
         assert!(over_quota(&plan, &inp, &other).is_empty());
+    }
+
+    #[test]
+    fn a_higher_priority_keeps_its_place_before_older_services() {
+        let (inp, plan, each) = three_equal_services();
+        let quota = Quota { max_gpus: Some(2.5 * each), max_cost_per_hour: None };
+        // Admitted a, b, c; c, the newest, has the highest priority, b one above a's 0: the
+        // quota holds c and b, and a, the oldest, is refused.
+        let mut rules = rules(&["a", "b", "c"], quota);
+        rules.priorities.insert("c".into(), 10);
+        rules.priorities.insert("b".into(), 1);
+        let refused = over_quota(&plan, &inp, &rules);
+        assert_eq!(refused.iter().map(|r| r.service.as_str()).collect::<Vec<_>>(), ["a"]);
+        assert!(refused[0].reason.to_string().contains("kept before it (by priority, then age)"), "{}", refused[0].reason);
+        // Equal priorities fall back to age.
+        rules.priorities.insert("a".into(), 10);
+        let refused = over_quota(&plan, &inp, &rules);
+        assert_eq!(refused.iter().map(|r| r.service.as_str()).collect::<Vec<_>>(), ["b"]);
     }
 
     #[test]

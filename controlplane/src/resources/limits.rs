@@ -43,6 +43,8 @@ pub const MAX_UUID_LEN: usize = 128;
 pub const MAX_DISPLAY_NAME_LEN: usize = 256;
 /// Services one tenant may declare (`max_services` may be set lower, not higher).
 pub const MAX_SERVICES_PER_TENANT: u32 = 10_000;
+/// A Service's `priority` (within its tenant).
+pub const MAX_SERVICE_PRIORITY: u32 = 1_000_000;
 /// Streaming multiprocessors of a GPU model (an H100 has 132).
 pub const MAX_SM_COUNT: u32 = 1024;
 /// MIG geometry: slices per GPU, profiles per GPU model, legal starts per profile.

@@ -264,6 +264,11 @@ pub struct ServiceSpec {
     /// Batch-size distribution of arriving queries (PARIS); absent = fixed batches.
     #[serde(default)]
     pub batch_distribution: Option<BatchDistribution>,
+    /// Within its tenant, the order in which services keep their place when its quota, or
+    /// its fair share of a fleet that cannot grow, does not hold them all: higher first,
+    /// then older. 0 (the default) to `MAX_SERVICE_PRIORITY`.
+    #[serde(default)]
+    pub priority: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

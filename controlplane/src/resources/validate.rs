@@ -352,6 +352,7 @@ fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
         }
         (None, None) => return Err(FieldError::invalid("spec.slo.request_rate", "required (or set spec.slo.autoscaling)")),
     }
+    int_within("spec.priority", u64::from(s.priority), 0, u64::from(MAX_SERVICE_PRIORITY))?;
     unique_names("spec.allowed_gpu_models", &s.allowed_gpu_models, MAX_ALLOWED_GPU_MODELS)?;
     unique_names("spec.allowed_instance_types", &s.allowed_instance_types, MAX_ALLOWED_INSTANCE_TYPES)?;
     if let Some(BatchDistribution::LogNormal { mu, sigma, max_batch }) = &s.batch_distribution {
@@ -461,6 +462,7 @@ mod tests {
             allowed_instance_types: vec![],
             strategy: None,
             batch_distribution: None,
+            priority: 0,
         })
     }
 
@@ -479,6 +481,16 @@ mod tests {
             assert_eq!(err.field, field, "{rate:?} {latency}: {err}");
             assert_eq!(err.code, ErrorCode::InvalidArgument);
         }
+    }
+
+    #[test]
+    fn a_service_priority_is_bounded() {
+        let service = |json: &str| Spec::from_json(Kind::Service, json).and_then(|s| validate_spec(&s));
+        let with = |priority: &str| format!(r#"{{"model": "m", "slo": {{"latency_ms": 5, "request_rate": 1}}, "priority": {priority}}}"#);
+        assert!(service(&with(&MAX_SERVICE_PRIORITY.to_string())).is_ok());
+        let err = service(&with(&(MAX_SERVICE_PRIORITY + 1).to_string())).unwrap_err();
+        assert_eq!((err.field.as_str(), err.reason.as_str()), ("spec.priority", "must be 0-1000000 (got 1000001)"));
+        assert_eq!(service(&with("-1")).unwrap_err().field, "spec.priority");
     }
 
     #[test]

@@ -42,6 +42,7 @@ fn service(model: &str, latency_ms: f64) -> Spec {
         allowed_instance_types: vec![],
         strategy: None,
         batch_distribution: None,
+        priority: 0,
     })
 }
 
