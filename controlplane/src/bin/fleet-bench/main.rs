@@ -188,10 +188,9 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     // 5. Dead hosts: 1% of the agents (at least 5) die at once, as hosts that lose power
     // (their streams end; the controllers relay that to the leader's failure detector).
     let settle_dead = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
-    let victims: BTreeSet<String> = {
-        let k = (n / 100).clamp(5.min(n), n);
-        (0..k).map(|j| agents::node_name(j * (n / k.max(1)))).collect()
-    };
+    let k = (n / 100).clamp(5.min(n), n);
+    let step = n / k.max(1);
+    let victims: BTreeSet<String> = (0..k).map(|j| agents::node_name(j * step)).collect();
     let killed = Instant::now();
     observed.kill(&victims.iter().cloned().collect::<Vec<_>>());
     let detected = unhealthy.detected(&victims, killed, timeout).await;
@@ -249,6 +248,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         dead_hosts: victims.len(),
         dead_host_detected_p50_s: detected.as_deref().and_then(|d| percentile(d, 50.0)),
         dead_host_detected_max_s: detected.as_deref().and_then(|d| d.iter().copied().reduce(f64::max)),
+        dead_host_at_leader_change_max_s: None,
         controller_cpu: cores[..cores.len() - 1].to_vec(),
         simulator_cpu: cores[cores.len() - 1],
         leader_rss_mib: probe.leader_rss_mib().await,
@@ -256,7 +256,31 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         settled_s: [settled_one, settled_replan],
         catch_up: Default::default(),
     };
-    // 6. Last, as it restarts a controller: a replaced controller catches up.
+    // 6. Dead hosts around a leader change (after the count of leader changes, which this
+    // one would spoil): as many others die, and the leader hands over at once, so their
+    // streams' ends reach the old leader or none, and the new one learns of them only as
+    // the controllers send them again.
+    let row = if step >= 2 {
+        let settle_transfer = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
+        let victims: BTreeSet<String> = (0..k).map(|j| agents::node_name(j * step + step / 2)).collect();
+        let killed = Instant::now();
+        observed.kill(&victims.iter().cloned().collect::<Vec<_>>());
+        if let Err(e) = admin.transfer_leader(0).await {
+            eprintln!("leader transfer: {}", e.message());
+        }
+        let detected = unhealthy.detected(&victims, killed, timeout).await;
+        let max = detected.as_deref().and_then(|d| d.iter().copied().reduce(f64::max));
+        eprintln!(
+            "[{:>6.1} s] {} more hosts killed and the leader handed over (after {settle_transfer:.1} s of settling): marked unhealthy after {max:?} s (max)",
+            started.elapsed().as_secs_f64(),
+            victims.len(),
+        );
+        Row { dead_host_at_leader_change_max_s: max, ..row }
+    } else {
+        row
+    };
+
+    // 7. Last, as it restarts a controller: a replaced controller catches up.
     let catch_up = probe.replaced_controller_catch_up(&mut cluster, &admin, timeout).await;
     eprintln!("[{:>6.1} s] a replaced controller caught up: {catch_up:?}", started.elapsed().as_secs_f64());
     let row = Row { catch_up, ..row };

@@ -228,6 +228,7 @@ impl ControllerProbe {
             return result;
         }
         let leader_address = &cluster.addrs[&(leader as u64 + 1)];
+        let terms_before = self.terms().await;
         match admin.compact(leader_address).await {
             Ok(c) => {
                 result.snapshot_build_s = Some(c.build_seconds);
@@ -239,13 +240,27 @@ impl ControllerProbe {
             eprintln!("catch-up: {e}");
             return result;
         }
-        let target = match self.leader().await {
-            Some((_, text)) => Self::applied_index(&text).unwrap_or(0),
-            None => {
-                eprintln!("catch-up: no leader after compacting (terms {:?})", self.terms().await);
-                return result;
+        // Compacting can cost an election at this size (a leader that has just taken over
+        // still streams its log tail to the follower while it builds the snapshot): wait
+        // for the next leader, and say so.
+        let waited = Instant::now();
+        let target = loop {
+            match self.leader().await {
+                Some((_, text)) => break Self::applied_index(&text).unwrap_or(0),
+                None if waited.elapsed() < Duration::from_secs(30) => tokio::time::sleep(Duration::from_millis(100)).await,
+                None => {
+                    eprintln!("catch-up: no leader 30 s after compacting (terms {:?})", self.terms().await);
+                    return result;
+                }
             }
         };
+        let terms_after = self.terms().await;
+        if terms_after != terms_before {
+            eprintln!(
+                "catch-up: an election after compacting; a leader after {:.1} s (terms {terms_before:?} → {terms_after:?})",
+                waited.elapsed().as_secs_f64()
+            );
+        }
         let started = Instant::now();
         let address = cluster.addrs[&id].clone();
         while let Err(e) = admin.add_member(id, &address, false).await {
@@ -363,6 +378,9 @@ pub struct Row {
     pub dead_hosts: usize,
     pub dead_host_detected_p50_s: Option<f64>,
     pub dead_host_detected_max_s: Option<f64>,
+    /// As many others killed, the leader handed over at once: seconds until the last was
+    /// marked.
+    pub dead_host_at_leader_change_max_s: Option<f64>,
     /// Cores used by each controller over the run.
     pub controller_cpu: Vec<f64>,
     /// Cores used by this process (the simulated agents) over the run.
@@ -402,6 +420,7 @@ impl Row {
             "dead_hosts": self.dead_hosts,
             "dead_host_detected_p50_s": self.dead_host_detected_p50_s,
             "dead_host_detected_max_s": self.dead_host_detected_max_s,
+            "dead_host_at_leader_change_max_s": self.dead_host_at_leader_change_max_s,
             "controller_cpu_cores": self.controller_cpu,
             "simulator_cpu_cores": self.simulator_cpu,
             "leader_rss_mib": self.leader_rss_mib,
@@ -454,6 +473,7 @@ pub fn print_table(rows: &[Row]) {
             .map(|r| format!("{}: {}/{}", r.dead_hosts, opt(r.dead_host_detected_p50_s, 1), opt(r.dead_host_detected_max_s, 1)))
             .collect(),
     );
+    line("… with a leader change at once: max (s)", rows.iter().map(|r| opt(r.dead_host_at_leader_change_max_s, 1)).collect());
     line(
         "CPU (cores): controllers; agents' simulator",
         rows.iter()
