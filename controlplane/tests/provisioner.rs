@@ -411,6 +411,22 @@ async fn a_tenant_quota_refuses_at_admission_and_caps_the_plan() {
     assert_eq!(status["slo"], json!({"windows": 2, "met": 1}));
 }
 
+/// A change to a Tenant's quota is planned at once, not at the next periodic pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lowered_quota_is_planned_at_once() {
+    // No periodic pass, and no node that turns unhealthy (no agent reports here) to wake it.
+    let loops = LoopSettings { provision_interval: Duration::from_secs(3600), missed_heartbeats: 100_000, ..LoopSettings::default() };
+    let (_cluster, client) = cluster_with_fleet(loops).await;
+    for name in ["first", "second"] {
+        client.put(svc(name, 90.0), proto::WriteMode::Create).await.unwrap();
+    }
+    plan_where(&client, |p| capacity(p, "first") >= 90.0 && capacity(p, "second") >= 90.0).await;
+    // One 1g instance (1/7 of a GPU) fits, not two.
+    client.put(resource("Tenant", "acme", "", json!({"max_gpus": 0.2})), proto::WriteMode::Update).await.unwrap();
+    let plan = plan_where(&client, |p| capacity(p, "second") == 0.0).await;
+    assert!(capacity(&plan, "first") >= 90.0, "{plan}");
+}
+
 /// The Tenant's status once `ok` accepts it (waits up to 20 s).
 async fn tenant_status_when(client: &controlplane::client::Client, tenant: &str, ok: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -20,7 +20,7 @@ use crate::api::ApiError;
 use crate::controller::Controller;
 use crate::provision::{gather, inputs_digest, provision_keeping, PoolPlans};
 use crate::raft::WatchSignal;
-use crate::resources::Kind;
+use crate::resources::{Kind, Spec};
 use crate::state::{ChangeEvent, ChangeType};
 
 /// Changes settle before a pass until none has come for this long (at most
@@ -69,36 +69,45 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
 }
 
 /// What of each Node the plan depends on (its GPUs, whether the autoscaler launched it, its
-/// health), as a fingerprint: a report that changes only what the agent applied or serves
-/// does not wake the provisioner.
+/// health) and of each Tenant (its isolation, weight and quotas), as fingerprints: a report
+/// that changes only what the agent applied or serves, a Tenant's display name or the usage
+/// the metering writes into its status, does not wake the provisioner.
 #[derive(Default)]
-pub(super) struct FleetFingerprints(HashMap<String, u64>);
+pub(super) struct FleetFingerprints {
+    nodes: HashMap<String, u64>,
+    tenants: HashMap<String, u64>,
+}
 
 impl FleetFingerprints {
     /// Whether `event` may change the plan's inputs.
     pub(super) fn is_relevant(&mut self, event: &ChangeEvent) -> bool {
-        match event.resource.kind() {
-            // A Tenant's isolation and quotas are inputs (the digest has them), taken up by
-            // the next periodic pass: waking on Tenants made the deterministic simulation's
-            // replay test differ when run beside the other simulation tests in one process
-            // (cause not found; standalone runs replay identically).
-            Kind::Plan | Kind::Tenant => false,
-            Kind::Node if event.change_type == ChangeType::Deleted => {
-                self.0.remove(&event.resource.name);
-                true
-            }
-            Kind::Node => {
-                let r = &event.resource;
-                let mut hasher = std::hash::DefaultHasher::new();
-                serde_json::to_string(&r.spec).unwrap_or_default().hash(&mut hasher);
+        let r = &event.resource;
+        let prints = match r.kind() {
+            Kind::Plan => return false,
+            Kind::Node => &mut self.nodes,
+            Kind::Tenant => &mut self.tenants,
+            _ => return true,
+        };
+        if event.change_type == ChangeType::Deleted {
+            prints.remove(&r.name);
+            return true;
+        }
+        let mut hasher = std::hash::DefaultHasher::new();
+        match &r.spec {
+            Spec::Node(spec) => {
+                serde_json::to_string(spec).unwrap_or_default().hash(&mut hasher);
                 // What `provision::fleet` reads of the status: unhealthy or not.
                 let unhealthy = r.status.get("health").and_then(|h| h.as_str()) == Some(crate::loops::failure_detector::UNHEALTHY);
                 unhealthy.hash(&mut hasher);
-                let print = hasher.finish();
-                self.0.insert(r.name.clone(), print) != Some(print)
             }
-            _ => true,
+            // What `provision::service_rules` reads of a Tenant.
+            Spec::Tenant(t) => {
+                (t.isolation, t.weight.to_bits(), t.max_gpus.map(f64::to_bits), t.max_cost_per_hour.map(f64::to_bits)).hash(&mut hasher)
+            }
+            _ => return true,
         }
+        let print = hasher.finish();
+        prints.insert(r.name.clone(), print) != Some(print)
     }
 }
 
@@ -267,7 +276,7 @@ pub(super) mod tests {
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
         assert!(drain(&mut rx, &mut seen).inputs, "registrations are inputs: settling goes on");
         assert!(rx.is_empty());
-        assert_eq!(seen.0.len(), 100);
+        assert_eq!(seen.nodes.len(), 100);
         assert!(!drain(&mut rx, &mut seen).inputs, "nothing more came: settled");
         // Reports that change what the agents applied, or mark them healthy: no pass.
         for i in 0..100 {
@@ -283,5 +292,40 @@ pub(super) mod tests {
         // A node turning unhealthy is.
         tx.send(node_event("n5", ChangeType::Modified, serde_json::json!({"applied_version": 8, "health": "unhealthy"}))).unwrap();
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
+    }
+
+    fn tenant_event(spec: serde_json::Value, status: serde_json::Value) -> WatchSignal {
+        let resource = StoredResource {
+            name: "acme".into(),
+            tenant: String::new(),
+            resource_version: 1,
+            spec: Spec::from_json(Kind::Tenant, &spec.to_string()).unwrap(),
+            status: status.into(),
+            create_revision: 1,
+            mod_revision: 1,
+        };
+        WatchSignal::Change(Arc::new(ChangeEvent { revision: 1, change_type: ChangeType::Modified, resource, trace_parent: None }))
+    }
+
+    #[tokio::test]
+    async fn a_tenant_wakes_the_provisioner_only_when_what_planning_reads_of_it_changes() {
+        let (tx, mut rx) = broadcast::channel(64);
+        let mut seen = FleetFingerprints::default();
+        tx.send(tenant_event(serde_json::json!({"display_name": "Acme"}), serde_json::Value::Null)).unwrap();
+        assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some(), "a tenant first seen");
+        // Its display name, or the usage the metering writes: no pass.
+        tx.send(tenant_event(serde_json::json!({"display_name": "Acme Corp"}), serde_json::Value::Null)).unwrap();
+        tx.send(tenant_event(serde_json::json!({"display_name": "Acme Corp"}), serde_json::json!({"gpus": 0.5}))).unwrap();
+        assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_none());
+        // Its weight, isolation or quotas: a pass.
+        for spec in [
+            serde_json::json!({"weight": 2.0}),
+            serde_json::json!({"weight": 2.0, "isolation": "dedicated"}),
+            serde_json::json!({"weight": 2.0, "isolation": "dedicated", "max_gpus": 4.0}),
+            serde_json::json!({"weight": 2.0, "isolation": "dedicated", "max_gpus": 4.0, "max_cost_per_hour": 10.0}),
+        ] {
+            tx.send(tenant_event(spec.clone(), serde_json::Value::Null)).unwrap();
+            assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some(), "{spec}");
+        }
     }
 }
