@@ -38,6 +38,10 @@ impl<T> Queue<T> {
         self.stopping.store(true, Ordering::Relaxed);
     }
 
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
     /// Waits until something was pushed since the last take.
     pub async fn pushed(&self) {
         self.wake.notified().await;

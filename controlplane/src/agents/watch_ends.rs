@@ -46,22 +46,30 @@ pub struct WatchEnds {
     /// Per node, the session and time of the last stream of it that ended here, until the
     /// node opens a stream here again.
     kept: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
+    keep_at_most: usize,
 }
 
 impl Default for WatchEnds {
     fn default() -> Self {
-        WatchEnds { queue: Queue::new(MAX_PENDING_ENDS), kept: Arc::default() }
+        Self::with_bounds(MAX_PENDING_ENDS, MAX_PENDING_ENDS)
     }
 }
 
 impl WatchEnds {
-    /// The agent of `node` ended its stream `session` (0: an unnamed stream, ignored).
+    fn with_bounds(queued: usize, kept: usize) -> Self {
+        WatchEnds { queue: Queue::new(queued), kept: Arc::default(), keep_at_most: kept }
+    }
+
+    /// The agent of `node` ended its stream `session` (0: an unnamed stream, ignored). Kept
+    /// for new leaders even when the relay queue is full (the next leader gets it), not once
+    /// this controller stops.
     pub fn ended(&self, node: &str, session: u64, now: Instant) {
-        if session == 0 || !self.queue.push(proto::EndedWatch { node: node.to_string(), session }) {
+        if session == 0 || self.queue.is_stopping() {
             return;
         }
+        self.queue.push(proto::EndedWatch { node: node.to_string(), session });
         let mut kept = self.kept.lock().expect("kept ends lock");
-        if kept.len() < MAX_PENDING_ENDS || kept.contains_key(node) {
+        if kept.len() < self.keep_at_most || kept.contains_key(node) {
             kept.insert(node.to_string(), (session, now));
         }
     }
@@ -194,6 +202,26 @@ mod tests {
         ends.ended("late", 1, now);
         ends.resend(now);
         assert!(ends.take().is_empty());
+    }
+
+    #[test]
+    fn an_end_the_full_queue_refuses_is_kept_for_the_next_leader() {
+        let ends = WatchEnds::with_bounds(2, 3);
+        let now = Instant::now();
+        for node in ["a", "b", "c"] {
+            ends.ended(node, 1, now);
+        }
+        assert_eq!(taken(&ends), [("a".into(), 1), ("b".into(), 1)], "the queue holds two");
+        ends.opened("a");
+        ends.resend(now);
+        assert_eq!(taken(&ends), [("b".into(), 1), ("c".into(), 1)]);
+        // Kept ends are bounded too: with three kept (b, c, d), e's end is relayed, not kept.
+        ends.ended("d", 1, now);
+        ends.ended("e", 1, now);
+        assert_eq!(taken(&ends), [("d".into(), 1), ("e".into(), 1)]);
+        ends.opened("b");
+        ends.resend(now);
+        assert_eq!(taken(&ends), [("c".into(), 1), ("d".into(), 1)]);
     }
 
     fn taken(ends: &WatchEnds) -> Vec<(String, u64)> {
