@@ -51,6 +51,9 @@ struct Args {
     /// Give up waiting for a phase after this many seconds.
     #[arg(long, default_value_t = 300.0)]
     phase_timeout_s: f64,
+    /// Keep each run's directory (the controllers' data and logs) and print where it is.
+    #[arg(long)]
+    keep_dir: bool,
 }
 
 fn main() {
@@ -285,6 +288,9 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     eprintln!("[{:>6.1} s] a replaced controller caught up: {catch_up:?}", started.elapsed().as_secs_f64());
     let row = Row { catch_up, ..row };
     cluster.shutdown();
+    if args.keep_dir {
+        eprintln!("kept {}", dir.keep().display());
+    }
     row
 }
 
