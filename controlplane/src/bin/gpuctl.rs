@@ -524,7 +524,11 @@ fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> 
                 Some(r) if !r.is_null() => format!("{r} req/s"),
                 _ => format!("autoscale {}-{} req/s", f("/slo/autoscaling/min_rps"), f("/slo/autoscaling/max_rps")),
             };
-            format!("{} p{}<{}ms {}", f("/model"), f("/slo/percentile"), f("/slo/latency_ms"), rate)
+            let priority = match spec.get("priority").and_then(|p| p.as_u64()) {
+                Some(p) if p > 0 => format!(" priority={p}"),
+                _ => String::new(),
+            };
+            format!("{} p{}<{}ms {}{priority}", f("/model"), f("/slo/percentile"), f("/slo/latency_ms"), rate)
         }
         Kind::Node => {
             format!("{} {} gpus={}", f("/address"), f("/instance_type"), spec.get("gpus").and_then(|g| g.as_array()).map_or(0, Vec::len))
