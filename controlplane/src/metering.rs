@@ -39,17 +39,32 @@ pub fn occupancy(g: &GpuAssignment, w: &WorkloadAssignment) -> f64 {
     planner::plan::occupied_share(gpcs, w.mps_percent, w.processes, w.shadow_mps_percent)
 }
 
-/// Per tenant (workloads without one under ""), what the plan gives it; `price_of_gpu` is a
-/// planned GPU's price per hour.
-pub fn by_tenant(plan: &PlanSpec, price_of_gpu: impl Fn(&GpuAssignment) -> f64) -> BTreeMap<String, Occupied> {
-    let mut out: BTreeMap<&str, Occupied> = BTreeMap::new();
+/// Per (tenant, service) (workloads without a tenant under ""), what the plan gives it;
+/// `price_of_gpu` is a planned GPU's price per hour.
+pub fn by_service(plan: &PlanSpec, price_of_gpu: impl Fn(&GpuAssignment) -> f64) -> BTreeMap<(String, String), Occupied> {
+    let mut out: BTreeMap<(&str, &str), Occupied> = BTreeMap::new();
     for g in &plan.gpus {
         let price = price_of_gpu(g);
         for w in &g.workloads {
-            out.entry(w.tenant.as_str()).or_default().add(occupancy(g, w), price);
+            out.entry((w.tenant.as_str(), w.service.as_str())).or_default().add(occupancy(g, w), price);
         }
     }
-    out.into_iter().map(|(t, o)| (t.to_string(), o)).collect()
+    out.into_iter().map(|((t, s), o)| ((t.to_string(), s.to_string()), o)).collect()
+}
+
+/// Per tenant, the sum of [`by_service`].
+pub fn by_tenant(plan: &PlanSpec, price_of_gpu: impl Fn(&GpuAssignment) -> f64) -> BTreeMap<String, Occupied> {
+    tenants_of(&by_service(plan, price_of_gpu))
+}
+
+fn tenants_of(services: &BTreeMap<(String, String), Occupied>) -> BTreeMap<String, Occupied> {
+    let mut out: BTreeMap<String, Occupied> = BTreeMap::new();
+    for ((tenant, _), o) in services {
+        let t = out.entry(tenant.clone()).or_default();
+        t.gpus += o.gpus;
+        t.cost_per_hour += o.cost_per_hour;
+    }
+    out
 }
 
 /// A planned GPU's price per hour in `cluster`: its model's (`provision::gpu_price`), the
@@ -113,15 +128,16 @@ fn rounded(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 
-/// The statuses to write: for each of `tenants` (name, as stored), its usage in `plan` and
-/// its stored SLO count plus `tally`'s, where that differs from what is stored.
+/// The statuses to write: for each of `tenants` (name, as stored), its usage in `services`
+/// (what the plan gives each service, [`by_service`]) and in `plan`, and its stored SLO
+/// count plus `tally`'s, where that differs from what is stored.
 pub fn changed_statuses(
     tenants: &[(String, TenantStatus)],
     plan: Option<&PlanSpec>,
-    price_of_gpu: impl Fn(&GpuAssignment) -> f64,
+    services_usage: &BTreeMap<(String, String), Occupied>,
     tally: &BTreeMap<String, SloCount>,
 ) -> Vec<(String, TenantStatus)> {
-    let usage = plan.map(|p| by_tenant(p, price_of_gpu)).unwrap_or_default();
+    let usage = tenants_of(services_usage);
     let services = plan.map(services_by_tenant).unwrap_or_default();
     tenants
         .iter()
@@ -239,7 +255,8 @@ mod tests {
         ];
         // acme's usage is as stored and no window came: only globex changes (initech has
         // nothing in the plan, as stored).
-        let changed = changed_statuses(&tenants, Some(&plan), price, &BTreeMap::new());
+        let usage = by_service(&plan, price);
+        let changed = changed_statuses(&tenants, Some(&plan), &usage, &BTreeMap::new());
         assert_eq!(changed.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["globex"]);
         let globex = &changed[0].1;
         assert_eq!((globex.gpus, globex.cost_per_hour, globex.services_planned), (0.642857, 1.5, 2));
@@ -251,7 +268,7 @@ mod tests {
         tally.add("", true);
         let counted = tally.take();
         assert!(tally.take().is_empty(), "taken");
-        let changed = changed_statuses(&tenants[..1], Some(&plan), price, &counted);
+        let changed = changed_statuses(&tenants[..1], Some(&plan), &usage, &counted);
         assert_eq!(changed, [("acme".to_string(), stored(SloCount { windows: 12, met: 10 }))]);
         // A failed write gives its counts back for the next.
         tally.give_back(counted);
@@ -259,7 +276,7 @@ mod tests {
         assert_eq!(tally.take()["acme"], SloCount { windows: 3, met: 2 });
 
         // Without a plan a tenant uses nothing.
-        let changed = changed_statuses(&tenants[..1], None, price, &BTreeMap::new());
+        let changed = changed_statuses(&tenants[..1], None, &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(
             changed,
             [(

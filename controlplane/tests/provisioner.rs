@@ -400,6 +400,12 @@ async fn a_tenant_quota_refuses_at_admission_and_caps_the_plan() {
     // Metered: two 1g instances of a GPU priced 8/2 an hour, within the quota.
     let status = tenant_status_when(&client, "acme", |s| s["services_planned"] == 2).await;
     assert_eq!((status["gpus"].as_f64(), status["cost_per_hour"].as_f64()), (Some(0.285714), Some(1.142857)), "{status}");
+    // And per service, on the leader's /metrics.
+    let leader = cluster.wait_leader().await;
+    let exposition = cluster.node(leader).controller.telemetry.render(&Default::default());
+    let line = exposition.lines().find(|l| l.starts_with("gpuplane_service_gpus{tenant=\"acme\",service=\"first\"}"));
+    let gpus: Option<f64> = line.and_then(|l| l.rsplit(' ').next()?.parse().ok());
+    assert!(gpus.is_some_and(|g| (g - 1.0 / 7.0).abs() < 1e-9), "{exposition}");
     assert_eq!(status["slo"], json!({"windows": 0, "met": 0}));
     // An agent reports a window of "first" within its SLO and one of "second" over it.
     let window =

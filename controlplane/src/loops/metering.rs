@@ -1,6 +1,7 @@
 //! The metering loop: every `metering_interval` the leader writes each Tenant's usage (from
 //! the committed plan) and SLO attainment (its stored count plus the windows counted from
-//! reports since) into the Tenant's status, for the tenants whose figures moved. Costs
+//! reports since) into the Tenant's status, for the tenants whose figures moved, and sets
+//! each service's usage series on its `/metrics` (leader only). Costs
 //! one pass over the plan per interval, off the async workers, and a status write per
 //! changed tenant, several to a Raft entry.
 
@@ -9,7 +10,7 @@ use std::collections::BTreeMap;
 use super::LoopSettings;
 use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::metering::{changed_statuses, gpu_prices, SloCount, TenantStatus};
+use crate::metering::{by_service, changed_statuses, gpu_prices, SloCount, TenantStatus};
 use crate::resources::limits::MAX_STATUSES_PER_ENTRY;
 use crate::resources::{Kind, Spec};
 use crate::state::{Command, Request, StatusPut};
@@ -41,11 +42,15 @@ async fn pass(controller: &Controller, settings: &LoopSettings, tally: BTreeMap<
             Some(Spec::Plan(p)) => Some(p),
             _ => None,
         };
-        changed_statuses(&tenants, plan, gpu_prices(&cluster), &counted)
+        let services = plan.map(|p| by_service(p, gpu_prices(&cluster))).unwrap_or_default();
+        (changed_statuses(&tenants, plan, &services, &counted), services)
     })
     .await;
     let changed = match computed {
-        Ok(changed) => changed,
+        Ok((changed, services)) => {
+            controller.telemetry.set_service_usage(&services);
+            changed
+        }
         Err(e) => {
             controller.slo_tally.give_back(tally);
             return Err(e);

@@ -324,6 +324,8 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                     }
                     // A failure streak is this leader's: a follower has no loop to be unready for.
                     controller.telemetry.reset_loop_outcomes();
+                    // As are the services' usage series the metering set.
+                    controller.telemetry.set_service_usage(&Default::default());
                 }
                 _ => {}
             }

@@ -81,6 +81,8 @@ struct Inner {
     service_failed: Family<Labels, Gauge>,
     tenant_gpus: Family<Labels, FloatGauge>,
     tenant_cost: Family<Labels, FloatGauge>,
+    service_gpus: Family<Labels, FloatGauge>,
+    service_cost: Family<Labels, FloatGauge>,
     slo_windows: Family<Labels, Counter>,
     slo_windows_met: Family<Labels, Counter>,
     /// Setting the state figures and encoding them is one step: two scrapes never mix.
@@ -116,6 +118,8 @@ impl Default for ControllerMetrics {
             service_failed: Family::default(),
             tenant_gpus: Family::default(),
             tenant_cost: Family::default(),
+            service_gpus: Family::default(),
+            service_cost: Family::default(),
             slo_windows: Family::default(),
             slo_windows_met: Family::default(),
             render: Mutex::new(()),
@@ -183,6 +187,16 @@ impl Default for ControllerMetrics {
             "tenant_cost_per_hour",
             "Cost per hour of what the committed plan gives a tenant (its GPUs-worth at each GPU model's price per GPU, as its quota counts)",
             inner.tenant_cost.clone(),
+        );
+        r.register(
+            "service_gpus",
+            "GPUs-worth the committed plan gives a service, as its tenant's (leader only, set by the metering loop)",
+            inner.service_gpus.clone(),
+        );
+        r.register(
+            "service_cost_per_hour",
+            "Cost per hour of what the committed plan gives a service, as its tenant's (leader only, set by the metering loop)",
+            inner.service_cost.clone(),
         );
         r.register(
             "slo_windows",
@@ -255,6 +269,20 @@ impl ControllerMetrics {
     }
 
     /// Forgets every loop's failure streak (the loops stopped: leadership moved).
+    /// What the committed plan gives each (tenant, service), as the leader's metering last
+    /// found it; empty when this controller stops leading.
+    pub fn set_service_usage(&self, usage: &std::collections::BTreeMap<(String, String), crate::metering::Occupied>) {
+        let i = &self.inner;
+        let _guard = i.render.lock().unwrap_or_else(|p| p.into_inner());
+        i.service_gpus.clear();
+        i.service_cost.clear();
+        for ((tenant, service), used) in usage {
+            let l = labels(&[("tenant", tenant), ("service", service)]);
+            i.service_gpus.get_or_create(&l).set(used.gpus);
+            i.service_cost.get_or_create(&l).set(used.cost_per_hour);
+        }
+    }
+
     pub fn reset_loop_outcomes(&self) {
         self.inner.loop_failure_streaks.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
@@ -368,6 +396,15 @@ mod tests {
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_slo_windows_total{tenant=\"acme\",service=\"chat\"}"), Some(2.0), "{text}");
         assert_eq!(value(&text, "gpuplane_slo_windows_met_total{tenant=\"acme\",service=\"chat\"}"), Some(1.0));
+
+        // The metering sets each service's usage, and clears it when this node stops leading.
+        let usage = [(("acme".to_string(), "chat".to_string()), crate::metering::Occupied { gpus: 0.25, cost_per_hour: 1.75 })];
+        m.set_service_usage(&usage.into_iter().collect());
+        let text = m.render(&snap);
+        assert_eq!(value(&text, "gpuplane_service_gpus{tenant=\"acme\",service=\"chat\"}"), Some(0.25), "{text}");
+        assert_eq!(value(&text, "gpuplane_service_cost_per_hour{tenant=\"acme\",service=\"chat\"}"), Some(1.75));
+        m.set_service_usage(&Default::default());
+        assert!(!m.render(&snap).contains("gpuplane_service_gpus{"));
 
         // A node that stopped reporting leaves the per-service series.
         let text = m.render(&Snapshot { services: vec![], ..snap });
