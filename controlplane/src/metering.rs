@@ -17,14 +17,34 @@ use crate::state::ClusterState;
 /// What a tenant or a service occupies.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Occupied {
+    /// GPUs-worth: `mig_gpcs / 7 + mps_gpus`.
     pub gpus: f64,
     pub cost_per_hour: f64,
+    /// Of which in MIG instances: the instances' GPCs, times the MPS share of each the
+    /// workload takes (a whole 3g instance is 3).
+    pub mig_gpcs: f64,
+    /// Of which MPS shares of GPUs used whole (no MIG), in GPUs.
+    pub mps_gpus: f64,
 }
 
 impl Occupied {
-    fn add(&mut self, gpus: f64, price: f64) {
+    fn add(&mut self, gpus: f64, price: f64, in_mig_instance: bool) {
         self.gpus += gpus;
         self.cost_per_hour += gpus * price;
+        if in_mig_instance {
+            self.mig_gpcs += gpus * f64::from(planner::mig::COMPUTE_SLICES);
+        } else {
+            self.mps_gpus += gpus;
+        }
+    }
+
+    fn plus(self, o: Occupied) -> Occupied {
+        Occupied {
+            gpus: self.gpus + o.gpus,
+            cost_per_hour: self.cost_per_hour + o.cost_per_hour,
+            mig_gpcs: self.mig_gpcs + o.mig_gpcs,
+            mps_gpus: self.mps_gpus + o.mps_gpus,
+        }
     }
 }
 
@@ -46,7 +66,7 @@ pub fn by_service(plan: &PlanSpec, price_of_gpu: impl Fn(&GpuAssignment) -> f64)
     for g in &plan.gpus {
         let price = price_of_gpu(g);
         for w in &g.workloads {
-            out.entry((w.tenant.as_str(), w.service.as_str())).or_default().add(occupancy(g, w), price);
+            out.entry((w.tenant.as_str(), w.service.as_str())).or_default().add(occupancy(g, w), price, w.mig_instance.is_some());
         }
     }
     out.into_iter().map(|((t, s), o)| ((t.to_string(), s.to_string()), o)).collect()
@@ -61,8 +81,7 @@ fn tenants_of(services: &BTreeMap<(String, String), Occupied>) -> BTreeMap<Strin
     let mut out: BTreeMap<String, Occupied> = BTreeMap::new();
     for ((tenant, _), o) in services {
         let t = out.entry(tenant.clone()).or_default();
-        t.gpus += o.gpus;
-        t.cost_per_hour += o.cost_per_hour;
+        *t = t.plus(*o);
     }
     out
 }
@@ -110,6 +129,10 @@ pub struct TenantStatus {
     pub gpus: f64,
     /// `gpus` at their models' prices: what its spec's `max_cost_per_hour` bounds.
     pub cost_per_hour: f64,
+    /// Of `gpus`, the MIG instance GPCs (times the MPS share in each) and the MPS shares of
+    /// GPUs used whole (`Occupied`).
+    pub mig_gpcs: f64,
+    pub mps_gpus: f64,
     /// Its services the plan places.
     pub services_planned: u32,
     pub slo: SloCount,
@@ -146,6 +169,8 @@ pub fn changed_statuses(
             let next = TenantStatus {
                 gpus: rounded(used.gpus),
                 cost_per_hour: rounded(used.cost_per_hour),
+                mig_gpcs: rounded(used.mig_gpcs),
+                mps_gpus: rounded(used.mps_gpus),
                 services_planned: services.get(name.as_str()).map_or(0, |s| u32::try_from(s.len()).unwrap_or(u32::MAX)),
                 slo: stored.slo.plus(tally.get(name).copied().unwrap_or_default()),
             };
@@ -242,12 +267,16 @@ mod tests {
         assert!(close(usage["acme"].gpus, 3.0 / 7.0) && close(usage["acme"].cost_per_hour, 3.0), "{usage:?}");
         assert!(close(usage["globex"].gpus, 1.0 / 7.0 + 0.5), "{usage:?}");
         assert!(close(usage["globex"].cost_per_hour, 1.0 + 0.5), "{usage:?}");
+        // Split into MIG GPCs and MPS shares of whole GPUs.
+        assert!(close(usage["acme"].mig_gpcs, 3.0) && close(usage["acme"].mps_gpus, 0.0), "{usage:?}");
+        assert!(close(usage["globex"].mig_gpcs, 1.0) && close(usage["globex"].mps_gpus, 0.5), "{usage:?}");
     }
 
     #[test]
     fn a_status_is_rewritten_only_when_the_usage_or_the_slo_count_moved() {
         let plan = two_tenants_plan();
-        let stored = |slo: SloCount| TenantStatus { gpus: 0.428571, cost_per_hour: 3.0, services_planned: 1, slo };
+        let stored =
+            |slo: SloCount| TenantStatus { gpus: 0.428571, cost_per_hour: 3.0, mig_gpcs: 3.0, mps_gpus: 0.0, services_planned: 1, slo };
         let tenants = vec![
             ("acme".to_string(), stored(SloCount { windows: 10, met: 9 })),
             ("globex".to_string(), TenantStatus::default()),
@@ -259,7 +288,10 @@ mod tests {
         let changed = changed_statuses(&tenants, Some(&plan), &usage, &BTreeMap::new());
         assert_eq!(changed.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["globex"]);
         let globex = &changed[0].1;
-        assert_eq!((globex.gpus, globex.cost_per_hour, globex.services_planned), (0.642857, 1.5, 2));
+        assert_eq!(
+            (globex.gpus, globex.cost_per_hour, globex.mig_gpcs, globex.mps_gpus, globex.services_planned),
+            (0.642857, 1.5, 1.0, 0.5, 2)
+        );
 
         // Windows counted since add to the stored count, carried from leader to leader.
         let tally = SloTally::default();
@@ -279,10 +311,7 @@ mod tests {
         let changed = changed_statuses(&tenants[..1], None, &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(
             changed,
-            [(
-                "acme".to_string(),
-                TenantStatus { gpus: 0.0, cost_per_hour: 0.0, services_planned: 0, slo: SloCount { windows: 10, met: 9 } }
-            )]
+            [("acme".to_string(), TenantStatus { services_planned: 0, slo: SloCount { windows: 10, met: 9 }, ..TenantStatus::default() })]
         );
     }
 }

@@ -400,6 +400,7 @@ async fn a_tenant_quota_refuses_at_admission_and_caps_the_plan() {
     // Metered: two 1g instances of a GPU priced 8/2 an hour, within the quota.
     let status = tenant_status_when(&client, "acme", |s| s["services_planned"] == 2).await;
     assert_eq!((status["gpus"].as_f64(), status["cost_per_hour"].as_f64()), (Some(0.285714), Some(1.142857)), "{status}");
+    assert_eq!((status["mig_gpcs"].as_f64(), status["mps_gpus"].as_f64()), (Some(2.0), Some(0.0)), "{status}");
     // And per service, on the leader's /metrics.
     let leader = cluster.wait_leader().await;
     let exposition = cluster.node(leader).controller.telemetry.render(&Default::default());

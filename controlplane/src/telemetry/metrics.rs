@@ -398,7 +398,10 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_slo_windows_met_total{tenant=\"acme\",service=\"chat\"}"), Some(1.0));
 
         // The metering sets each service's usage, and clears it when this node stops leading.
-        let usage = [(("acme".to_string(), "chat".to_string()), crate::metering::Occupied { gpus: 0.25, cost_per_hour: 1.75 })];
+        let usage = [(
+            ("acme".to_string(), "chat".to_string()),
+            crate::metering::Occupied { gpus: 0.25, cost_per_hour: 1.75, ..Default::default() },
+        )];
         m.set_service_usage(&usage.into_iter().collect());
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_service_gpus{tenant=\"acme\",service=\"chat\"}"), Some(0.25), "{text}");
