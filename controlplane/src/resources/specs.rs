@@ -266,9 +266,14 @@ pub struct ServiceSpec {
     pub batch_distribution: Option<BatchDistribution>,
     /// Within its tenant, the order in which services keep their place when its quota, or
     /// its fair share of a fleet that cannot grow, does not hold them all: higher first,
-    /// then older. 0 (the default) to `MAX_SERVICE_PRIORITY`.
-    #[serde(default)]
+    /// then older. 0 (the default) to `MAX_SERVICE_PRIORITY`. Left out of the encoding when
+    /// 0, so a Service without one encodes as before it existed.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -491,6 +491,12 @@ mod tests {
         let err = service(&with(&(MAX_SERVICE_PRIORITY + 1).to_string())).unwrap_err();
         assert_eq!((err.field.as_str(), err.reason.as_str()), ("spec.priority", "must be 0-1000000 (got 1000001)"));
         assert_eq!(service(&with("-1")).unwrap_err().field, "spec.priority");
+        // 0, the default, is left out of the encoding: a Service without one reads the same
+        // on a controller that predates it.
+        let plain = Spec::from_json(Kind::Service, &with("0")).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("priority"));
+        let set = Spec::from_json(Kind::Service, &with("3")).unwrap();
+        assert!(serde_json::to_string(&set).unwrap().contains("\"priority\":3"));
     }
 
     #[test]
