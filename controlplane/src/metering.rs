@@ -6,7 +6,7 @@
 //! per tenant into the Tenant's status (`loops::metering`), where a tenant reads its own and
 //! no other's. Pure but for [`SloTally`], the leader's count between two writes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -98,15 +98,6 @@ pub fn gpu_prices(cluster: &ClusterState) -> impl Fn(&GpuAssignment) -> f64 + '_
     }
 }
 
-/// The services each tenant has in the plan.
-fn services_by_tenant(plan: &PlanSpec) -> BTreeMap<&str, BTreeSet<&str>> {
-    let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for w in plan.gpus.iter().flat_map(|g| &g.workloads) {
-        out.entry(w.tenant.as_str()).or_default().insert(w.service.as_str());
-    }
-    out
-}
-
 /// SLO windows reported for a tenant's services, and how many met their SLO.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SloCount {
@@ -151,17 +142,19 @@ fn rounded(x: f64) -> f64 {
     (x * 1e6).round() / 1e6
 }
 
-/// The statuses to write: for each of `tenants` (name, as stored), its usage in `services`
-/// (what the plan gives each service, [`by_service`]) and in `plan`, and its stored SLO
-/// count plus `tally`'s, where that differs from what is stored.
+/// The statuses to write: for each of `tenants` (name, as stored), its usage and services
+/// in `services_usage` (what the plan gives each service, [`by_service`]), and its stored
+/// SLO count plus `tally`'s, where that differs from what is stored.
 pub fn changed_statuses(
     tenants: &[(String, TenantStatus)],
-    plan: Option<&PlanSpec>,
     services_usage: &BTreeMap<(String, String), Occupied>,
     tally: &BTreeMap<String, SloCount>,
 ) -> Vec<(String, TenantStatus)> {
     let usage = tenants_of(services_usage);
-    let services = plan.map(services_by_tenant).unwrap_or_default();
+    let mut services: BTreeMap<&str, u32> = BTreeMap::new();
+    for (tenant, _) in services_usage.keys() {
+        *services.entry(tenant.as_str()).or_default() += 1;
+    }
     tenants
         .iter()
         .filter_map(|(name, stored)| {
@@ -171,7 +164,7 @@ pub fn changed_statuses(
                 cost_per_hour: rounded(used.cost_per_hour),
                 mig_gpcs: rounded(used.mig_gpcs),
                 mps_gpus: rounded(used.mps_gpus),
-                services_planned: services.get(name.as_str()).map_or(0, |s| u32::try_from(s.len()).unwrap_or(u32::MAX)),
+                services_planned: services.get(name.as_str()).copied().unwrap_or(0),
                 slo: stored.slo.plus(tally.get(name).copied().unwrap_or_default()),
             };
             (next != *stored).then(|| (name.clone(), next))
@@ -285,7 +278,7 @@ mod tests {
         // acme's usage is as stored and no window came: only globex changes (initech has
         // nothing in the plan, as stored).
         let usage = by_service(&plan, price);
-        let changed = changed_statuses(&tenants, Some(&plan), &usage, &BTreeMap::new());
+        let changed = changed_statuses(&tenants, &usage, &BTreeMap::new());
         assert_eq!(changed.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["globex"]);
         let globex = &changed[0].1;
         assert_eq!(
@@ -300,7 +293,7 @@ mod tests {
         tally.add("", true);
         let counted = tally.take();
         assert!(tally.take().is_empty(), "taken");
-        let changed = changed_statuses(&tenants[..1], Some(&plan), &usage, &counted);
+        let changed = changed_statuses(&tenants[..1], &usage, &counted);
         assert_eq!(changed, [("acme".to_string(), stored(SloCount { windows: 12, met: 10 }))]);
         // A failed write gives its counts back for the next.
         tally.give_back(counted);
@@ -308,7 +301,7 @@ mod tests {
         assert_eq!(tally.take()["acme"], SloCount { windows: 3, met: 2 });
 
         // Without a plan a tenant uses nothing.
-        let changed = changed_statuses(&tenants[..1], None, &BTreeMap::new(), &BTreeMap::new());
+        let changed = changed_statuses(&tenants[..1], &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(
             changed,
             [("acme".to_string(), TenantStatus { services_planned: 0, slo: SloCount { windows: 10, met: 9 }, ..TenantStatus::default() })]

@@ -43,7 +43,7 @@ async fn pass(controller: &Controller, settings: &LoopSettings, tally: BTreeMap<
             _ => None,
         };
         let services = plan.map(|p| by_service(p, gpu_prices(&cluster))).unwrap_or_default();
-        (changed_statuses(&tenants, plan, &services, &counted), services)
+        (changed_statuses(&tenants, &services, &counted), services)
     })
     .await;
     let changed = match computed {
