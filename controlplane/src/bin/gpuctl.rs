@@ -514,7 +514,8 @@ fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> 
             if spec.get("mig").is_some_and(|m| !m.is_null()) { "yes" } else { "no" }
         ),
         Kind::InstanceType => {
-            format!("{}x{} ${}/h launch={}s", f("/gpu_count"), f("/gpu_model"), f("/price_per_hour"), f("/launch_latency_s"))
+            let limit = spec.get("max_instances").filter(|m| !m.is_null()).map_or(String::new(), |m| format!(" max={m}"));
+            format!("{}x{} ${}/h launch={}s{limit}", f("/gpu_count"), f("/gpu_model"), f("/price_per_hour"), f("/launch_latency_s"))
         }
         Kind::ModelProfile => {
             format!("{} on {} ({} points)", f("/model"), f("/gpu_model"), spec.get("points").and_then(|p| p.as_array()).map_or(0, Vec::len))

@@ -159,6 +159,7 @@ mod tests {
             launch_latency_s: 60.0,
             cpu_cores: 0,
             memory_gib: 0.0,
+            max_instances: None,
         };
         let text = cloud.agent_config("auto-g4-1", "g4dn", &spec, 2);
         let v: toml::Value = toml::from_str(&text).expect("valid TOML");

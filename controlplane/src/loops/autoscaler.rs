@@ -12,7 +12,7 @@ use super::provisioner::{drain, Drained, FleetFingerprints};
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
-use crate::provision::scaling::{idle_nodes, launches_for, provisioned_rate, shortfall};
+use crate::provision::scaling::{idle_nodes, launch_room, launches_for, provisioned_rate, shortfall};
 use crate::provision::{fleet, plan_services, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, Spec};
 use crate::state::{ClusterState, Command, Request};
@@ -23,6 +23,7 @@ const TARGET_SATURATION: f64 = 0.8;
 const MIN_CHANGE: f64 = 0.05;
 
 struct Pending {
+    instance_type: String,
     gpu_model: String,
     gpus: u32,
     since: Instant,
@@ -40,6 +41,8 @@ struct FleetView {
     plan_nodes: BTreeSet<String>,
     /// Nodes the autoscaler launched.
     autoscaled: Vec<String>,
+    /// Registered nodes per instance type (for the types' `max_instances`).
+    instances: BTreeMap<String, u32>,
 }
 
 impl FleetView {
@@ -65,7 +68,13 @@ impl FleetView {
             .filter(|n| matches!(&n.spec, Spec::Node(s) if s.labels.get(AUTOSCALED_LABEL).is_some_and(|v| v == "true")))
             .map(|n| n.name.clone())
             .collect();
-        FleetView { planned, available, types, plan_nodes: plan_nodes(cluster), autoscaled }
+        let mut instances: BTreeMap<String, u32> = BTreeMap::new();
+        for n in cluster.list(Kind::Node) {
+            if let Spec::Node(s) = &n.spec {
+                *instances.entry(s.instance_type.clone()).or_default() += 1;
+            }
+        }
+        FleetView { planned, available, types, plan_nodes: plan_nodes(cluster), autoscaled, instances }
     }
 }
 
@@ -170,14 +179,17 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
             }
         }
         controller.telemetry.observe_loop_outcome("autoscaler", false);
-        let FleetView { planned, available, types, plan_nodes, autoscaled } = view.as_ref().expect("refreshed above");
+        let FleetView { planned, available, types, plan_nodes, autoscaled, instances } = view.as_ref().expect("refreshed above");
         // A launch is in flight until its node registers, or three launch latencies pass.
         pending.retain(|node, p| !autoscaled.contains(node) && p.since.elapsed().as_secs_f64() < p.deadline_s);
         let mut with_pending = available.clone();
+        let mut launched_or_pending = instances.clone();
         for p in pending.values() {
             *with_pending.entry(p.gpu_model.clone()).or_default() += p.gpus;
+            *launched_or_pending.entry(p.instance_type.clone()).or_default() += 1;
         }
-        for launch in launches_for(&shortfall(planned, &with_pending), types, settings.lambda_per_s) {
+        let room = launch_room(types, &launched_or_pending);
+        for launch in launches_for(&shortfall(planned, &with_pending), types, &room, settings.lambda_per_s) {
             let spec = &types[&launch.instance_type];
             for _ in 0..launch.count {
                 launched += 1;
@@ -188,6 +200,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                         pending.insert(
                             node,
                             Pending {
+                                instance_type: launch.instance_type.clone(),
                                 gpu_model: spec.gpu_model.clone(),
                                 gpus: spec.gpu_count,
                                 since: Instant::now(),

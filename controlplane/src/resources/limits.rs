@@ -59,6 +59,8 @@ pub const MAX_COEFFICIENT_ABS: f64 = 1e9;
 pub const MAX_LAUNCH_LATENCY_S: f64 = 86_400.0;
 /// Price of an instance type per hour.
 pub const MAX_PRICE_PER_HOUR: f64 = 10_000.0;
+/// An instance type's `max_instances`: a fleet never needs more instances than GPUs.
+pub const MAX_INSTANCES_PER_TYPE: u32 = MAX_PLAN_GPUS as u32;
 /// Tenant weight in fair sharing.
 pub const MAX_TENANT_WEIGHT: f64 = 1e6;
 /// A tenant's `max_gpus` (GPUs-worth): every GPU a plan may hold.

@@ -205,6 +205,11 @@ pub struct InstanceTypeSpec {
     pub cpu_cores: u32,
     #[serde(default)]
     pub memory_gib: f64,
+    /// The cloud account's limit on instances of this type, registered or launching; none
+    /// is no limit. With a node provider, the fleet can grow only to these limits, and
+    /// tenants share what it can hold by weight (see README, Tenants).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_instances: Option<u32>,
 }
 
 /// Performance data of one model on one GPU model.

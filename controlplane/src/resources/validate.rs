@@ -127,6 +127,9 @@ pub fn validate_spec(spec: &Spec) -> Result<(), FieldError> {
             non_negative("spec.launch_latency_s", it.launch_latency_s, MAX_LAUNCH_LATENCY_S)?;
             int_within("spec.cpu_cores", u64::from(it.cpu_cores), 0, 4096)?;
             non_negative("spec.memory_gib", it.memory_gib, 65_536.0)?;
+            if let Some(max) = it.max_instances {
+                int_within("spec.max_instances", u64::from(max), 0, u64::from(MAX_INSTANCES_PER_TYPE))?;
+            }
         }
         Spec::ModelProfile(p) => validate_model_profile(p)?,
         Spec::Service(s) => validate_service(s)?,
@@ -497,6 +500,22 @@ mod tests {
         assert!(!serde_json::to_string(&plain).unwrap().contains("priority"));
         let set = Spec::from_json(Kind::Service, &with("3")).unwrap();
         assert!(serde_json::to_string(&set).unwrap().contains("\"priority\":3"));
+    }
+
+    #[test]
+    fn an_instance_types_limit_is_bounded_and_left_out_when_unset() {
+        let it = |extra: &str| {
+            let json = format!(r#"{{"gpu_model": "A100-80GB", "gpu_count": 8, "price_per_hour": 30, "launch_latency_s": 60{extra}}}"#);
+            Spec::from_json(Kind::InstanceType, &json).and_then(|s| validate_spec(&s).map(|()| s))
+        };
+        assert!(it(&format!(r#", "max_instances": {MAX_INSTANCES_PER_TYPE}"#)).is_ok());
+        assert!(it(r#", "max_instances": 0"#).is_ok(), "0: none may be launched");
+        let err = it(&format!(r#", "max_instances": {}"#, MAX_INSTANCES_PER_TYPE + 1)).unwrap_err();
+        assert_eq!((err.field.as_str(), err.reason.as_str()), ("spec.max_instances", "must be 0-200000 (got 200001)"));
+        assert_eq!(it(r#", "max_instances": -1"#).unwrap_err().field, "spec.max_instances");
+        // Unset, it is not encoded: an InstanceType without one reads the same on a
+        // controller that predates it.
+        assert!(!serde_json::to_string(&it("").unwrap()).unwrap().contains("max_instances"));
     }
 
     #[test]

@@ -31,6 +31,7 @@ fn instance_type(gpu: &str) -> Spec {
         launch_latency_s: 120.0,
         cpu_cores: 96,
         memory_gib: 1152.0,
+        max_instances: None,
     })
 }
 
