@@ -109,7 +109,7 @@ async fn the_leader_plans_services_onto_the_fleet_and_keeps_doing_so_after_a_fai
     let plan_after = plan_where(&client, |p| p["services"].as_array().unwrap().iter().any(|s| s["service"] == "huge")).await;
     let huge = plan_after["services"].as_array().unwrap().iter().find(|s| s["service"] == "huge").unwrap();
     assert!(
-        huge["infeasible_reason"].as_str().is_some_and(|r| r.starts_with("fleet full: the fleet holds 2 A100-80GB GPUs")),
+        huge["infeasible_reason"].as_str().is_some_and(|r| r.starts_with("fleet full: the fleet can hold 2 A100-80GB GPUs")),
         "{plan_after}"
     );
     assert!(capacity(&plan_after, "web") >= 900.0, "the oldest service keeps its GPUs: {plan_after}");
@@ -265,21 +265,14 @@ impl controlplane::cloud::NodeProvider for InstantCloud {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_drop_scales_in_after_the_cooldown() {
-    // Start without loops to learn the addresses, then restart each node with them on.
+/// A 3-controller cluster holding `fleet_resources()` whose loops run as `loops` with an
+/// [`InstantCloud`] as their node provider. It starts without loops to learn the addresses
+/// the cloud's nodes register with, then restarts each controller with them on.
+async fn cluster_with_cloud(loops: LoopSettings) -> (TestCluster, std::sync::Arc<InstantCloud>, controlplane::client::Client) {
     let mut cluster = TestCluster::start(3, fast_settings()).await;
     let cloud =
         std::sync::Arc::new(InstantCloud { servers: cluster.endpoints(), launched: Default::default(), terminated: Default::default() });
-    cluster.loops = LoopSettings {
-        provision_interval: Duration::from_millis(300),
-        heartbeat_interval: Duration::from_millis(100),
-        missed_heartbeats: 20,
-        scale_window_s: 0.3,
-        cooldown_s: 1.5,
-        provider: Some(cloud.clone()),
-        ..LoopSettings::default()
-    };
+    cluster.loops = LoopSettings { provider: Some(cloud.clone()), ..loops };
     for id in 1..=3 {
         cluster.stop(id).await;
         cluster.restart(id).await;
@@ -289,6 +282,20 @@ async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_dro
     for r in fleet_resources() {
         client.put(r, proto::WriteMode::Unspecified).await.unwrap();
     }
+    (cluster, cloud, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_drop_scales_in_after_the_cooldown() {
+    let (cluster, cloud, client) = cluster_with_cloud(LoopSettings {
+        provision_interval: Duration::from_millis(300),
+        heartbeat_interval: Duration::from_millis(100),
+        missed_heartbeats: 20,
+        scale_window_s: 0.3,
+        cooldown_s: 1.5,
+        ..LoopSettings::default()
+    })
+    .await;
     // A cheaper single-GPU type next to the 2-GPU one (8 per hour).
     client
         .put(
@@ -363,6 +370,50 @@ async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_dro
     let plan = plan_where(&client, |p| capacity(p, "web") >= 100.0).await;
     assert!(plan["gpus"].as_array().unwrap().iter().all(|g| g["node"] == "n1"));
     reporter.0.abort();
+}
+
+/// With a node provider, the fleet grows only to its instance types' `max_instances`: what
+/// it cannot hold even then is named "fleet full", the autoscaler launches up to the limit
+/// and no further, and a raised limit plans the refused service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleet_grows_to_its_instance_types_limits_and_what_they_cannot_hold_is_named() {
+    let (_cluster, cloud, client) =
+        cluster_with_cloud(LoopSettings { provision_interval: Duration::from_millis(300), ..LoopSettings::default() }).await;
+    // n1 is one a2 of at most 2: room for one more, 4 GPUs in all.
+    let a2 = |max: u32| {
+        resource(
+            "InstanceType",
+            "a2",
+            "",
+            json!({"gpu_model": "A100-80GB", "gpu_count": 2, "price_per_hour": 8, "launch_latency_s": 60, "max_instances": max}),
+        )
+    };
+    client.put(a2(2), proto::WriteMode::Update).await.unwrap();
+    client.put(svc("web", 900.0), proto::WriteMode::Create).await.unwrap();
+    client.put(svc("huge", 5000.0), proto::WriteMode::Create).await.unwrap();
+    let refused = |p: &Value| -> Option<String> {
+        let huge = p["services"].as_array()?.iter().find(|s| s["service"] == "huge")?;
+        huge["infeasible_reason"].as_str().map(str::to_string)
+    };
+    let plan = plan_where(&client, |p| {
+        refused(p).is_some_and(|r| r.starts_with("fleet full: the fleet can hold 4 A100-80GB GPUs")) && capacity(p, "web") >= 900.0
+    })
+    .await;
+    assert!(plan["gpus"].as_array().unwrap().len() <= 4, "{plan}");
+    // The autoscaler launched the one instance the limit leaves room for, and stops there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while client.list("Node", "", false).await.unwrap().resources.len() < 2 {
+        assert!(Instant::now() < deadline, "the instance within the limit was not launched");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let launched = cloud.launched.lock().unwrap().clone();
+    assert_eq!(launched.len(), 1, "{launched:?}");
+
+    // A raised limit: the refused service is planned, on the instances launched for it.
+    client.put(a2(10), proto::WriteMode::Update).await.unwrap();
+    let plan = plan_where(&client, |p| refused(p).is_none() && capacity(p, "huge") >= 5000.0 && capacity(p, "web") >= 900.0).await;
+    assert!(cloud.launched.lock().unwrap().len() > 1, "{plan}");
 }
 
 /// Tenant quotas: a Service that cannot fit its tenant's quota even alone is refused when it

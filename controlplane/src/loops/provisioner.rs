@@ -177,8 +177,9 @@ async fn pass(
     // Taken: a pass that fails plans in full next time.
     let previous = memory.take();
     let sm = controller.sm.clone();
-    // Without a node provider the fleet cannot grow: tenants share it fairly.
-    let fixed_fleet = settings.provider.is_none();
+    // What the fleet can hold, tenants share by weight: without a node provider, the fleet;
+    // with one, up to the instance types' limits.
+    let can_grow = settings.provider.is_some();
     // All of it on the blocking pool: copying the inputs (every GPU of the fleet), the digest
     // (which encodes them), planning, placement and the patch.
     let decision = super::off_runtime(settings, "provisioning", move |cancel: super::Cancel| {
@@ -189,9 +190,7 @@ async fn pass(
             (d.cluster.resources_only(), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version))
         };
         let mut inputs = gather(&cluster);
-        if fixed_fleet {
-            inputs.capacity = Some(crate::provision::capacity_of(&inputs.fleet));
-        }
+        inputs.capacity = Some(crate::provision::fleet_capacity(&cluster, &inputs.fleet, &inputs.input.gpu_types, can_grow));
         let digest = inputs_digest(&inputs, strategy);
         let current = inputs.current.as_ref();
         if current.is_some_and(|p| p.inputs_digest == digest) || last.as_deref() == Some(digest.as_str()) {

@@ -17,7 +17,9 @@ pub use input::{gpu_price, planning_input};
 pub use pools::{plan_pools, ServiceRules};
 pub use replan::{plan_pools_from, PoolPlans};
 
-use crate::resources::{Isolation, Kind, PlanSpec, ServicePrediction, Spec};
+use std::collections::BTreeMap;
+
+use crate::resources::{InstanceTypeSpec, Isolation, Kind, PlanSpec, ServicePrediction, Spec};
 use crate::state::ClusterState;
 use planner::isolation::Boundary;
 use quota::Quota;
@@ -73,10 +75,9 @@ pub struct ProvisionInputs {
     /// planned, so it is no input of the digest (the tuner's changes to it must not count).
     #[serde(skip)]
     pub current: Option<PlanSpec>,
-    /// The fleet's GPUs per model when it cannot grow (no node provider), for the tenants'
-    /// fair share (`quota::over_fair_share`); `None` when the autoscaler adds what the plan
-    /// needs. Derived from `fleet`, which the digest has.
-    #[serde(skip)]
+    /// What the fleet can hold of each GPU model ([`fleet_capacity`]), for the tenants' fair
+    /// share (`quota::over_fair_share`); `None` plans without a share. Part of the digest:
+    /// with a node provider it reads the instance types' limits, which nothing else here has.
     pub capacity: Option<quota::Capacity>,
 }
 
@@ -144,11 +145,47 @@ pub fn plan_services(cluster: &ClusterState, strategy: MigStrategy) -> planner::
     quota::plan_within_limits(&planning_input(cluster), &service_rules(cluster), strategy, None, &|| false, None).expect("never stopped").0
 }
 
-/// The fleet's GPUs per model.
-pub fn capacity_of(fleet: &[FleetGpu]) -> quota::Capacity {
-    let mut capacity = quota::Capacity::new();
+/// GPUs of each model the fleet can hold. A fleet that cannot grow (`can_grow` false: no
+/// node provider) holds its healthy GPUs (`fleet`), and every model of `gpu_types` is listed,
+/// 0 where it has none. One that can grows up to its instance types' `max_instances`: a model
+/// holds its healthy GPUs plus those its types may still launch, and is listed only when
+/// every type offering it has a limit; where one has none, the autoscaler launches what the
+/// plan needs and the model is left out (no limit, no share).
+pub fn fleet_capacity(
+    cluster: &ClusterState,
+    fleet: &[FleetGpu],
+    gpu_types: &[planner::input::GpuType],
+    can_grow: bool,
+) -> quota::Capacity {
+    let mut capacity: quota::Capacity = gpu_types.iter().map(|t| (t.name.clone(), 0)).collect();
     for g in fleet {
         *capacity.entry(g.model.clone()).or_default() += 1;
+    }
+    if !can_grow {
+        return capacity;
+    }
+    let types: BTreeMap<String, InstanceTypeSpec> = cluster
+        .list(Kind::InstanceType)
+        .filter_map(|r| match &r.spec {
+            Spec::InstanceType(s) => Some((r.name.clone(), s.clone())),
+            _ => None,
+        })
+        .collect();
+    let mut instances: BTreeMap<String, u32> = BTreeMap::new();
+    for n in cluster.list(Kind::Node) {
+        if let Spec::Node(s) = &n.spec {
+            *instances.entry(s.instance_type.clone()).or_default() += 1;
+        }
+    }
+    let room = scaling::launch_room(&types, &instances);
+    for (name, t) in &types {
+        let Some(held) = capacity.get_mut(&t.gpu_model) else { continue };
+        match room.get(name) {
+            Some(&r) => *held = held.saturating_add(r.saturating_mul(t.gpu_count)),
+            None => {
+                capacity.remove(&t.gpu_model);
+            }
+        }
     }
     capacity
 }
@@ -248,6 +285,9 @@ mod tests {
         let mut fewer = base.clone();
         fewer.fleet.clear();
         assert_ne!(inputs_digest(&fewer, MigStrategy::Parvagpu), digest, "the fleet");
+        let mut limited = base.clone();
+        limited.capacity = Some(quota::Capacity::from([("T4-16GB".into(), 1)]));
+        assert_ne!(inputs_digest(&limited, MigStrategy::Parvagpu), digest, "what the fleet can hold (the instance types' limits)");
     }
 
     #[test]
@@ -275,6 +315,57 @@ mod tests {
             ..PlanSpec::default()
         });
         assert_eq!(inputs_digest(&tuned, MigStrategy::Parvagpu), inputs_digest(&inputs(100.0), MigStrategy::Parvagpu));
+    }
+
+    #[test]
+    fn the_fleet_can_hold_its_gpus_or_grow_to_its_instance_types_limits() {
+        let yaml = r#"
+kind: GpuModel
+name: A100-80GB
+spec: {sm_count: 108, memory_gib: 80}
+---
+kind: InstanceType
+name: a2
+spec: {gpu_model: A100-80GB, gpu_count: 1, price_per_hour: 4, launch_latency_s: 60, max_instances: 3}
+---
+kind: InstanceType
+name: a2-8
+spec: {gpu_model: A100-80GB, gpu_count: 8, price_per_hour: 30, launch_latency_s: 60, max_instances: 1}
+---
+kind: Node
+name: n1
+spec: {address: "10.0.0.1:7500", instance_type: a2, gpus: [{uuid: GPU-1, model: A100-80GB}]}
+"#;
+        let resources = crate::manifest::parse("fleet.yaml", yaml, crate::manifest::Format::Yaml).unwrap();
+        let mut state = offline::state_from_resources(&resources).unwrap();
+        let (gpus, types) = (fleet(&state), planning_input(&state).gpu_types);
+        assert_eq!(fleet_capacity(&state, &gpus, &types, false), quota::Capacity::from([("A100-80GB".into(), 1)]), "its GPUs");
+        // 1 GPU, 2 more a2 (1 GPU each) and 1 a2-8 (8 GPUs).
+        assert_eq!(fleet_capacity(&state, &gpus, &types, true), quota::Capacity::from([("A100-80GB".into(), 11)]), "up to the limits");
+        // A type without a limit: the model has none.
+        let open = crate::resources::Spec::InstanceType(InstanceTypeSpec {
+            gpu_model: "A100-80GB".into(),
+            gpu_count: 8,
+            price_per_hour: 30.0,
+            launch_latency_s: 60.0,
+            cpu_cores: 0,
+            memory_gib: 0.0,
+            max_instances: None,
+        });
+        let put = crate::state::Request {
+            request_id: "open".into(),
+            command: crate::state::Command::Put {
+                name: "open".into(),
+                tenant: String::new(),
+                spec: open,
+                mode: crate::state::WriteMode::Upsert,
+                expected_version: 0,
+            },
+            trace_parent: None,
+        };
+        state.apply(100, &put).0.unwrap();
+        assert!(fleet_capacity(&state, &gpus, &types, true).is_empty(), "no limit, no share");
+        assert_eq!(fleet_capacity(&state, &gpus, &types, false).len(), 1, "a fleet that cannot grow is limited whatever its types");
     }
 
     #[test]

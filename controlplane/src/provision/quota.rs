@@ -112,9 +112,8 @@ pub fn over_quota(plan: &Plan, input: &PlanningInput, rules: &ServiceRules) -> V
 }
 
 /// Plans every service (from `previous` where only a few changed, `replan`), then, while
-/// some tenant is over its quota ([`over_quota`]) or, on a fleet that cannot grow
-/// (`capacity`), over its fair share of a GPU type the plan needs more of than the fleet
-/// holds ([`over_fair_share`]), refuses what they name and plans the rest again. Each round
+/// some tenant is over its quota ([`over_quota`]) or over its fair share of a GPU type the
+/// plan needs more of than the fleet can hold (`capacity`, [`over_fair_share`]), refuses what they name and plans the rest again. Each round
 /// refuses at least one service, so there are at most as many rounds as services; without
 /// limits there is one. Quotas are kept whatever the rounds; shares for at most
 /// [`MAX_SHARE_ROUNDS`] rounds, past which what the plan still holds beyond the fleet is
@@ -155,18 +154,25 @@ pub fn plan_within_limits(
 /// (0.3 s at 10,000 hosts), and one round usually refuses all it must.
 pub const MAX_SHARE_ROUNDS: usize = 4;
 
-/// GPUs of each type the fleet holds when it cannot grow (no node provider: the autoscaler
-/// launches nothing); see [`over_fair_share`].
+/// GPUs of each model the fleet can hold (`super::fleet_capacity`); a model absent has no
+/// limit. See [`over_fair_share`].
 pub type Capacity = BTreeMap<String, u32>;
 
-/// When the plan needs more GPUs of a type than a fleet that cannot grow holds: the
+/// When the plan needs more GPUs of a type than the fleet can hold (`capacity`): the
 /// services to refuse so that every tenant keeps within its weighted max-min fair share of
 /// that type (`planner::policy::fair_share`, GSLICE's and HetSev's weighted fairness), each
 /// named "fleet full". Per short type, the capacity in GPUs-worth is what the plan's
 /// services use there scaled by `capacity / GPUs planned` (the plan's packing); each tenant
-/// claims what its services use there, weighted by its `weight`, and keeps its first
-/// service in keeping order (`ServiceRules::keep_order`: priority, then admission) and then,
-/// in that order, the services that fit its share.
+/// claims what its services use there, weighted by its `weight`.
+///
+/// Services are whole, so shares are met within one service: each tenant first keeps, in
+/// keeping order (`ServiceRules::keep_order`: priority, then admission), the services that
+/// fit its share. What that leaves of the capacity then goes, one service at a time, to
+/// the tenant furthest below its weighted share whose next service still fits (work
+/// conserving: no capacity idles while a service that fits it is refused, and a service
+/// larger than its tenant's share runs only on room the others leave). A tenant alone on the
+/// type keeps its first service whatever its size; the placement then places what fits and
+/// names the rest.
 pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules, capacity: &Capacity) -> Vec<Infeasible> {
     let mut planned: BTreeMap<&str, u32> = BTreeMap::new();
     for g in &plan.gpus {
@@ -175,7 +181,7 @@ pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules,
     let tenant_of = |name: &str| rules.boundaries.get(name).map_or("", |b| b.tenant.as_str());
     let mut refused = Vec::new();
     for (gpu_type, &n) in &planned {
-        let held = capacity.get(*gpu_type).copied().unwrap_or(0);
+        let Some(&held) = capacity.get(*gpu_type) else { continue };
         if n <= held {
             continue;
         }
@@ -196,43 +202,73 @@ pub fn over_fair_share(plan: &Plan, input: &PlanningInput, rules: &ServiceRules,
         if total <= 0.0 {
             continue;
         }
+        let weight = |t: &str| rules.weights.get(t).copied().unwrap_or(1.0);
         let claims: Vec<Claim> = tenants
             .iter()
-            .map(|(t, services)| Claim {
-                weight: rules.weights.get(*t).copied().unwrap_or(1.0),
-                demand_pct: 100.0 * services.iter().map(|s| used[s]).sum::<f64>() / total,
-            })
+            .map(|(t, services)| Claim { weight: weight(t), demand_pct: 100.0 * services.iter().map(|s| used[s]).sum::<f64>() / total })
             .collect();
         let shares_pct = match fair_share(100.0 * f64::from(held) / f64::from(n), &claims) {
             Ok(f) => f.shares_pct,
-            // No GPU of this type at all (or nothing used): no share for anyone.
+            // No GPU of this type at all: no share for anyone.
             Err(_) => vec![0.0; claims.len()],
         };
+        let fits = |kept: f64, needs: f64, room: f64| kept + needs <= room * (1.0 + SLACK) + SLACK;
+        // 1. Each tenant keeps what fits its share; the rest wait for what is left. A tenant
+        // alone on the type has no one to be fair to: its first service is kept even when
+        // larger than the fleet, to be placed in part (serving some of its load beats none).
+        let alone = tenants.len() == 1;
+        let mut ledgers: Vec<Ledger> = Vec::with_capacity(tenants.len());
         for ((tenant, mut services), share_pct) in tenants.into_iter().zip(shares_pct) {
             let share = share_pct * total / 100.0;
             services.sort_unstable_by_key(|name| rules.keep_order(name));
-            let mut kept = 0.0;
+            let mut ledger = Ledger { tenant, weight: weight(tenant), share, kept: 0.0, waiting: Vec::new() };
             for name in services {
-                let needs = used[name];
-                // A tenant's first service in keeping order is never refused for its share:
-                // alone larger than the fleet, it keeps what the placement can give it (as
-                // without a share). Past it, a service is kept while it fits the share.
-                if kept == 0.0 || kept + needs <= share * (1.0 + SLACK) + SLACK {
-                    kept += needs;
-                    continue;
+                if fits(ledger.kept, used[name], share) || (alone && ledger.kept == 0.0) {
+                    ledger.kept += used[name];
+                } else {
+                    ledger.waiting.push(name);
                 }
-                refused.push(Infeasible {
-                    service: name.to_string(),
-                    reason: InfeasibleReason::FleetFull {
-                        detail: format!(
-                            "the fleet holds {held} {gpu_type} GPUs and cannot grow; tenant {tenant:?}'s weighted fair share of them is {share:.2} GPUs-worth, its services kept before it (by priority, then age) use {kept:.2}, this one needs {needs:.2}"
-                        ),
-                    },
-                });
             }
+            ledger.waiting.reverse(); // popped from the end, in keeping order
+            ledgers.push(ledger);
+        }
+        // 2. What is left, a service at a time, to the tenant with the least kept per weight.
+        // A service that does not fit now never will (what is left only shrinks): refused.
+        // Each round keeps or refuses one service, so it ends.
+        let mut left = total * f64::from(held) / f64::from(n) - ledgers.iter().map(|l| l.kept).sum::<f64>();
+        while let Some(l) =
+            ledgers.iter_mut().filter(|l| !l.waiting.is_empty()).min_by(|a, b| (a.kept / a.weight).total_cmp(&(b.kept / b.weight)))
+        {
+            let name = l.waiting.pop().expect("a tenant with services waiting");
+            let needs = used[name];
+            if fits(0.0, needs, left) {
+                l.kept += needs;
+                left -= needs;
+                continue;
+            }
+            let (tenant, share, kept) = (l.tenant, l.share, l.kept);
+            refused.push(Infeasible {
+                service: name.to_string(),
+                reason: InfeasibleReason::FleetFull {
+                    detail: format!(
+                        "the fleet can hold {held} {gpu_type} GPUs; tenant {tenant:?}'s weighted fair share of them is {share:.2} GPUs-worth, its services kept before it (by priority, then age) use {kept:.2}, this one needs {needs:.2}, and the other tenants leave {:.2}",
+                        left.max(0.0)
+                    ),
+                },
+            });
         }
     }
     refused
+}
+
+/// One tenant's account in [`over_fair_share`].
+struct Ledger<'a> {
+    tenant: &'a str,
+    weight: f64,
+    share: f64,
+    kept: f64,
+    /// Services not within its share, last to be tried first.
+    waiting: Vec<&'a str>,
 }
 
 /// Admission: service `name` of `cluster` (holding it as it would be written, see
@@ -394,6 +430,47 @@ mod tests {
         let room = Capacity::from([("A100-80GB".to_string(), needed)]);
         let (again, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, Some(&room)).unwrap();
         assert!(again.infeasible.is_empty(), "{:?}", again.infeasible);
+    }
+
+    #[test]
+    fn a_service_larger_than_its_tenants_share_runs_only_on_room_the_others_leave() {
+        // "big" has one service larger than "small"'s six together; equal weights.
+        let mut services = vec![service("big", 3000.0)];
+        let names: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+        services.extend(names.iter().map(|n| service(n, 300.0)));
+        let inp = input(services);
+        let mut rules = ServiceRules::default();
+        rules.boundaries.insert("big".into(), Boundary { tenant: "big".into(), isolation: Isolation::Mig });
+        for n in &names {
+            rules.boundaries.insert(n.clone(), Boundary { tenant: "small".into(), isolation: Isolation::Mig });
+        }
+        let strategy = super::super::MigStrategy::Parvagpu;
+        let (all, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, None).unwrap();
+        let needed = all.gpus.len() as u32;
+        let usage = usage_by_service(&all, &inp.gpu_types);
+        let (big, small): (f64, f64) = (usage["big"].gpus, names.iter().map(|n| usage[n].gpus).sum());
+        // One GPU fewer than the plan needs: room for all of "small", not for "big" beside
+        // it, and "big" alone is larger than its share (half of what the fleet holds).
+        let held = needed - 1;
+        let room = (big + small) * f64::from(held) / f64::from(needed);
+        assert!(small <= room && big > room / 2.0, "big {big}, small {small}, room {room}: the premise");
+        let short = Capacity::from([("A100-80GB".to_string(), held)]);
+        let (plan, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, Some(&short)).unwrap();
+        assert_eq!(plan.infeasible.iter().map(|f| f.service.as_str()).collect::<Vec<_>>(), ["big"], "{:?}", plan.infeasible);
+        assert!(plan.infeasible[0].reason.to_string().contains("the other tenants leave"), "{}", plan.infeasible[0].reason);
+        assert!(plan.gpus.len() as u32 <= held, "{} GPUs on a fleet of {held}", plan.gpus.len());
+        // With room for it beside the others, it runs.
+        let room = Capacity::from([("A100-80GB".to_string(), needed)]);
+        let (plan, _) = plan_within_limits(&inp, &rules, strategy, None, &|| false, Some(&room)).unwrap();
+        assert!(plan.infeasible.is_empty(), "{:?}", plan.infeasible);
+        // A model the capacity does not list has no limit: no share.
+        let unlimited = Capacity::new();
+        assert!(over_fair_share(&all, &inp, &rules, &unlimited).is_empty());
+        // One the fleet holds none of: everything on it is refused, as fleet full.
+        let none = Capacity::from([("A100-80GB".to_string(), 0)]);
+        let refused = over_fair_share(&all, &inp, &rules, &none);
+        assert_eq!(refused.len(), 7, "{refused:?}");
+        assert!(refused.iter().all(|f| matches!(f.reason, InfeasibleReason::FleetFull { .. })));
     }
 
     proptest::proptest! {
