@@ -34,7 +34,9 @@ impl ResourceService {
     /// Each Service the command puts for a tenant with a quota is planned alone first
     /// (`provision::quota::admits`), off the runtime's workers: refused, naming the quota,
     /// when it cannot fit it even with nothing else of its tenant's. Services of tenants
-    /// without a quota cost one lookup.
+    /// without a quota cost one lookup. Each is planned on the catalogue alone
+    /// (`ClusterState::catalogue_only`), so a batch costs O(its services), not O(its
+    /// services x the cluster's).
     async fn admit(&self, command: &Command) -> Result<(), ApiError> {
         let puts: Vec<(String, String, String, Spec)> = match command {
             Command::Put { name, tenant, spec: spec @ Spec::Service(_), .. } => {
@@ -55,7 +57,7 @@ impl ResourceService {
         let limited = |d: &crate::raft::SmData, tenant: &str| matches!(d.cluster.get(Kind::Tenant, tenant).map(|t| &t.spec), Some(Spec::Tenant(t)) if Quota::of(t).is_limited());
         let (cluster, puts) = self.controller.read(|d| {
             let puts: Vec<_> = puts.into_iter().filter(|(_, _, tenant, _)| limited(d, tenant)).collect();
-            (if puts.is_empty() { None } else { Some(d.cluster.resources_only()) }, puts)
+            (if puts.is_empty() { None } else { Some(d.cluster.catalogue_only()) }, puts)
         });
         let Some(cluster) = cluster else { return Ok(()) };
         let strategy = self.loops.mig_strategy;

@@ -272,7 +272,7 @@ struct Ledger<'a> {
 }
 
 /// Admission: service `name` of `cluster` (holding it as it would be written, see
-/// `ClusterState::resources_with`) planned alone, as the provisioner would at its minimum
+/// `ClusterState::resources_with`; the catalogue alone is enough, `catalogue_only`) planned alone, as the provisioner would at its minimum
 /// rate, against its tenant's quota. A service that cannot fit even with nothing else of its
 /// tenant's is refused with the quota named; one the planner cannot place at all is left to
 /// the plan, which names why.

@@ -133,6 +133,17 @@ impl ClusterState {
         ClusterState { resources: self.resources.clone(), revision: self.revision, ..ClusterState::default() }
     }
 
+    /// [`ClusterState::resources_only`] without the Services, Nodes and Plans: the
+    /// catalogue (GPU models, instance types, profiles) and the Tenants, for planning a few
+    /// services alone at a cost that does not grow with the fleet.
+    pub fn catalogue_only(&self) -> ClusterState {
+        let mut catalogue = self.resources_only();
+        for kind in [Kind::Service, Kind::Node, Kind::Plan] {
+            catalogue.resources.remove(&kind);
+        }
+        catalogue
+    }
+
     /// [`ClusterState::resources_only`] with `spec` put as `name` of `tenant`, with no
     /// status: what planning would read were the put applied, for a check made before it is
     /// proposed (a Service against its tenant's quota). A new resource gets the next

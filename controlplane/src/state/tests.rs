@@ -554,3 +554,18 @@ fn an_entry_holds_one_to_the_bound_of_requests() {
     assert!(e.reason.contains("257 requests in one log entry; an entry holds 1 to 256"), "{e}");
     assert!(Proposal { requests: vec![] }.check().is_err());
 }
+
+#[test]
+fn the_catalogue_holds_what_planning_a_service_alone_reads_and_no_services() {
+    let (mut s, i) = seeded();
+    s.apply(i + 1, &put("a", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    let catalogue = s.catalogue_only();
+    assert!(catalogue.get(Kind::Service, "svc1").is_none());
+    for (kind, name) in [(Kind::Tenant, "acme"), (Kind::GpuModel, "A100-80GB"), (Kind::ModelProfile, "resnet50-a100")] {
+        assert_eq!(catalogue.get(kind, name), s.get(kind, name), "{kind:?} {name}");
+    }
+    // A service put on it is the only one there.
+    let what_if = catalogue.resources_with("svc2", "acme", service("resnet50", 40.0));
+    assert_eq!(what_if.list(Kind::Service).map(|r| r.name.as_str()).collect::<Vec<_>>(), ["svc2"]);
+    assert!(s.get(Kind::Service, "svc2").is_none(), "the state is not changed");
+}
