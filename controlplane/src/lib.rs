@@ -18,7 +18,8 @@ pub mod metering;
 pub mod procs;
 pub mod provision;
 pub mod raft;
-pub mod resources;
+/// The domain model (its own crate, `model`, so that the agent and tools build the same types).
+pub use model as resources;
 pub mod security;
 pub mod server;
 pub mod state;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use controlplane::loops::LoopSettings;
+use controlplane::resources::{Health, NodeStatus, ServiceStatus};
 use serde_json::{json, Value};
 
 fn fleet_resources() -> Vec<proto::Resource> {
@@ -181,14 +182,14 @@ async fn a_node_that_misses_its_heartbeats_is_planned_around_until_it_reports_ag
         report(&mut agent, "n1").await;
         let node2: Value = serde_json::from_str(&client.get("Node", "n2", false).await.unwrap().status_json).unwrap_or(Value::Null);
         let plan = client.get("Plan", "current", false).await.ok().map(|r| serde_json::from_str::<Value>(&r.spec_json).unwrap());
-        if node2["health"] == "unhealthy" && plan.as_ref().is_some_and(uses_only_n1) {
+        if NodeStatus::is_unhealthy(&node2) && plan.as_ref().is_some_and(uses_only_n1) {
             break;
         }
         assert!(Instant::now() < deadline, "n2 was not marked unhealthy and planned around: {node2} {plan:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let n1: Value = serde_json::from_str(&client.get("Node", "n1", false).await.unwrap().status_json).unwrap();
-    assert_eq!(n1["health"], "healthy");
+    assert!(NodeStatus::is_healthy(&n1), "{n1}");
 
     // n2 reports again: healthy, and its GPU is planned on again.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -222,14 +223,20 @@ async fn past_the_report_budget_agents_are_told_to_report_less_often_and_get_tha
     assert_eq!(answer.report_interval_ms, 500);
 
     // n1 reports every 400 ms (overdue at the unpaced 300 ms, on time at 500 ms); n2 is silent.
-    let health = |status: String| serde_json::from_str::<Value>(&status).unwrap_or(Value::Null)["health"].clone();
+    let health = |status: String| {
+        serde_json::from_str::<Value>(&status).ok().and_then(|s| serde_json::from_value::<NodeStatus>(s).ok()).map(|s| s.health)
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let answer = agent.report(proto::ReportRequest { node: "n1".into(), ..Default::default() }).await.unwrap().into_inner();
         assert_eq!(answer.report_interval_ms, 500);
         tokio::time::sleep(Duration::from_millis(400)).await;
-        assert_eq!(health(client.get("Node", "n1", false).await.unwrap().status_json), "healthy", "n1 reports on its paced interval");
-        if health(client.get("Node", "n2", false).await.unwrap().status_json) == "unhealthy" {
+        assert_eq!(
+            health(client.get("Node", "n1", false).await.unwrap().status_json),
+            Some(Health::Healthy),
+            "n1 reports on its paced interval"
+        );
+        if health(client.get("Node", "n2", false).await.unwrap().status_json) == Some(Health::Unhealthy) {
             break;
         }
         assert!(Instant::now() < deadline, "the silent n2 was never marked unhealthy");
@@ -355,7 +362,7 @@ async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_dro
     assert_eq!(launched[0].1, "a1", "the cheapest adequate type (price and launch latency)");
     let service = client.get("Service", "web", false).await.unwrap();
     let status: Value = serde_json::from_str(&service.status_json).unwrap();
-    assert_eq!(status["provisioned_rps"], 2000.0);
+    assert_eq!(ServiceStatus::provisioned_rps(&status), Some(2000.0));
     assert!(plan["services"][0]["infeasible_reason"].is_null(), "{plan}");
 
     // The load drops: after the cool-down the service is sized down, the plan leaves the

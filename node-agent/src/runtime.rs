@@ -141,16 +141,22 @@ impl Agent {
 
     /// The Node resource this agent registers.
     fn node_resource(&self) -> proto::Resource {
-        let gpus: Vec<serde_json::Value> = self
+        let gpus = self
             .executor
             .lock()
             .expect("executor lock")
             .gpus
             .iter()
-            .map(|g| serde_json::json!({"uuid": g.uuid, "model": self.model_name(g), "mig_enabled": g.mig_enabled}))
+            .map(|g| model::NodeGpu { uuid: g.uuid.clone(), model: self.model_name(g), mig_enabled: g.mig_enabled })
             .collect();
-        let spec = serde_json::json!({"address": self.cfg.advertise, "instance_type": self.cfg.instance_type, "gpus": gpus, "labels": self.cfg.labels});
-        proto::Resource { kind: "Node".into(), name: self.cfg.node.clone(), spec_json: spec.to_string(), ..Default::default() }
+        let spec = model::NodeSpec {
+            address: self.cfg.advertise.clone(),
+            instance_type: self.cfg.instance_type.clone(),
+            gpus,
+            labels: self.cfg.labels.clone(),
+        };
+        let spec_json = serde_json::to_string(&spec).expect("a NodeSpec is plain data");
+        proto::Resource { kind: model::Kind::Node.to_string(), name: self.cfg.node.clone(), spec_json, ..Default::default() }
     }
 
     /// The GpuModel resource name of a GPU: the configured name for simulated GPUs (V100 and

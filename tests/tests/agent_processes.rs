@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
+use controlplane::resources::NodeStatus;
 use serde_json::{json, Value};
 use tests::{binary, Cluster, Proc};
 
@@ -165,7 +166,7 @@ async fn converged(client: &Client, log: &Path, version: u64) -> Value {
     wait_for("the agent to converge", log, async || {
         let node = client.get("Node", "n1", false).await.ok()?;
         let status: Value = serde_json::from_str(&node.status_json).ok()?;
-        (status["applied_version"].as_u64()? >= version).then_some(status)
+        (NodeStatus::applied_version(&status) >= version).then_some(status)
     })
     .await
 }
@@ -236,7 +237,7 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     // `gpuctl get desired` shows the node's share of the plan at the version it applied.
     let desired: Value =
         serde_json::from_slice(&tests::gpuctl(&cluster.servers(), &["get", "desired", "n1", "-o", "json"]).stdout).unwrap();
-    assert_eq!(desired["version"], status["applied_version"]);
+    assert_eq!(desired["version"].as_u64(), Some(NodeStatus::applied_version(&status)));
     let layout = desired["gpus"].as_array().unwrap().iter().find(|g| g["gpu_uuid"] == gpus[0].as_str()).unwrap()["mig_layout"].clone();
     assert_eq!(layout, json!(["4g@0", "3g@4"]));
     // Three workloads, each its processes (batch runs two) and a warm standby.

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
 use controlplane::demo::procs::Binaries;
+use controlplane::resources::NodeStatus;
 use serde_json::json;
 
 use super::cluster::Cluster;
@@ -86,14 +87,14 @@ async fn agents_converged(client: &Client, agents: &[String], service: &str) -> 
             .find(|n| n.name == name)
             .map(|n| serde_json::from_str::<serde_json::Value>(&n.status_json).unwrap_or_default())
     };
-    let healthy = agents.iter().all(|a| status(a).is_some_and(|s| s["health"] == "healthy"));
+    let healthy = agents.iter().all(|a| status(a).is_some_and(|s| NodeStatus::is_healthy(&s)));
     if !healthy {
         return false;
     }
     let nodes: std::collections::BTreeSet<&str> = plan.gpus.iter().map(|g| g.node.as_str()).collect();
     for node in nodes {
         let Ok(want) = client.desired_version(node).await else { return false };
-        if status(node).is_none_or(|s| s["applied_version"].as_u64().unwrap_or(0) < want) {
+        if status(node).is_none_or(|s| NodeStatus::applied_version(&s) < want) {
             return false;
         }
     }

@@ -21,7 +21,7 @@ use crate::agents::report_relay::MAX_REPORTS_PER_BATCH;
 use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
 use crate::agents::{desired_state, fingerprint, SentVersions};
 use crate::controller::Controller;
-use crate::resources::{validate_name, ErrorCode, FieldError, Kind, Spec};
+use crate::resources::{validate_name, ErrorCode, FieldError, Health, Kind, NodeStatus, ObservedGpu, ObservedWorkload, Spec};
 use crate::security::{caller, Principal};
 
 /// What a controller makes of a report.
@@ -136,35 +136,36 @@ fn relayed<T>(request: Request<T>, field: &str, items: impl FnOnce(&T) -> usize,
 
 type DesiredStream = Pin<Box<dyn Stream<Item = Result<proto::DesiredState, Status>> + Send>>;
 
-/// The observed part of a report as the Node's status JSON (what `gpuctl get node` shows).
+/// The observed part of a report as the Node's status (what `gpuctl get node` shows).
 fn observed_status(r: &proto::ReportRequest) -> serde_json::Value {
-    let gpus: Vec<serde_json::Value> = r
+    let gpus = r
         .gpus
         .iter()
-        .map(|g| {
-            serde_json::json!({
-                "gpu_uuid": g.gpu_uuid,
-                "model": g.model,
-                "mig_enabled": g.mig_enabled,
-                "instances": g.instances.iter().map(|i| format!("{}@{}", i.profile, i.start)).collect::<Vec<_>>(),
-                "workloads": g.workloads.iter().map(|w| serde_json::json!({
-                    "service": w.service,
-                    "mig_instance": w.mig_instance,
-                    "mps_percent": w.mps_percent,
-                    "batch": w.batch,
-                    "state": w.state,
-                    "shadow": w.shadow,
-                    "pid": w.pid,
-                })).collect::<Vec<_>>(),
-            })
+        .map(|g| ObservedGpu {
+            gpu_uuid: g.gpu_uuid.clone(),
+            model: g.model.clone(),
+            mig_enabled: g.mig_enabled,
+            instances: g.instances.iter().map(|i| format!("{}@{}", i.profile, i.start)).collect(),
+            workloads: g
+                .workloads
+                .iter()
+                .map(|w| ObservedWorkload {
+                    service: w.service.clone(),
+                    mig_instance: w.mig_instance,
+                    mps_percent: w.mps_percent,
+                    batch: w.batch,
+                    state: w.state.clone(),
+                    shadow: w.shadow,
+                    pid: w.pid,
+                })
+                .collect(),
         })
         .collect();
     // The routers' addresses per service: what `gpuctl get endpoints` and load balancers
     // (watching Nodes) read. Only these stable fields go to the status, not the per-second
     // metrics, so reports do not churn the log.
-    let endpoints: serde_json::Map<String, serde_json::Value> =
-        r.metrics.iter().filter(|m| !m.endpoint.is_empty()).map(|m| (m.service.clone(), m.endpoint.clone().into())).collect();
-    serde_json::json!({ "applied_version": r.applied_version, "gpus": gpus, "health": "healthy", "endpoints": endpoints })
+    let endpoints = r.metrics.iter().filter(|m| !m.endpoint.is_empty()).map(|m| (m.service.clone(), m.endpoint.clone())).collect();
+    NodeStatus { applied_version: r.applied_version, gpus, health: Health::Healthy, endpoints }.to_json()
 }
 
 #[tonic::async_trait]

@@ -129,7 +129,7 @@ impl View {
         let applied = |node: &str| {
             self.nodes.iter().find(|n| n.name == node).is_some_and(|n| {
                 let status: serde_json::Value = serde_json::from_str(&n.status_json).unwrap_or_default();
-                status["applied_version"].as_u64().unwrap_or(0) >= self.desired.get(node).copied().unwrap_or(u64::MAX)
+                crate::resources::NodeStatus::applied_version(&status) >= self.desired.get(node).copied().unwrap_or(u64::MAX)
             })
         };
         if !plan.gpus.iter().all(|g| applied(&g.node)) {
@@ -379,7 +379,7 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
         let v = view(&client).await?;
         let n = v.nodes.iter().find(|n| n.name == victim)?;
         let status: serde_json::Value = serde_json::from_str(&n.status_json).ok()?;
-        (status["health"] == "healthy").then_some(())
+        crate::resources::NodeStatus::is_healthy(&status).then_some(())
     })
     .await?;
     println!("{victim} reports healthy again and is back in the fleet");

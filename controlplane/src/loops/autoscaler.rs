@@ -14,7 +14,7 @@ use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launch_room, launches_for, provisioned_rate, shortfall};
 use crate::provision::{fleet, plan_services, MigStrategy};
-use crate::resources::{InstanceTypeSpec, Kind, Spec};
+use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command, Request};
 
 /// HetSev's saturation threshold: capacity is provisioned so that load is 80% of it.
@@ -114,7 +114,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 .list(Kind::Service)
                 .filter_map(|s| match &s.spec {
                     Spec::Service(spec) => spec.slo.autoscaling.as_ref().map(|a| {
-                        let current = s.status.get("provisioned_rps").and_then(|v| v.as_f64()).unwrap_or(a.min_rps);
+                        let current = ServiceStatus::provisioned_rps(&s.status).unwrap_or(a.min_rps);
                         (s.name.clone(), a.min_rps, a.max_rps, current)
                     }),
                     _ => None,
@@ -137,7 +137,7 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 continue;
             }
             since.remove(&name);
-            let status = serde_json::json!({"provisioned_rps": wanted, "arrival_rps": arrival});
+            let status = ServiceStatus { provisioned_rps: wanted, arrival_rps: arrival }.to_json();
             let write = Request {
                 request_id: uuid::Uuid::new_v4().to_string(),
                 command: Command::PutStatus { kind: Kind::Service, name: name.clone(), status: status.into(), expected_version: 0 },
@@ -242,8 +242,9 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loops::provisioner::tests::node_event;
+    use crate::loops::provisioner::tests::{node_event, node_status};
     use crate::raft::WatchSignal;
+    use crate::resources::Health;
     use crate::state::ChangeType;
     use tokio::sync::broadcast;
 
@@ -260,10 +261,10 @@ mod tests {
         assert_eq!(drain(&mut rx, &mut seen), changed(true, false), "a node joined");
         // Reports that change only what the agent applied: the view stands.
         for v in 1..=5 {
-            tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"applied_version": v, "health": "healthy"}))).unwrap();
+            tx.send(node_event("n1", ChangeType::Modified, node_status(v, Health::Healthy))).unwrap();
         }
         assert_eq!(drain(&mut rx, &mut seen), changed(false, false));
-        tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"health": "unhealthy"}))).unwrap();
+        tx.send(node_event("n1", ChangeType::Modified, node_status(0, Health::Unhealthy))).unwrap();
         assert_eq!(drain(&mut rx, &mut seen), changed(true, false), "its health is an input");
         let WatchSignal::Change(node) = node_event("n1", ChangeType::Modified, serde_json::Value::Null) else { unreachable!() };
         let mut plan = (*node).clone();
@@ -273,7 +274,7 @@ mod tests {
         assert_eq!(drain(&mut rx, &mut seen), changed(false, true), "a plan commit changes which nodes hold work");
         // Missed changes: everything again.
         for v in 0..20 {
-            tx.send(node_event("n1", ChangeType::Modified, serde_json::json!({"applied_version": v}))).unwrap();
+            tx.send(node_event("n1", ChangeType::Modified, node_status(v, Health::Healthy))).unwrap();
         }
         assert_eq!(drain(&mut rx, &mut seen), changed(true, true));
     }

@@ -22,11 +22,8 @@ use super::LoopSettings;
 use crate::agents::report_pace::OverdueTimeout;
 use crate::agents::Heard;
 use crate::controller::Controller;
-use crate::resources::Kind;
+use crate::resources::{Kind, NodeStatus};
 use crate::state::{Command, Request};
-
-/// The health a node's status carries.
-pub const UNHEALTHY: &str = "unhealthy";
 
 /// How long the failure detector waits for each signal.
 #[derive(Clone, Copy, Debug)]
@@ -86,11 +83,7 @@ const MARKS_IN_FLIGHT: usize = 64;
 
 async fn mark_unhealthy(controller: &Controller, name: String, why: &str, timeout: Duration) {
     let status = controller.read(|d| d.cluster.get(Kind::Node, &name).map(|n| n.status.clone())).unwrap_or_default();
-    if status.get("health").and_then(|h| h.as_str()) == Some(UNHEALTHY) {
-        return;
-    }
-    let mut marked = if status.is_object() { (*status).clone() } else { serde_json::json!({}) };
-    marked["health"] = serde_json::Value::from(UNHEALTHY);
+    let Some(marked) = NodeStatus::marked_unhealthy(&status) else { return };
     // No request id: marking a node unhealthy again is the same write, and a de-duplication
     // record would hold the whole Node after it (a few KB each, kept in every snapshot for
     // 100,000 writes) for every node of a mass failure.

@@ -97,7 +97,7 @@ impl FleetFingerprints {
             Spec::Node(spec) => {
                 serde_json::to_string(spec).unwrap_or_default().hash(&mut hasher);
                 // What `provision::fleet` reads of the status: unhealthy or not.
-                let unhealthy = r.status.get("health").and_then(|h| h.as_str()) == Some(crate::loops::failure_detector::UNHEALTHY);
+                let unhealthy = crate::resources::NodeStatus::is_unhealthy(&r.status);
                 unhealthy.hash(&mut hasher);
             }
             // What `provision::service_rules` reads of a Tenant.
@@ -240,9 +240,14 @@ async fn pass(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::resources::{NodeGpu, NodeSpec, Spec, StoredResource};
+    use crate::resources::{Health, NodeGpu, NodeSpec, NodeStatus, Spec, StoredResource};
     use futures::FutureExt;
     use std::sync::Arc;
+
+    /// A Node's status as its agent's report writes it.
+    pub(in crate::loops) fn node_status(applied_version: u64, health: Health) -> serde_json::Value {
+        NodeStatus { applied_version, health, ..Default::default() }.to_json()
+    }
 
     pub(in crate::loops) fn node_event(name: &str, change_type: ChangeType, status: serde_json::Value) -> WatchSignal {
         let spec = Spec::Node(NodeSpec {
@@ -279,17 +284,16 @@ pub(super) mod tests {
         assert!(!drain(&mut rx, &mut seen).inputs, "nothing more came: settled");
         // Reports that change what the agents applied, or mark them healthy: no pass.
         for i in 0..100 {
-            let status = serde_json::json!({"applied_version": 8, "health": "healthy"});
+            let status = node_status(8, Health::Healthy);
             tx.send(node_event(&format!("n{i}"), ChangeType::Modified, status)).unwrap();
         }
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_none(), "applied_version alone is no input");
         for i in 0..10 {
-            tx.send(node_event(&format!("n{i}"), ChangeType::Modified, serde_json::json!({"applied_version": 9, "health": "healthy"})))
-                .unwrap();
+            tx.send(node_event(&format!("n{i}"), ChangeType::Modified, node_status(9, Health::Healthy))).unwrap();
         }
         assert!(!drain(&mut rx, &mut seen).inputs, "reports that change no input do not prolong settling");
         // A node turning unhealthy is.
-        tx.send(node_event("n5", ChangeType::Modified, serde_json::json!({"applied_version": 8, "health": "unhealthy"}))).unwrap();
+        tx.send(node_event("n5", ChangeType::Modified, node_status(8, Health::Unhealthy))).unwrap();
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
     }
 

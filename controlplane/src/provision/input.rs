@@ -1,6 +1,6 @@
 //! The planner's input from the committed resources. Pure.
 
-use crate::resources::{BatchDistribution as BatchDistributionSpec, GpuModelSpec, Kind, Spec};
+use crate::resources::{BatchDistribution as BatchDistributionSpec, GpuModelSpec, Kind, ServiceStatus, Spec};
 use crate::state::ClusterState;
 use planner::input::{BatchDistribution, GpuType, PlanningInput, ServiceDemand, UtilPoint};
 use planner::mig::GpuModel;
@@ -42,9 +42,7 @@ pub fn planning_input(cluster: &ClusterState) -> PlanningInput {
         // (within its range), else for the floor of its range.
         let rate = match (&spec.slo.request_rate, &spec.slo.autoscaling) {
             (Some(r), _) => *r,
-            (None, Some(a)) => {
-                r.status.get("provisioned_rps").and_then(|v| v.as_f64()).map_or(a.min_rps, |v| v.clamp(a.min_rps, a.max_rps))
-            }
+            (None, Some(a)) => ServiceStatus::provisioned_rps(&r.status).map_or(a.min_rps, |v| v.clamp(a.min_rps, a.max_rps)),
             (None, None) => 0.0,
         };
         let key = model_key(&spec.model, &spec.allowed_gpu_models);

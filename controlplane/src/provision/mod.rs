@@ -19,7 +19,7 @@ pub use replan::{plan_pools_from, PoolPlans};
 
 use std::collections::BTreeMap;
 
-use crate::resources::{InstanceTypeSpec, Isolation, Kind, PlanSpec, ServicePrediction, Spec};
+use crate::resources::{InstanceTypeSpec, Isolation, Kind, NodeStatus, PlanSpec, ServicePrediction, Spec};
 use crate::state::ClusterState;
 use planner::isolation::Boundary;
 use quota::Quota;
@@ -49,7 +49,7 @@ impl MigStrategy {
 pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
     cluster
         .list(Kind::Node)
-        .filter(|n| n.status.get("health").and_then(|h| h.as_str()) != Some(crate::loops::failure_detector::UNHEALTHY))
+        .filter(|n| !NodeStatus::is_unhealthy(&n.status))
         .filter_map(|n| match &n.spec {
             Spec::Node(spec) => Some((n.name.clone(), spec)),
             _ => None,

@@ -91,7 +91,7 @@ impl UnhealthyMarks {
                     };
                     let Some(r) = ev.resource else { continue };
                     let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
-                    let is = status.get("health").and_then(|h| h.as_str()) == Some("unhealthy");
+                    let is = controlplane::resources::NodeStatus::is_unhealthy(&status);
                     if is && unhealthy.insert(r.name.clone()) {
                         m.marks.lock().unwrap().push((r.name, Instant::now()));
                     } else if !is {

@@ -1,18 +1,21 @@
-//! The domain model kept in the replicated state: resource kinds, their typed specs,
-//! and field-level validation. Pure data, no IO.
+//! The domain model kept in the replicated state: resource kinds, their typed specs and
+//! statuses, their bounds, and field-level validation. Pure data, no IO: the controller,
+//! the agent, gpuctl and chaos build and parse these types.
 
 mod kind;
 pub mod limits;
 mod plan_patch;
 mod specs;
+mod status;
 mod validate;
 
 pub use kind::Kind;
-#[cfg(test)]
-pub(crate) use plan_patch::test_gpu;
+#[cfg(any(test, feature = "test-fixtures"))]
+pub use plan_patch::test_gpu;
 pub use plan_patch::{PlanPatch, MAX_PATCH_CHANGES};
 pub use specs::*;
-pub(crate) use validate::{bounded_list, bounded_text, host_of, non_negative};
+pub use status::{Health, NodeStatus, ObservedGpu, ObservedWorkload, ServiceStatus};
+pub use validate::{bounded_list, bounded_text, host_of, non_negative};
 pub use validate::{validate_name, validate_plan_patch, validate_spec};
 
 use serde::{Deserialize, Serialize};

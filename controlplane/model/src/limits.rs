@@ -139,6 +139,7 @@ pub fn limits() -> Vec<Limit> {
         row("MAX_COEFFICIENT_ABS", MAX_COEFFICIENT_ABS, "any fitted iGniter coefficient"),
         row("MAX_LAUNCH_LATENCY_S", MAX_LAUNCH_LATENCY_S, "an instance type's launch latency"),
         row("MAX_PRICE_PER_HOUR", MAX_PRICE_PER_HOUR, "an instance type's price"),
+        row("MAX_INSTANCES_PER_TYPE", MAX_INSTANCES_PER_TYPE, "an instance type's max_instances (the cloud account's limit)"),
         row("MAX_TENANT_WEIGHT", MAX_TENANT_WEIGHT, "a tenant's fair-share weight"),
         row("MAX_TENANT_GPUS", MAX_TENANT_GPUS, "a tenant's `max_gpus` quota (GPUs-worth)"),
         row("MAX_TENANT_COST_PER_HOUR", MAX_TENANT_COST_PER_HOUR, "a tenant's `max_cost_per_hour` quota"),
@@ -169,7 +170,7 @@ mod tests {
     /// README's "Limits" table must list every bound with its value.
     #[test]
     fn readme_lists_every_limit_with_its_value() {
-        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
         for limit in limits() {
             let row = format!("| `{}` | {} | {} |", limit.name, limit.value, limit.why);
             assert!(readme.contains(&row), "README.md lacks the row {row}");

@@ -196,8 +196,8 @@ fn merge<'a, T: 'a, K: Ord + 'a>(
 }
 
 /// A GPU of `node` running one MPS workload of `service` at `batch` (for tests).
-#[cfg(test)]
-pub(crate) fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> GpuAssignment {
+#[cfg(any(test, feature = "test-fixtures"))]
+pub fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> GpuAssignment {
     GpuAssignment {
         node: node.into(),
         gpu_uuid: uuid.into(),
@@ -210,7 +210,7 @@ pub(crate) fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> Gpu
             processes: 1,
             shadow_mps_percent: 0.0,
             tenant: String::new(),
-            isolation: crate::resources::Isolation::default(),
+            isolation: crate::Isolation::default(),
         }],
     }
 }

@@ -33,7 +33,7 @@ fn positive(field: &str, value: f64, max: f64) -> Result<(), FieldError> {
 }
 
 /// A finite number in `[0, max]`.
-pub(crate) fn non_negative(field: &str, value: f64, max: f64) -> Result<(), FieldError> {
+pub fn non_negative(field: &str, value: f64, max: f64) -> Result<(), FieldError> {
     finite(field, value)?;
     if value < 0.0 {
         return Err(FieldError::invalid(field, format!("must be >= 0 (got {value})")));
@@ -73,14 +73,14 @@ fn int_within(field: &str, value: u64, min: u64, max: u64) -> Result<(), FieldEr
 }
 
 /// A list of at most `max` entries.
-pub(crate) fn bounded_list(field: &str, len: usize, max: usize) -> Result<(), FieldError> {
+pub fn bounded_list(field: &str, len: usize, max: usize) -> Result<(), FieldError> {
     if len > max {
         return Err(FieldError::invalid(field, format!("lists {len} entries; the limit is {max}")));
     }
     Ok(())
 }
 
-pub(crate) fn bounded_text(field: &str, text: &str, max: usize) -> Result<(), FieldError> {
+pub fn bounded_text(field: &str, text: &str, max: usize) -> Result<(), FieldError> {
     if text.len() > max {
         return Err(FieldError::invalid(field, format!("is {} bytes long; the limit is {max}", text.len())));
     }
@@ -214,7 +214,7 @@ fn validate_address(field: &str, address: &str) -> Result<(), FieldError> {
 }
 
 /// The host of `host:port` (with a valid port), or `None`.
-pub(crate) fn host_of(address: &str) -> Option<&str> {
+pub fn host_of(address: &str) -> Option<&str> {
     let (host, port) = address.rsplit_once(':')?;
     (!host.is_empty() && port.parse::<u16>().is_ok()).then_some(host)
 }
@@ -563,7 +563,7 @@ mod tests {
             processes: 1,
             shadow_mps_percent: 0.0,
             tenant: String::new(),
-            isolation: crate::resources::Isolation::default(),
+            isolation: crate::Isolation::default(),
         };
         let plan = |wls: Vec<WorkloadAssignment>| {
             Spec::Plan(PlanSpec {

@@ -1,0 +1,170 @@
+//! The statuses written into the replicated state, typed. A status is stored as JSON
+//! (`StoredResource::status`), so that a status write is never refused for a spec reason;
+//! this module is the one place its keys are spelled. Writers build the types; readers use
+//! the accessors, which read one key without decoding the rest (a Node's status holds every
+//! GPU's workloads, and the provisioner reads the health of every Node on each pass).
+//! A Tenant's status is the metering's (`controlplane::metering::TenantStatus`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The failure detector's verdict on a Node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// Its agent reported (every report says so).
+    #[default]
+    Healthy,
+    /// It missed its reports or its watch ended: planned around until it reports again.
+    Unhealthy,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "healthy",
+            Health::Unhealthy => "unhealthy",
+        }
+    }
+}
+
+/// A Node's status: what its agent last reported, and the failure detector's verdict.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The desired-state version the agent has converged to (0: none yet).
+    #[serde(default)]
+    pub applied_version: u64,
+    #[serde(default)]
+    pub gpus: Vec<ObservedGpu>,
+    #[serde(default)]
+    pub health: Health,
+    /// Each service's router address on this node: what `gpuctl get endpoints` and load
+    /// balancers (watching Nodes) read.
+    #[serde(default)]
+    pub endpoints: BTreeMap<String, String>,
+}
+
+/// A GPU as its agent observed it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObservedGpu {
+    pub gpu_uuid: String,
+    pub model: String,
+    pub mig_enabled: bool,
+    /// MIG instances as `profile@start`.
+    pub instances: Vec<String>,
+    pub workloads: Vec<ObservedWorkload>,
+}
+
+/// A workload process as its agent observed it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObservedWorkload {
+    pub service: String,
+    pub mig_instance: i32,
+    pub mps_percent: f64,
+    pub batch: u32,
+    pub state: String,
+    pub shadow: bool,
+    pub pid: u32,
+}
+
+const HEALTH: &str = "health";
+const APPLIED_VERSION: &str = "applied_version";
+const ENDPOINTS: &str = "endpoints";
+
+impl NodeStatus {
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).expect("a NodeStatus is plain data")
+    }
+
+    /// Whether `status` (a Node's) says the failure detector marked it unhealthy.
+    pub fn is_unhealthy(status: &Value) -> bool {
+        status.get(HEALTH).and_then(Value::as_str) == Some(Health::Unhealthy.as_str())
+    }
+
+    /// Whether `status` (a Node's) comes from a report since it was last marked unhealthy.
+    pub fn is_healthy(status: &Value) -> bool {
+        status.get(HEALTH).and_then(Value::as_str) == Some(Health::Healthy.as_str())
+    }
+
+    /// The desired-state version `status` (a Node's) says its agent converged to.
+    pub fn applied_version(status: &Value) -> u64 {
+        status.get(APPLIED_VERSION).and_then(Value::as_u64).unwrap_or(0)
+    }
+
+    /// The (service, router address) pairs of `status` (a Node's), empty addresses left out.
+    pub fn endpoints(status: &Value) -> impl Iterator<Item = (&str, &str)> {
+        status
+            .get(ENDPOINTS)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(service, addr)| addr.as_str().filter(|a| !a.is_empty()).map(|a| (service.as_str(), a)))
+    }
+
+    /// `status` (a Node's) marked unhealthy, the rest as it was; `None` when it already is.
+    pub fn marked_unhealthy(status: &Value) -> Option<Value> {
+        if Self::is_unhealthy(status) {
+            return None;
+        }
+        let mut marked = if status.is_object() { status.clone() } else { Value::Object(Default::default()) };
+        marked[HEALTH] = Value::from(Health::Unhealthy.as_str());
+        Some(marked)
+    }
+}
+
+/// A Service's status, written by the autoscaler.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// The rate the service is planned for (within its autoscaling range).
+    pub provisioned_rps: f64,
+    /// The arrival rate the agents measured when it was set.
+    pub arrival_rps: f64,
+}
+
+const PROVISIONED_RPS: &str = "provisioned_rps";
+
+impl ServiceStatus {
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self).expect("a ServiceStatus is plain data")
+    }
+
+    /// The rate `status` (a Service's) says the autoscaler provisioned it for.
+    pub fn provisioned_rps(status: &Value) -> Option<f64> {
+        status.get(PROVISIONED_RPS).and_then(Value::as_f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accessors_read_what_the_types_write() {
+        let node = NodeStatus {
+            applied_version: 7,
+            gpus: vec![ObservedGpu { gpu_uuid: "GPU-1".into(), model: "A100-80GB".into(), ..Default::default() }],
+            health: Health::Healthy,
+            endpoints: [("web".to_string(), "10.0.0.1:7100".to_string()), ("idle".to_string(), String::new())].into(),
+        };
+        let json = node.to_json();
+        assert_eq!(NodeStatus::applied_version(&json), 7);
+        assert!(NodeStatus::is_healthy(&json) && !NodeStatus::is_unhealthy(&json));
+        assert_eq!(NodeStatus::endpoints(&json).collect::<Vec<_>>(), [("web", "10.0.0.1:7100")]);
+        assert_eq!(serde_json::from_value::<NodeStatus>(json.clone()).unwrap(), node, "it reads back");
+
+        let marked = NodeStatus::marked_unhealthy(&json).unwrap();
+        assert!(NodeStatus::is_unhealthy(&marked) && !NodeStatus::is_healthy(&marked));
+        assert_eq!(serde_json::from_value::<NodeStatus>(marked.clone()).unwrap().health, Health::Unhealthy);
+        assert_eq!(NodeStatus::applied_version(&marked), 7, "the rest is kept");
+        assert_eq!(NodeStatus::marked_unhealthy(&marked), None, "once");
+        // A Node that never reported has no status at all.
+        assert!(NodeStatus::is_unhealthy(&NodeStatus::marked_unhealthy(&Value::Null).unwrap()));
+        assert!(!NodeStatus::is_healthy(&Value::Null) && !NodeStatus::is_unhealthy(&Value::Null));
+
+        let service = ServiceStatus { provisioned_rps: 2000.0, arrival_rps: 1600.0 };
+        assert_eq!(ServiceStatus::provisioned_rps(&service.to_json()), Some(2000.0));
+        assert_eq!(ServiceStatus::provisioned_rps(&Value::Null), None);
+    }
+}
