@@ -9,9 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
-use crate::resources::{GpuAssignment, Kind, PlanSpec, Spec, StoredResource, WorkloadAssignment};
+use crate::resources::{GpuAssignment, Kind, PlanSpec, SloCount, Spec, TenantStatus, WorkloadAssignment};
 use crate::state::ClusterState;
 
 /// What a tenant or a service occupies.
@@ -95,44 +93,6 @@ pub fn gpu_prices(cluster: &ClusterState) -> impl Fn(&GpuAssignment) -> f64 + '_
         let Some(Spec::Node(node)) = cluster.get(Kind::Node, &g.node).map(|n| &n.spec) else { return 0.0 };
         let model = node.gpus.iter().find(|d| d.uuid == g.gpu_uuid).map(|d| d.model.as_str());
         model.and_then(|m| per_model.get(m)).copied().unwrap_or(0.0)
-    }
-}
-
-/// SLO windows reported for a tenant's services, and how many met their SLO.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SloCount {
-    pub windows: u64,
-    pub met: u64,
-}
-
-impl SloCount {
-    fn plus(self, other: SloCount) -> SloCount {
-        SloCount { windows: self.windows.saturating_add(other.windows), met: self.met.saturating_add(other.met) }
-    }
-}
-
-/// A Tenant's status: its usage as of the committed plan and its SLO attainment since
-/// metering began (carried over from leader to leader in the status itself).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TenantStatus {
-    /// GPUs-worth the plan gives it: what its spec's `max_gpus` bounds.
-    pub gpus: f64,
-    /// `gpus` at their models' prices: what its spec's `max_cost_per_hour` bounds.
-    pub cost_per_hour: f64,
-    /// Of `gpus`, the MIG instance GPCs (times the MPS share in each) and the MPS shares of
-    /// GPUs used whole (`Occupied`).
-    pub mig_gpcs: f64,
-    pub mps_gpus: f64,
-    /// Its services the plan places.
-    pub services_planned: u32,
-    pub slo: SloCount,
-}
-
-impl TenantStatus {
-    /// As stored (a status this binary cannot read counts as none: it is rewritten).
-    pub fn of(r: &StoredResource) -> TenantStatus {
-        serde_json::from_value(r.status.as_ref().clone()).unwrap_or_default()
     }
 }
 

@@ -3,7 +3,6 @@
 //! this module is the one place its keys are spelled. Writers build the types; readers use
 //! the accessors, which read one key without decoding the rest (a Node's status holds every
 //! GPU's workloads, and the provisioner reads the health of every Node on each pass).
-//! A Tenant's status is the metering's (`controlplane::metering::TenantStatus`).
 
 use std::collections::BTreeMap;
 
@@ -133,6 +132,44 @@ impl ServiceStatus {
     /// The rate `status` (a Service's) says the autoscaler provisioned it for.
     pub fn provisioned_rps(status: &Value) -> Option<f64> {
         status.get(PROVISIONED_RPS).and_then(Value::as_f64)
+    }
+}
+
+/// SLO windows reported for a tenant's services, and how many met their SLO.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SloCount {
+    pub windows: u64,
+    pub met: u64,
+}
+
+impl SloCount {
+    pub fn plus(self, other: SloCount) -> SloCount {
+        SloCount { windows: self.windows.saturating_add(other.windows), met: self.met.saturating_add(other.met) }
+    }
+}
+
+/// A Tenant's status: its usage as of the committed plan and its SLO attainment since
+/// metering began (carried over from leader to leader in the status itself).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TenantStatus {
+    /// GPUs-worth the plan gives it: what its spec's `max_gpus` bounds.
+    pub gpus: f64,
+    /// `gpus` at their models' prices: what its spec's `max_cost_per_hour` bounds.
+    pub cost_per_hour: f64,
+    /// Of `gpus`, the MIG instance GPCs (times the MPS share in each) and the MPS shares of
+    /// GPUs used whole (`controlplane::metering::Occupied`).
+    pub mig_gpcs: f64,
+    pub mps_gpus: f64,
+    /// Its services the plan places.
+    pub services_planned: u32,
+    pub slo: SloCount,
+}
+
+impl TenantStatus {
+    /// As stored (a status this binary cannot read counts as none: it is rewritten).
+    pub fn of(r: &crate::StoredResource) -> TenantStatus {
+        serde_json::from_value(r.status.as_ref().clone()).unwrap_or_default()
     }
 }
 

@@ -491,7 +491,7 @@ fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> 
     match kind {
         // Usage against quota, as the leader last metered it into the status.
         Kind::Tenant => {
-            let usage: controlplane::metering::TenantStatus = serde_json::from_value(status.clone()).unwrap_or_default();
+            let usage: controlplane::resources::TenantStatus = serde_json::from_value(status.clone()).unwrap_or_default();
             let attainment = match usage.slo.windows {
                 0 => "-".to_string(),
                 n => format!("{}/{n} ({:.1}%)", usage.slo.met, 100.0 * usage.slo.met as f64 / n as f64),

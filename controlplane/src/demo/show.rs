@@ -121,7 +121,7 @@ pub struct TenantRow {
 /// metered into its Tenant's status (`loops::metering`; none for a Tenant not listed in
 /// `tenants` or not metered yet) and its services' windows in `slo`.
 pub fn tenant_report(tenants: &[proto::Resource], slo: &[ServiceSlo], tenant_of: &BTreeMap<String, String>) -> Vec<TenantRow> {
-    let metered: BTreeMap<&str, crate::metering::TenantStatus> =
+    let metered: BTreeMap<&str, crate::resources::TenantStatus> =
         tenants.iter().map(|r| (r.name.as_str(), serde_json::from_str(&r.status_json).unwrap_or_default())).collect();
     let mut rows: BTreeMap<&str, TenantRow> = BTreeMap::new();
     for tenant in tenant_of.values() {

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use super::LoopSettings;
 use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::metering::{by_service, changed_statuses, gpu_prices, SloCount, TenantStatus};
+use crate::metering::{by_service, changed_statuses, gpu_prices};
 use crate::resources::limits::MAX_STATUSES_PER_ENTRY;
 use crate::resources::{Kind, Spec};
+use crate::resources::{SloCount, TenantStatus};
 use crate::state::{Command, Request, StatusPut};
 
 pub async fn run(controller: Controller, settings: LoopSettings) {

@@ -49,7 +49,7 @@ pub struct Snapshot {
     /// From the agents' reports: only the leader receives them.
     pub services: Vec<ServiceSample>,
     /// Each Tenant's usage as the leader last metered it (`metering`).
-    pub tenants: Vec<(String, crate::metering::TenantStatus)>,
+    pub tenants: Vec<(String, crate::resources::TenantStatus)>,
 }
 
 /// The registry and its series; cheap to clone (shared).
@@ -369,7 +369,7 @@ mod tests {
                 arrival_rps: 100.0,
                 failed: 1,
             }],
-            tenants: vec![("acme".into(), crate::metering::TenantStatus { gpus: 0.5, cost_per_hour: 2.25, ..Default::default() })],
+            tenants: vec![("acme".into(), crate::resources::TenantStatus { gpus: 0.5, cost_per_hour: 2.25, ..Default::default() })],
         };
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_raft_term"), Some(3.0), "{text}");

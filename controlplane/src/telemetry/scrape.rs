@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::metrics::{RaftFigures, ServiceSample, Snapshot};
 use crate::controller::Controller;
-use crate::metering::TenantStatus;
+use crate::resources::TenantStatus;
 use crate::resources::{Kind, Spec};
 use crate::state::ClusterState;
 
