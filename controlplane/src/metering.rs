@@ -177,6 +177,7 @@ mod tests {
             shadow_mps_percent: shadow,
             tenant: tenant.into(),
             isolation: Isolation::default(),
+            batch_ms: 0.0,
         }
     }
 

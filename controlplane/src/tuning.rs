@@ -346,6 +346,7 @@ mod tests {
             shadow_mps_percent: shadow,
             tenant: String::new(),
             isolation: crate::resources::Isolation::default(),
+            batch_ms: 0.0,
         }
     }
 

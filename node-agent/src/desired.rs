@@ -26,6 +26,11 @@ pub struct WorkloadSpec {
     pub processes: u32,
     pub shadow_mps_percent: f64,
     pub slo_ms: f64,
+    /// The planner's predicted time of one batch in this slot, ms (0: not known), for the
+    /// router's ELSA. Not part of the process configuration: a new prediction restarts
+    /// nothing.
+    #[serde(default)]
+    pub batch_ms: f64,
 }
 
 impl WorkloadSpec {
@@ -112,6 +117,9 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
             if w.batch == 0 || w.processes == 0 {
                 return Err(refuse(wf(if w.batch == 0 { "batch" } else { "processes" }), "must be at least 1"));
             }
+            if !(0.0..=model::limits::MAX_LATENCY_MS).contains(&w.batch_ms) {
+                return Err(refuse(wf("batch_ms"), format!("must be in [0, {}], got {}", model::limits::MAX_LATENCY_MS, w.batch_ms)));
+            }
             if !w.tenant.is_empty() {
                 let isolation = Isolation::parse(&w.isolation)
                     .ok_or_else(|| refuse(wf("isolation"), format!("{:?} is not shared, mig or dedicated", w.isolation)))?;
@@ -127,6 +135,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
                 processes: w.processes,
                 shadow_mps_percent: w.shadow_mps_percent,
                 slo_ms: w.slo_ms,
+                batch_ms: w.batch_ms,
             });
         }
         if let Some((slot, total)) = share.iter().find(|(_, &t)| t > 100.0 + 1e-6) {
@@ -214,6 +223,9 @@ mod tests {
             (state(&[("4g", 0)], vec![workload(-1, 50.0)]), "gpus[0].workloads[0].mig_instance"),
             (state(&[], vec![workload(-1, 0.0)]), "gpus[0].workloads[0].mps_percent"),
             (state(&[], vec![workload(-1, 60.0), workload(-1, 60.0)]), "gpus[0].workloads"),
+            (state(&[], vec![proto::AgentWorkload { batch_ms: -1.0, ..workload(-1, 50.0) }]), "gpus[0].workloads[0].batch_ms"),
+            (state(&[], vec![proto::AgentWorkload { batch_ms: f64::NAN, ..workload(-1, 50.0) }]), "gpus[0].workloads[0].batch_ms"),
+            (state(&[], vec![proto::AgentWorkload { batch_ms: 1e12, ..workload(-1, 50.0) }]), "gpus[0].workloads[0].batch_ms"),
         ];
         for (s, field) in cases {
             let err = decode(&s, "n1", &models()).unwrap_err();

@@ -7,6 +7,7 @@ use crate::desired::{Slot, WorkloadSpec};
 use crate::mps::{MpsControl, MpsError};
 use crate::reconcile::{GpuObserved, NodeObserved, Role, Running, Step};
 use crate::routing::{ActiveProcess, Routers, RoutingError};
+use crate::shadow::{Action, Event};
 use crate::supervisor::template::{launch_command, LaunchParams, Template};
 use crate::supervisor::{Supervisor, SupervisorError};
 use planner::mig::Placement;
@@ -135,43 +136,47 @@ impl Executor {
         Ok(())
     }
 
-    /// Failover of a service whose p99 missed its SLO (iGniter Sec. 4.2, GSLICE Sec. 3.2.4):
-    /// every active process with a matching standby hands over to it (a pointer swap), then
-    /// drains and stops. The next reconcile round starts fresh standbys. Returns the
-    /// processes replaced.
-    pub fn failover(&mut self, service: &str) -> Result<Vec<String>, ExecError> {
-        // Each standby replaces one active process of its workload (a workload with several
-        // processes hands over one of them).
-        let mut used = BTreeSet::new();
-        let mut pairs: Vec<(String, String)> = Vec::new();
-        for a in self.supervisor.records().filter(|a| a.role == Role::Active && a.spec.service == service) {
-            let standby = self.supervisor.records().find(|s| {
-                s.role == Role::Standby
-                    && s.gpu == a.gpu
-                    && s.spec.service == service
-                    && s.spec.same_config(&a.spec)
-                    && !used.contains(&s.id)
-            });
-            if let Some(s) = standby {
-                used.insert(s.id.clone());
-                pairs.push((a.id.clone(), s.id.clone()));
+    /// Carries out a shadow policy's action (`crate::shadow`); returns what it led to, for
+    /// the policies to hear.
+    /// * `ProbeReady`: one Ready probe now; a standby not ready yet is probed again next round.
+    /// * `Switch` (iGniter Sec. 4.2, GSLICE Sec. 3.2.4): the standby becomes active and the
+    ///   active one leaves the router's set in one pointer swap, then drains.
+    /// * `Stop`: as the reconcile step, MPS client released.
+    /// * `WantShadow`: nothing here; the reconcile plan starts a standby for every workload
+    ///   that has none.
+    pub fn carry_out(&mut self, action: &Action) -> Result<Vec<Event>, ExecError> {
+        match action {
+            Action::ProbeReady(id) => {
+                let ready = match (self.supervisor.get(id), &self.routers) {
+                    (Some(record), Some(routers)) => routers.probe_ready(record.port),
+                    (None, _) => return Ok(vec![Event::Gone(id.clone())]),
+                    (Some(_), None) => false,
+                };
+                Ok(if ready { vec![Event::Ready(id.clone())] } else { Vec::new() })
             }
-        }
-        for (old, new) in &pairs {
-            self.supervisor.set_role(new, Role::Active)?;
-            // Out of the active set before the swap recomputes it; stopped after draining.
-            self.supervisor.set_role(old, Role::Standby)?;
-        }
-        if !pairs.is_empty() {
-            self.route(service)?;
-        }
-        for (old, _) in &pairs {
-            if let Some(routers) = &self.routers {
-                routers.retire(old);
+            Action::Switch { from, to, .. } => {
+                let Some(service) = self.supervisor.get(to).map(|r| r.spec.service.clone()) else {
+                    return Ok(vec![Event::Gone(to.clone())]);
+                };
+                self.supervisor.set_role(to, Role::Active)?;
+                if self.supervisor.get(from).is_some() {
+                    // Out of the active set in the same swap that puts the standby in.
+                    self.supervisor.set_role(from, Role::Standby)?;
+                }
+                self.route(&service)?;
+                if let Some(routers) = &self.routers {
+                    routers.retire(from);
+                }
+                Ok(vec![Event::Drained(from.clone())])
             }
-            self.supervisor.stop(old, STOP_GRACE)?;
+            Action::Stop(id) => {
+                if let Some(gpu) = self.supervisor.get(id).map(|r| r.gpu.clone()) {
+                    self.execute(&Step::Stop { gpu, id: id.clone() })?;
+                }
+                Ok(vec![Event::Gone(id.clone())])
+            }
+            Action::WantShadow => Ok(Vec::new()),
         }
-        Ok(pairs.into_iter().map(|(old, _)| old).collect())
     }
 
     /// Points the service's router at its active processes on this node.
@@ -190,9 +195,10 @@ impl Executor {
                     Slot::Mig(p) => u32::from(p.profile.compute()),
                 },
                 max_batch: r.spec.batch,
+                batch_ms: r.spec.batch_ms,
             })
             .collect();
-        routers.sync(service, &first.spec.model, first.spec.slo_ms, &processes)?;
+        routers.sync(service, first.spec.slo_ms, &processes)?;
         Ok(())
     }
 

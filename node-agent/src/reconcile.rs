@@ -176,6 +176,7 @@ mod tests {
             processes: 1,
             shadow_mps_percent: 10.0,
             slo_ms: 50.0,
+            batch_ms: 0.0,
         }
     }
 

@@ -3,10 +3,10 @@
 //! active set becomes its ready active processes (one pointer swap); a process to stop is
 //! first taken out of the set and drained, so no request reaches a stopped process.
 
-use crate::router::{serve, Backend, BackendSpec, Router, RouterConfig, ShapeServiceTime, WindowStats};
-use crate::sim_infer::latency::model_shape;
-use planner::policy::elsa::{ElsaConfig, ServiceTimeModel};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::router::planned_times::PlannedBatch;
+use crate::router::{serve, Backend, BackendSpec, PlannedServiceTimes, Router, RouterConfig, WindowStats};
+use planner::policy::elsa::ElsaConfig;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,31 +18,13 @@ use tokio::sync::oneshot;
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a retired process may take to finish its in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Windows in a row with p99 over the SLO before a failover (iGniter Sec. 4.2 acts on a
-/// violation; two windows keep one slow second from causing a switch).
-pub const VIOLATION_WINDOWS: u32 = 2;
-
-/// Counts consecutive windows whose p99 exceeds the SLO; a window without completions
-/// breaks the streak (nothing was measured). Returns true when a failover is due (and
-/// starts counting again).
-#[derive(Debug, Default)]
-pub struct ViolationStreak {
-    streak: u32,
-}
-
-impl ViolationStreak {
-    pub fn observe(&mut self, window: &WindowStats, slo_ms: f64) -> bool {
-        match window.p99_ms {
-            Some(p99) if p99 > slo_ms => self.streak += 1,
-            _ => self.streak = 0,
-        }
-        if self.streak >= VIOLATION_WINDOWS {
-            self.streak = 0;
-            return true;
-        }
-        false
-    }
-}
+/// How long a Ready probe of a standby may take: a local process that is up answers in
+/// well under a millisecond; one still loading its model is probed again next round.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Closed windows kept for the reconcile loop (which takes them every round, about once a
+/// second): with a slow round (a process loading its model) the oldest go first, as a
+/// violation streak is counted on the newest.
+const MAX_QUEUED_WINDOWS: usize = 256;
 
 /// One active process of a service, as the router sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,10 +34,15 @@ pub struct ActiveProcess {
     /// Partition size (7 for a whole GPU).
     pub gpcs: u32,
     pub max_batch: u32,
+    /// The planner's predicted time of one batch of `max_batch` here, ms (0: not known).
+    pub batch_ms: f64,
 }
 
 struct ServiceRouter {
     router: Router,
+    /// What ELSA prices the router's partitions with: the planned batch times of its
+    /// active processes.
+    times: Arc<PlannedServiceTimes>,
     port: u16,
     backends: BTreeMap<String, Arc<Backend>>,
     latest: Arc<Mutex<Option<WindowStats>>>,
@@ -63,9 +50,9 @@ struct ServiceRouter {
 }
 
 pub struct Routers {
-    /// Services whose p99 exceeded the SLO in [`VIOLATION_WINDOWS`] windows in a row, for
-    /// the agent to fail over to their standbys.
-    violations: Arc<Mutex<BTreeSet<String>>>,
+    /// Every router's closed windows, oldest first, for the shadow policies
+    /// (`crate::shadow::workloads`), which the reconcile loop feeds.
+    windows: Arc<Mutex<VecDeque<(String, WindowStats)>>>,
     host: String,
     ports: [u16; 2],
     /// Service → port, kept across agent restarts so that clients keep their endpoint.
@@ -87,7 +74,7 @@ pub enum RoutingError {
 impl Routers {
     pub fn new(host: String, ports: [u16; 2], state_dir: PathBuf, runtime: Handle) -> Self {
         Routers {
-            violations: Arc::default(),
+            windows: Arc::default(),
             host,
             ports,
             ports_file: state_dir.join("router-ports.json"),
@@ -118,7 +105,7 @@ impl Routers {
 
     /// Makes the ready processes of `active` the active set of `service`'s router, starting
     /// the router if needed. Processes not ready yet stay out until a later call.
-    pub fn sync(&self, service: &str, model: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<(), RoutingError> {
+    pub fn sync(&self, service: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<(), RoutingError> {
         // New processes are probed for readiness without holding the lock (a server may take
         // seconds to load its model), so metrics and other services are not held up.
         let unknown: Vec<&ActiveProcess> = {
@@ -126,7 +113,7 @@ impl Routers {
             if !routers.contains_key(service) {
                 let taken: BTreeSet<u16> = routers.values().map(|r| r.port).collect();
                 let port = self.port_for(service, &taken)?;
-                let r = self.start_router(service, model, slo_ms, port)?;
+                let r = self.start_router(service, slo_ms, port)?;
                 routers.insert(service.to_string(), r);
             }
             let r = &routers[service];
@@ -148,6 +135,8 @@ impl Routers {
         let next: Vec<Arc<Backend>> = active.iter().filter_map(|p| r.backends.get(&p.id).cloned()).collect();
         let now: Vec<String> = r.router.active().ids().into_iter().map(String::from).collect();
         let wanted: Vec<String> = next.iter().map(|b| b.id().to_string()).collect();
+        let routed = active.iter().filter(|p| r.backends.contains_key(&p.id));
+        r.times.set(routed.map(|p| PlannedBatch { gpcs: p.gpcs, batch: p.max_batch, batch_ms: p.batch_ms }));
         if now != wanted && !next.is_empty() {
             let swap = r.router.set_active(next);
             tracing::info!(service, active = ?wanted, swap_us = swap.store_time.as_micros() as u64, "router switched");
@@ -169,25 +158,21 @@ impl Routers {
         })
     }
 
-    fn start_router(&self, service: &str, model: &str, slo_ms: f64, port: u16) -> Result<ServiceRouter, RoutingError> {
+    fn start_router(&self, service: &str, slo_ms: f64, port: u16) -> Result<ServiceRouter, RoutingError> {
         let addr = format!("{}:{port}", self.host);
         let listener = std::net::TcpListener::bind(&addr)
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|source| RoutingError::Listen { service: service.into(), addr: addr.clone(), source })?;
-        let times: Arc<dyn ServiceTimeModel + Send + Sync> = match model_shape(model) {
-            Ok(shape) => Arc::new(ShapeServiceTime { shape, time_scale: 1.0 }),
-            // Without a profile ELSA sees equal partitions and falls back to the shortest wait.
-            Err(_) => Arc::new(|_: u32, _: u32| Some(1.0)),
-        };
+        let times = Arc::new(PlannedServiceTimes::default());
         let config = RouterConfig { service: service.into(), slo_ms, elsa: ElsaConfig::default(), window_ms: 1000 };
-        let router =
-            Router::new(config, times, Vec::new()).map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
+        let router = Router::new(config, times.clone(), Vec::new())
+            .map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
         let latest = Arc::new(Mutex::new(None));
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = router.clone();
         let mut windows = router.subscribe_windows();
         let keep = latest.clone();
-        let violations = self.violations.clone();
+        let queue = self.windows.clone();
         let service_name = service.to_string();
         let _guard = self.runtime.enter();
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| RoutingError::Listen {
@@ -206,17 +191,19 @@ impl Routers {
             }
         });
         self.runtime.spawn(async move {
-            let mut streak = ViolationStreak::default();
             while let Ok(w) = windows.recv().await {
-                if streak.observe(&w, slo_ms) {
-                    tracing::warn!(service = %service_name, p99_ms = w.p99_ms, slo_ms, "p99 over the SLO: failing over to the standbys");
-                    violations.lock().expect("violations lock").insert(service_name.clone());
+                {
+                    let mut queue = queue.lock().expect("windows lock");
+                    if queue.len() == MAX_QUEUED_WINDOWS {
+                        queue.pop_front();
+                    }
+                    queue.push_back((service_name.clone(), w.clone()));
                 }
                 *keep.lock().expect("window lock") = Some(w);
             }
         });
         tracing::info!(service, %addr, "router listening");
-        Ok(ServiceRouter { router, port, backends: BTreeMap::new(), latest, _stop: stop })
+        Ok(ServiceRouter { router, times, port, backends: BTreeMap::new(), latest, _stop: stop })
     }
 
     /// Takes process `id` out of its router's active set and waits for its in-flight
@@ -250,9 +237,17 @@ impl Routers {
         }
     }
 
-    /// The services due for a failover since the last call.
-    pub fn take_violations(&self) -> BTreeSet<String> {
-        std::mem::take(&mut *self.violations.lock().expect("violations lock"))
+    /// The windows closed since the last call, by service, oldest first.
+    pub fn take_windows(&self) -> Vec<(String, WindowStats)> {
+        self.windows.lock().expect("windows lock").drain(..).collect()
+    }
+
+    /// Whether the workload process listening on `port` answers Ready, asked once.
+    pub fn probe_ready(&self, port: u16) -> bool {
+        let spec = BackendSpec { id: format!("probe-{port}"), addr: format!("127.0.0.1:{port}"), gpcs: 1, max_batch: 1 };
+        let Ok(backend) = Backend::connect_lazy(spec) else { return false };
+        self.runtime
+            .block_on(async move { tokio::time::timeout(PROBE_TIMEOUT, backend.ready()).await.is_ok_and(|r| r.is_ok_and(|r| r.ready)) })
     }
 
     /// Busy time of every routed process, by process id (see [`Backend::busy_time`]).
@@ -278,34 +273,5 @@ impl Routers {
                 }
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn window(p99: Option<f64>) -> WindowStats {
-        WindowStats { index: 0, length_ms: 1000, p99_ms: p99, p50_ms: p99, completed: u64::from(p99.is_some()), failed: 0, arrivals: 1 }
-    }
-
-    #[test]
-    fn two_violating_windows_in_a_row_trigger_one_failover() {
-        let mut s = ViolationStreak::default();
-        assert!(!s.observe(&window(Some(60.0)), 50.0));
-        assert!(s.observe(&window(Some(70.0)), 50.0), "second window in a row");
-        assert!(!s.observe(&window(Some(70.0)), 50.0), "counting starts again after a failover");
-        assert!(s.observe(&window(Some(70.0)), 50.0));
-    }
-
-    #[test]
-    fn a_good_or_empty_window_breaks_the_streak() {
-        let mut s = ViolationStreak::default();
-        assert!(!s.observe(&window(Some(60.0)), 50.0));
-        assert!(!s.observe(&window(Some(40.0)), 50.0));
-        assert!(!s.observe(&window(Some(60.0)), 50.0));
-        assert!(!s.observe(&window(None), 50.0));
-        assert!(!s.observe(&window(Some(60.0)), 50.0));
-        assert!(!s.observe(&window(Some(50.0)), 50.0), "exactly the SLO is met");
     }
 }

@@ -3,21 +3,24 @@
 //! violates the SLO, the original killed; GSLICE Sec. 3.2.4: the shadow takes over with
 //! overlapped execution — the old process finishes what it has, then terminates).
 //!
-//! [`ShadowPolicy`] is the sans-IO core: events in, actions out. [`controller`] runs it
-//! against the router and a [`controller::ProcessControl`] the supervisor implements.
+//! [`ShadowPolicy`] is the sans-IO core of one workload: events in, actions out.
+//! [`workloads::ShadowPolicies`] keeps one per workload in step with what the supervisor
+//! runs; the reconcile loop feeds them the routers' windows and the executor carries out
+//! their actions (`Executor::carry_out`). This is the agent's one failover mechanism; a
+//! resize (a new configuration from the controller) is the reconcile plan's
+//! (`reconcile::Step::Promote`), which starts the new size as the standby and promotes it
+//! once ready.
 //!
 //! Rules:
 //! * p99 > SLO in `consecutive_windows` (2) windows in a row, and a standby that has reported
 //!   Ready → switch to the standby. A window without completions breaks the streak.
-//! * resize: the process of the new size is started as the standby; when it reports Ready it
-//!   becomes active, whatever the latency.
 //! * the retired backend drains (its in-flight requests complete), then is stopped; after
 //!   every switch a new standby is wanted.
-//! * a pending resize holds the standby slot: a standby started meanwhile is stopped.
+//! * a process that is gone (stopped, crashed) is forgotten: a standby no longer counts.
 
 use crate::router::WindowStats;
 
-pub mod controller;
+pub mod workloads;
 
 pub type BackendId = String;
 
@@ -27,22 +30,18 @@ pub enum Event {
     Window(WindowStats),
     /// The supervisor started a standby process.
     ShadowStarted(BackendId),
-    /// Resize: this process, started at the new size, replaces the active one once Ready.
-    Resize(BackendId),
     /// A Ready probe of this backend answered ready.
     Ready(BackendId),
     /// This retired backend has no request in flight any more.
     Drained(BackendId),
+    /// This process no longer runs (stopped, or exited on its own).
+    Gone(BackendId),
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SwitchReason {
     /// The last `windows` windows' p99 exceeded the SLO; `p99_ms` is the latest.
-    SloViolation {
-        p99_ms: f64,
-        windows: u32,
-    },
-    Resize,
+    SloViolation { p99_ms: f64, windows: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +68,6 @@ pub struct FailoverConfig {
 struct Standby {
     id: BackendId,
     ready: bool,
-    resize: bool,
 }
 
 /// One workload's active/standby pair.
@@ -93,6 +91,10 @@ impl ShadowPolicy {
         &self.active
     }
 
+    pub fn config(&self) -> &FailoverConfig {
+        &self.config
+    }
+
     /// The standby and whether it has reported Ready.
     pub fn standby(&self) -> Option<(&str, bool)> {
         self.standby.as_ref().map(|s| (s.id.as_str(), s.ready))
@@ -111,9 +113,9 @@ impl ShadowPolicy {
         match event {
             Event::Window(stats) => self.on_window(&stats),
             Event::ShadowStarted(id) => self.on_shadow_started(id),
-            Event::Resize(id) => self.on_resize(id),
             Event::Ready(id) => self.on_ready(&id),
             Event::Drained(id) => self.on_drained(&id),
+            Event::Gone(id) => self.on_gone(&id),
         }
     }
 
@@ -143,39 +145,16 @@ impl ShadowPolicy {
         }
         match &self.standby {
             Some(s) if s.id == id => Vec::new(),
-            Some(s) if s.resize => vec![Action::Stop(id)],
             Some(s) => {
                 let old = s.id.clone();
-                self.standby = Some(Standby { id: id.clone(), ready: false, resize: false });
+                self.standby = Some(Standby { id: id.clone(), ready: false });
                 vec![Action::Stop(old), Action::ProbeReady(id)]
             }
             None => {
-                self.standby = Some(Standby { id: id.clone(), ready: false, resize: false });
+                self.standby = Some(Standby { id: id.clone(), ready: false });
                 vec![Action::ProbeReady(id)]
             }
         }
-    }
-
-    fn on_resize(&mut self, id: BackendId) -> Vec<Action> {
-        if id == self.active {
-            return Vec::new();
-        }
-        let mut actions = Vec::new();
-        match self.standby.take() {
-            // Already the standby (e.g. the shadow was started at the new size): promote it.
-            Some(s) if s.id == id => {
-                self.standby = Some(Standby { resize: true, ..s });
-                if s.ready {
-                    return self.switch_to_standby();
-                }
-                return Vec::new();
-            }
-            Some(s) => actions.push(Action::Stop(s.id)),
-            None => {}
-        }
-        self.standby = Some(Standby { id: id.clone(), ready: false, resize: true });
-        actions.push(Action::ProbeReady(id));
-        actions
     }
 
     fn on_ready(&mut self, id: &str) -> Vec<Action> {
@@ -183,7 +162,7 @@ impl ShadowPolicy {
             return Vec::new();
         };
         s.ready = true;
-        if s.resize || self.violated() {
+        if self.violated() {
             return self.switch_to_standby();
         }
         Vec::new()
@@ -196,6 +175,14 @@ impl ShadowPolicy {
         }
     }
 
+    fn on_gone(&mut self, id: &str) -> Vec<Action> {
+        if self.standby.as_ref().is_some_and(|s| s.id == id) {
+            self.standby = None;
+        }
+        self.draining.retain(|d| d != id);
+        Vec::new()
+    }
+
     fn violated(&self) -> bool {
         self.violations >= self.config.consecutive_windows
     }
@@ -204,11 +191,7 @@ impl ShadowPolicy {
         let Some(standby) = self.standby.take() else {
             return Vec::new();
         };
-        let reason = if standby.resize {
-            SwitchReason::Resize
-        } else {
-            SwitchReason::SloViolation { p99_ms: self.last_p99_ms, windows: self.violations }
-        };
+        let reason = SwitchReason::SloViolation { p99_ms: self.last_p99_ms, windows: self.violations };
         let from = std::mem::replace(&mut self.active, standby.id.clone());
         self.draining.push(from.clone());
         self.violations = 0;
@@ -277,25 +260,20 @@ mod tests {
     }
 
     #[test]
-    fn resize_replaces_the_standby_and_switches_when_ready() {
+    fn a_standby_that_is_gone_no_longer_counts() {
         let mut p = with_ready_shadow();
-        assert_eq!(p.on_event(Event::Resize("big".into())), vec![Action::Stop("b".into()), Action::ProbeReady("big".into())]);
-        // Latency does not matter for a resize; readiness does.
-        p.on_event(window(0, Some(1.0)));
+        assert_eq!(p.on_event(Event::Gone("b".into())), vec![]);
+        assert_eq!(p.standby(), None);
+        p.on_event(window(0, Some(20.0)));
+        assert_eq!(p.on_event(window(1, Some(20.0))), vec![Action::WantShadow], "no switch to a process that is gone");
         assert_eq!(p.active(), "a");
-        // A standby started while the resize is pending is refused.
-        assert_eq!(p.on_event(Event::ShadowStarted("c".into())), vec![Action::Stop("c".into())]);
-        assert_eq!(p.on_event(Event::Ready("c".into())), vec![]);
-        assert_eq!(
-            p.on_event(Event::Ready("big".into())),
-            vec![Action::Switch { from: "a".into(), to: "big".into(), reason: SwitchReason::Resize }, Action::WantShadow]
-        );
-        assert_eq!(p.on_event(Event::Drained("a".into())), vec![Action::Stop("a".into())]);
-        // Resizing to the standby itself promotes it without a restart.
-        p.on_event(Event::ShadowStarted("d".into()));
-        p.on_event(Event::Ready("d".into()));
-        assert!(matches!(&p.on_event(Event::Resize("d".into()))[0], Action::Switch { reason: SwitchReason::Resize, .. }));
-        assert_eq!(p.active(), "d");
+        // A retired process that exits before it drained is not stopped again.
+        let mut p = with_ready_shadow();
+        p.on_event(window(0, Some(20.0)));
+        p.on_event(window(1, Some(20.0)));
+        assert_eq!(p.draining(), &["a".to_string()][..]);
+        p.on_event(Event::Gone("a".into()));
+        assert_eq!(p.on_event(Event::Drained("a".into())), vec![]);
     }
 
     #[test]

@@ -1,17 +1,15 @@
-//! The data plane on loopback: sim-infer servers, the router, shadow failover. Assertions
+//! The data plane on loopback: sim-infer servers, the router and its switches. Assertions
 //! are on outcomes (who served, nothing lost), never on timings.
 
-use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig, ShapeServiceTime};
-use node_agent::shadow::controller::{ProcessControl, ShadowController};
-use node_agent::shadow::{FailoverConfig, SwitchReason};
-use node_agent::sim_infer::{self, model_shape, Placement, SimInferConfig, SimInferHandle};
+use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
+use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig, SimInferHandle};
 use planner::policy::elsa::ElsaConfig;
 use proto::inference_client::InferenceClient;
 use proto::InferRequest;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -153,98 +151,6 @@ async fn elsa_takes_the_small_partition_when_slack_allows_and_the_big_one_when_n
         let wrong = client.infer(InferRequest { service: "other".into(), ..request(9, 1) }).await.unwrap_err();
         assert_eq!(wrong.code(), Code::NotFound);
     }
-}
-
-/// Records stops; answers shadow requests with nothing.
-#[derive(Default)]
-struct FakeSupervisor {
-    stopped: Mutex<Vec<String>>,
-    stopped_notify: tokio::sync::Notify,
-}
-
-impl ProcessControl for FakeSupervisor {
-    async fn stop(&self, backend: &BackendSpec) -> Result<(), String> {
-        self.stopped.lock().unwrap().push(backend.id.clone());
-        self.stopped_notify.notify_one();
-        Ok(())
-    }
-    fn shadow_wanted(&self) {}
-}
-
-impl FakeSupervisor {
-    async fn wait_stopped(&self, id: &str) {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while !self.stopped.lock().unwrap().iter().any(|s| s == id) {
-                self.stopped_notify.notified().await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{id} was never stopped"));
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn resize_switches_once_the_new_size_reports_ready_then_drains_the_old() {
-    let a = start_sim("small", "mobilenet", 2, 0.1).await;
-    let ba = backend("small", a.addr, 2);
-    let r = router("mobilenet", 100.0, 1000, 0.1, vec![Arc::clone(&ba)]);
-    let client = serve_router(&r).await;
-    let supervisor = Arc::new(FakeSupervisor::default());
-    let config = FailoverConfig { slo_ms: 100.0, consecutive_windows: 2 };
-    let (controller, handle) = ShadowController::new(r.clone(), Arc::clone(&ba), config, Arc::clone(&supervisor));
-    let mut switches = handle.subscribe_switches();
-    tokio::spawn(controller.with_probe_interval(Duration::from_millis(20)).run());
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = load(&client, 4, &stop);
-    // The new size's process is not up yet: its address refuses connections.
-    let port = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-    handle.resize(backend("big", port, 7)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(r.active().ids(), vec!["small"], "not ready: still on the old size");
-
-    let b = sim_infer::spawn(sim_config("big", "mobilenet", 7, 0.1, 0.1), &port.to_string()).await.unwrap();
-    let record = tokio::time::timeout(Duration::from_secs(10), switches.recv()).await.expect("a switch").unwrap();
-    assert_eq!((record.from.as_str(), record.to.as_str(), &record.reason), ("small", "big", &SwitchReason::Resize));
-    assert_eq!(r.active().ids(), vec!["big"]);
-    supervisor.wait_stopped("small").await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let out = finish(&stop, tasks).await;
-    assert_all_answered_once(&out);
-    assert!(out.served_by.get("big").is_some_and(|&n| n > 0), "{:?}", out.served_by);
-    drop(handle);
-    a.drain_and_stop().await.unwrap();
-    b.drain_and_stop().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn p99_over_the_slo_fails_over_to_the_ready_shadow() {
-    // resnet50 on a 1g: ≈ 15 ms a batch, over a 10 ms SLO; the shadow on a whole GPU × 0.1.
-    let slow = start_sim("slow", "resnet50", 1, 1.0).await;
-    let fast = start_sim("shadow", "resnet50", 7, 0.1).await;
-    let (bslow, bfast) = (backend("slow", slow.addr, 1), backend("shadow", fast.addr, 7));
-    let r = router("resnet50", 10.0, 100, 1.0, vec![Arc::clone(&bslow)]);
-    let client = serve_router(&r).await;
-    let supervisor = Arc::new(FakeSupervisor::default());
-    let config = FailoverConfig { slo_ms: 10.0, consecutive_windows: 2 };
-    let (controller, handle) = ShadowController::new(r.clone(), Arc::clone(&bslow), config, Arc::clone(&supervisor));
-    let mut switches = handle.subscribe_switches();
-    tokio::spawn(controller.with_probe_interval(Duration::from_millis(20)).run());
-    handle.shadow_started(Arc::clone(&bfast)).await.unwrap();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = load(&client, 2, &stop);
-    let record = tokio::time::timeout(Duration::from_secs(20), switches.recv()).await.expect("a failover").unwrap();
-    assert_eq!((record.from.as_str(), record.to.as_str()), ("slow", "shadow"));
-    assert!(matches!(record.reason, SwitchReason::SloViolation { p99_ms, windows: 2 } if p99_ms > 10.0), "{:?}", record.reason);
-    supervisor.wait_stopped("slow").await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let out = finish(&stop, tasks).await;
-    assert_all_answered_once(&out);
-    assert!(out.served_by.get("shadow").is_some_and(|&n| n > 0));
-    drop(handle);
-    slow.drain_and_stop().await.unwrap();
-    fast.drain_and_stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

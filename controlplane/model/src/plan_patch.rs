@@ -211,6 +211,7 @@ pub fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> GpuAssignm
             shadow_mps_percent: 0.0,
             tenant: String::new(),
             isolation: crate::Isolation::default(),
+            batch_ms: 0.0,
         }],
     }
 }

@@ -406,6 +406,15 @@ pub struct WorkloadAssignment {
     pub tenant: String,
     #[serde(default)]
     pub isolation: Isolation,
+    /// The planner's predicted time of one batch of `batch` in this slot and share, in ms
+    /// (0: not known, e.g. a plan written by hand). The agent's router prices this
+    /// partition with it for ELSA. Left out of the encoding when 0.
+    #[serde(default, skip_serializing_if = "is_zero_ms")]
+    pub batch_ms: f64,
+}
+
+fn is_zero_ms(ms: &f64) -> bool {
+    *ms == 0.0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -433,6 +433,7 @@ fn validate_gpu_assignment(at: &str, gpu: &GpuAssignment) -> Result<(), FieldErr
             non_negative(&wf("shadow_mps_percent"), wl.shadow_mps_percent, 100.0)?;
             int_within(&wf("batch"), u64::from(wl.batch), 1, u64::from(MAX_BATCH))?;
             int_within(&wf("processes"), u64::from(wl.processes), 1, u64::from(MAX_PROCESSES))?;
+            non_negative(&wf("batch_ms"), wl.batch_ms, MAX_LATENCY_MS)?;
             if let Some(idx) = wl.mig_instance {
                 if idx >= gpu.mig_layout.len() {
                     return Err(FieldError::invalid(
@@ -564,6 +565,7 @@ mod tests {
             shadow_mps_percent: 0.0,
             tenant: String::new(),
             isolation: crate::Isolation::default(),
+            batch_ms: 0.0,
         };
         let plan = |wls: Vec<WorkloadAssignment>| {
             Spec::Plan(PlanSpec {
@@ -577,5 +579,10 @@ mod tests {
         assert!(validate_spec(&plan(vec![wl(60.0), wl(40.0)])).is_ok());
         let err = validate_spec(&plan(vec![wl(60.0), wl(50.0)])).unwrap_err();
         assert_eq!(err.field, "spec.gpus[0].workloads[1].mps_percent");
+        for bad in [-1.0, f64::NAN, f64::INFINITY, MAX_LATENCY_MS * 2.0] {
+            let err = validate_spec(&plan(vec![WorkloadAssignment { batch_ms: bad, ..wl(50.0) }])).unwrap_err();
+            assert_eq!(err.field, "spec.gpus[0].workloads[0].batch_ms", "{bad}");
+        }
+        assert!(validate_spec(&plan(vec![WorkloadAssignment { batch_ms: 18.5, ..wl(50.0) }])).is_ok());
     }
 }

@@ -38,6 +38,7 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
                     slo_ms,
                     tenant: w.tenant.clone(),
                     isolation: if w.tenant.is_empty() { String::new() } else { w.isolation.as_str().to_string() },
+                    batch_ms: w.batch_ms,
                 }
             })
             .collect();

@@ -35,9 +35,21 @@ fn assignment(g: &GpuPlan, fleet: &FleetGpu) -> GpuAssignment {
             shadow_mps_percent: w.shadow_percent,
             tenant: String::new(),
             isolation: crate::resources::Isolation::default(),
+            batch_ms: planned_batch_ms(w.predicted_latency_ms),
         })
         .collect();
     GpuAssignment { node: fleet.node.clone(), gpu_uuid: fleet.uuid.clone(), mig_layout, workloads }
+}
+
+/// The planner's latency prediction as the Plan carries it: within the bound validation
+/// applies to a Plan, else 0 ("not known"), so a strategy's odd figure never makes a Plan
+/// the state machine refuses.
+fn planned_batch_ms(predicted_ms: f64) -> f64 {
+    if predicted_ms.is_finite() && (0.0..=crate::resources::limits::MAX_LATENCY_MS).contains(&predicted_ms) {
+        predicted_ms
+    } else {
+        0.0
+    }
 }
 
 /// What a GPU runs, as a hashable key: its MIG layout alone, or the layout with every
@@ -213,6 +225,15 @@ mod tests {
 
     fn plan(gpus: Vec<GpuPlan>) -> Plan {
         Plan { strategy: "t".into(), gpus, predictions: vec![], infeasible: vec![] }
+    }
+
+    #[test]
+    fn the_planned_batch_time_goes_with_the_assignment_within_the_plan_bound() {
+        let (placed, _) = assign_to_nodes(&plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a")]), &fleet(1), None);
+        assert_eq!(placed[0].workloads[0].batch_ms, 10.0, "the planner's prediction for the agent's router");
+        for odd in [f64::NAN, -3.0, 1e9] {
+            assert_eq!(planned_batch_ms(odd), 0.0, "{odd}: not known, rather than a Plan the state machine refuses");
+        }
     }
 
     #[test]

@@ -309,6 +309,7 @@ mod tests {
                     shadow_mps_percent: 10.0,
                     tenant: String::new(),
                     isolation: crate::resources::Isolation::default(),
+                    batch_ms: 0.0,
                 }],
             }]
             .into(),

@@ -7,8 +7,8 @@
 use anyhow::Context;
 use clap::Parser;
 use hdrhistogram::Histogram;
-use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig, ShapeServiceTime};
-use node_agent::sim_infer::{self, model_shape, Placement, SimInferConfig};
+use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
+use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig};
 use planner::policy::elsa::ElsaConfig;
 use proto::inference_client::InferenceClient;
 use proto::InferRequest;

@@ -5,10 +5,13 @@
 //!
 //! * [`latency`]: the pure service-time function.
 //! * [`server`]: the gRPC service, the batcher task and the graceful drain.
+//! * [`service_time`]: the same model as ELSA's table, for routers in tests and benchmarks.
 
 pub mod latency;
 pub mod rng;
 pub mod server;
+pub mod service_time;
 
 pub use latency::{model_shape, LatencyModel, LatencyModelError, Placement};
 pub use server::{spawn, SimInfer, SimInferConfig, SimInferError, SimInferHandle};
+pub use service_time::ShapeServiceTime;

@@ -1,0 +1,91 @@
+//! The controller link: register the Node, follow its desired state through any controller,
+//! and on failure back off with jitter and try the next one.
+
+use super::{Agent, RPC_TIMEOUT};
+use crate::desired::{decode, NodeDesired};
+use proto::agent_client::AgentClient;
+use proto::control_plane_client::ControlPlaneClient;
+use rand::Rng;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+
+impl Agent {
+    pub(super) async fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let endpoint = match &self.tls {
+            Some(tls) => Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.clone())?,
+            None => Endpoint::from_shared(format!("http://{addr}"))?,
+        };
+        // HTTP/2 pings, as the controllers send theirs: a controller cut off from this host
+        // without a reset ends the desired-state stream within 3 s, so the agent reconnects
+        // elsewhere and reports its new stream before the leader's grace for the old one
+        // runs out (the controller, seeing the same silence, relays the stream's end).
+        endpoint
+            .connect_timeout(Duration::from_secs(2))
+            .http2_keep_alive_interval(Duration::from_secs(1))
+            .keep_alive_timeout(Duration::from_secs(2))
+            .keep_alive_while_idle(true)
+            .connect()
+            .await
+    }
+
+    /// Registers and follows the desired state through any controller; on failure, backs
+    /// off with jitter and tries the next one.
+    pub(super) async fn link_loop(self: Arc<Self>, tx: watch::Sender<Option<NodeDesired>>) {
+        let mut attempt: u32 = 0;
+        let mut k = 0usize;
+        loop {
+            let addr = self.cfg.controllers[k % self.cfg.controllers.len()].clone();
+            k += 1;
+            match self.follow(&addr, &tx).await {
+                Ok(()) => attempt = 0,
+                Err(e) => {
+                    tracing::warn!(controller = %addr, error = format!("{e:#}"), "controller link lost");
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    async fn follow(&self, addr: &str, tx: &watch::Sender<Option<NodeDesired>>) -> anyhow::Result<()> {
+        let channel = self.channel(addr).await?;
+        let mut put = tonic::Request::new(proto::PutRequest { resource: Some(self.node_resource()), ..Default::default() });
+        put.set_timeout(RPC_TIMEOUT);
+        ControlPlaneClient::new(channel.clone()).put(put).await?;
+        self.registered.store(true, Ordering::Relaxed);
+        let from_version = tx.borrow().as_ref().map_or(0, |d| d.version);
+        // Nonzero and new for every stream: the controllers tell this stream's end from the
+        // end of the ones before it.
+        let session = rand::rng().random_range(1..=u64::MAX);
+        let mut stream = AgentClient::new(channel)
+            .watch_desired(proto::WatchDesiredRequest { node: self.cfg.node.clone(), from_version, session })
+            .await?
+            .into_inner();
+        self.watch_session.store(session, Ordering::Relaxed);
+        self.report_now.notify_one();
+        tracing::info!(controller = %addr, from_version, "registered; following the desired state");
+        while let Some(state) = stream.message().await? {
+            match decode(&state, &self.cfg.node, &self.models) {
+                Ok(desired) => {
+                    self.save_desired(&state);
+                    tracing::info!(version = desired.version, "new desired state");
+                    tx.send_replace(Some(desired));
+                    self.has_desired.store(true, Ordering::Relaxed);
+                }
+                // Refused whole: nothing of it is applied, the previous state keeps running.
+                Err(e) => tracing::error!(version = state.version, error = %e, "desired state refused"),
+            }
+        }
+        anyhow::bail!("desired-state stream ended")
+    }
+}
+
+/// Reconnection delay: 200 ms doubling to 10 s, with ±50% jitter so that a fleet of agents
+/// does not reconnect in lock-step after a controller outage.
+fn backoff(attempt: u32) -> Duration {
+    let base = 200u64.saturating_mul(1 << attempt.min(6)).min(10_000);
+    Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2))
+}
