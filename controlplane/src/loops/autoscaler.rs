@@ -9,25 +9,29 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
 use super::provisioner::{drain, Drained, FleetFingerprints};
+use super::runner::{Pass, ProviderCall, Reconciler, Settled, Write};
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launch_room, launches_for, provisioned_rate, shortfall};
 use crate::provision::{fleet, plan_services, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
-use crate::state::{ClusterState, Command, Request};
+use crate::state::{ClusterState, Command};
 
 /// HetSev's saturation threshold: capacity is provisioned so that load is 80% of it.
 const TARGET_SATURATION: f64 = 0.8;
 /// Provisioned rates move only for a change of more than this fraction (no churn).
 const MIN_CHANGE: f64 = 0.05;
 
+#[derive(Debug, Clone, PartialEq)]
 struct Pending {
     instance_type: String,
     gpu_model: String,
     gpus: u32,
     since: Instant,
     deadline_s: f64,
+    /// HetSev's objective of the launch (price and launch latency), for the log.
+    objective: f64,
 }
 
 /// What the node decisions need of the fleet (see [`FleetView::of`]).
@@ -85,31 +89,196 @@ fn plan_nodes(cluster: &ClusterState) -> BTreeSet<String> {
     }
 }
 
+/// The autoscaler as a leader loop (`loops::runner`): its hysteresis timers and launches in
+/// flight are its memory; a pass decides re-sizes, launches and terminations from the
+/// reported arrival rates, the services' ranges and the fleet view, at `now`.
+pub(crate) struct Autoscaler {
+    heartbeat: std::time::Duration,
+    scale_window_s: f64,
+    cooldown_s: f64,
+    lambda_per_s: f64,
+    strategy: MigStrategy,
+    /// With no node provider nodes come and go by hand; services are still re-sized.
+    provider: bool,
+    /// Launched nodes are named `auto-<type>-<controller id>-<n>`.
+    controller_id: u64,
+    started: Instant,
+    /// Per service: since when the measured rate has asked for more (or less).
+    up_since: BTreeMap<String, f64>,
+    down_since: BTreeMap<String, f64>,
+    /// Launches in flight, by node.
+    pending: BTreeMap<String, Pending>,
+    /// Launched nodes the plan leaves empty, since when.
+    idle_since: BTreeMap<String, f64>,
+    launched: u64,
+    /// Terminated nodes whose Node the next pass deletes.
+    terminated: Vec<String>,
+    signals: Option<tokio::sync::broadcast::Receiver<crate::raft::WatchSignal>>,
+    seen: FleetFingerprints,
+    fleet: Option<FleetView>,
+    /// This pass's decisions, in the order of its writes and calls, for [`Reconciler::settled`].
+    resizing: Vec<Resize>,
+    deleting: Vec<String>,
+    launching: Vec<(String, Pending)>,
+    terminating: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Resize {
+    service: String,
+    arrival: f64,
+    from: f64,
+    to: f64,
+}
+
+/// What a pass reads.
+pub(crate) struct ScaleView {
+    /// Arrival rate per service, summed over the nodes' latest reports.
+    arrivals: BTreeMap<String, f64>,
+    /// Services with an autoscaling range: (name, min, max, provisioned now).
+    services: Vec<(String, f64, f64, f64)>,
+    /// The state, when the fleet view is to be made again: `true` when its inputs changed
+    /// (else only the plan did). `None`: the view stands.
+    refresh: Option<(ClusterState, bool)>,
+}
+
+impl Autoscaler {
+    pub(crate) fn new(controller: &Controller, settings: &LoopSettings, now: Instant) -> Self {
+        let signals = settings.provider.is_some().then(|| controller.sm.subscribe());
+        Autoscaler::with(settings, controller.id, signals, now)
+    }
+
+    /// `signals`: the state's changes, which tell when the fleet view is to be made again
+    /// (only with a node provider).
+    fn with(
+        settings: &LoopSettings,
+        controller_id: u64,
+        signals: Option<tokio::sync::broadcast::Receiver<crate::raft::WatchSignal>>,
+        now: Instant,
+    ) -> Self {
+        Autoscaler {
+            heartbeat: settings.heartbeat_interval,
+            scale_window_s: settings.scale_window_s,
+            cooldown_s: settings.cooldown_s,
+            lambda_per_s: settings.lambda_per_s,
+            strategy: settings.mig_strategy,
+            provider: settings.provider.is_some(),
+            controller_id,
+            started: now,
+            up_since: BTreeMap::new(),
+            down_since: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            idle_since: BTreeMap::new(),
+            launched: 0,
+            terminated: Vec::new(),
+            signals,
+            seen: FleetFingerprints::default(),
+            fleet: None,
+            resizing: Vec::new(),
+            deleting: Vec::new(),
+            launching: Vec::new(),
+            terminating: Vec::new(),
+        }
+    }
+
+    /// Services whose provisioned rate is due to move: up once the load has asked for more
+    /// for the window, down once it has asked for less for the cool-down.
+    fn resizes(&mut self, arrivals: &BTreeMap<String, f64>, services: &[(String, f64, f64, f64)], t: f64) -> Vec<Resize> {
+        let mut out = Vec::new();
+        for (name, min, max, current) in services {
+            let Some(&arrival) = arrivals.get(name) else { continue };
+            let wanted = provisioned_rate(arrival, TARGET_SATURATION, *min, *max);
+            let change = (wanted - current) / current.max(1e-9);
+            let (since, other) =
+                if change > MIN_CHANGE { (&mut self.up_since, &mut self.down_since) } else { (&mut self.down_since, &mut self.up_since) };
+            other.remove(name);
+            if change.abs() <= MIN_CHANGE {
+                since.remove(name);
+                continue;
+            }
+            let first = *since.entry(name.clone()).or_insert(t);
+            let wait = if change > 0.0 { self.scale_window_s } else { self.cooldown_s };
+            if t - first < wait {
+                continue;
+            }
+            since.remove(name);
+            out.push(Resize { service: name.clone(), arrival, from: *current, to: wanted });
+        }
+        out
+    }
+
+    /// Launches for what the plan needs beyond the healthy fleet and the launches in flight,
+    /// and terminations of launched nodes the plan has left empty for the cool-down.
+    fn nodes(&mut self, now: Instant, t: f64, pass: &mut Pass) {
+        let Some(FleetView { planned, available, types, plan_nodes, autoscaled, instances }) = &self.fleet else { return };
+        // A launch is in flight until its node registers, or three launch latencies pass.
+        self.pending.retain(|node, p| !autoscaled.contains(node) && now.saturating_duration_since(p.since).as_secs_f64() < p.deadline_s);
+        let mut with_pending = available.clone();
+        let mut launched_or_pending = instances.clone();
+        for p in self.pending.values() {
+            *with_pending.entry(p.gpu_model.clone()).or_default() += p.gpus;
+            *launched_or_pending.entry(p.instance_type.clone()).or_default() += 1;
+        }
+        let room = launch_room(types, &launched_or_pending);
+        for launch in launches_for(&shortfall(planned, &with_pending), types, &room, self.lambda_per_s) {
+            let spec = &types[&launch.instance_type];
+            for _ in 0..launch.count {
+                self.launched += 1;
+                let node = format!("auto-{}-{}-{}", launch.instance_type, self.controller_id, self.launched);
+                let pending = Pending {
+                    instance_type: launch.instance_type.clone(),
+                    gpu_model: spec.gpu_model.clone(),
+                    gpus: spec.gpu_count,
+                    since: now,
+                    deadline_s: 3.0 * spec.launch_latency_s.max(10.0),
+                    objective: launch.objective,
+                };
+                pass.calls.push(ProviderCall::Launch {
+                    node: node.clone(),
+                    instance_type: launch.instance_type.clone(),
+                    spec: spec.clone(),
+                });
+                self.launching.push((node, pending));
+            }
+        }
+        self.idle_since.retain(|n, _| autoscaled.contains(n) && !plan_nodes.contains(n));
+        for n in autoscaled {
+            if !plan_nodes.contains(n) {
+                self.idle_since.entry(n.clone()).or_insert(t);
+            }
+        }
+        for node in idle_nodes(&self.idle_since, t, self.cooldown_s) {
+            // Tried again after another cool-down should the termination fail.
+            self.idle_since.remove(&node);
+            pass.calls.push(ProviderCall::Terminate { node: node.clone() });
+            self.terminating.push(node);
+        }
+    }
+}
+
 pub async fn run(controller: Controller, settings: LoopSettings) {
-    let started = Instant::now();
-    let now_s = move || started.elapsed().as_secs_f64();
-    let mut tick = tokio::time::interval(settings.heartbeat_interval);
-    // Per service: since when the measured rate has asked for more (or less).
-    let mut up_since: BTreeMap<String, f64> = BTreeMap::new();
-    let mut down_since: BTreeMap<String, f64> = BTreeMap::new();
-    let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
-    let mut idle_since: BTreeMap<String, f64> = BTreeMap::new();
-    let mut launched = 0u64;
-    let mut signals = controller.sm.subscribe();
-    let mut seen = FleetFingerprints::default();
-    let mut view: Option<FleetView> = None;
-    loop {
-        tick.tick().await;
-        let _pass = controller.telemetry.time_loop_pass("autoscaler");
-        let t = now_s();
-        // 1. Services: provisioned rate from the reported arrival rates.
+    let autoscaler = Autoscaler::new(&controller, &settings, Instant::now());
+    super::runner::run(controller, settings, autoscaler).await
+}
+
+impl Reconciler for Autoscaler {
+    const NAME: &'static str = "autoscaler";
+    // A fleet view is a planning pass over the whole fleet when its inputs change.
+    const LONG_PASS: bool = true;
+    type View = ScaleView;
+
+    fn interval(&self) -> std::time::Duration {
+        self.heartbeat
+    }
+
+    fn view(&mut self, controller: &Controller) -> ScaleView {
         let mut arrivals: BTreeMap<String, f64> = BTreeMap::new();
         for r in controller.reports.all().values() {
             for m in &r.report.metrics {
                 *arrivals.entry(m.service.clone()).or_default() += m.arrival_rps;
             }
         }
-        let services: Vec<(String, f64, f64, f64)> = controller.read(|d| {
+        let services = controller.read(|d| {
             d.cluster
                 .list(Kind::Service)
                 .filter_map(|s| match &s.spec {
@@ -121,119 +290,81 @@ pub async fn run(controller: Controller, settings: LoopSettings) {
                 })
                 .collect()
         });
-        for (name, min, max, current) in services {
-            let Some(&arrival) = arrivals.get(&name) else { continue };
-            let wanted = provisioned_rate(arrival, TARGET_SATURATION, min, max);
-            let change = (wanted - current) / current.max(1e-9);
-            let (since, other) = if change > MIN_CHANGE { (&mut up_since, &mut down_since) } else { (&mut down_since, &mut up_since) };
-            other.remove(&name);
-            if change.abs() <= MIN_CHANGE {
-                since.remove(&name);
-                continue;
-            }
-            let first = *since.entry(name.clone()).or_insert(t);
-            let wait = if change > 0.0 { settings.scale_window_s } else { settings.cooldown_s };
-            if t - first < wait {
-                continue;
-            }
-            since.remove(&name);
-            let status = ServiceStatus { provisioned_rps: wanted, arrival_rps: arrival }.to_json();
-            let write = Request {
-                request_id: uuid::Uuid::new_v4().to_string(),
-                command: Command::PutStatus { kind: Kind::Service, name: name.clone(), status: status.into(), expected_version: 0 },
-                trace_parent: None,
-            };
-            match controller.write(write).await {
-                Ok(_) => tracing::info!(service = %name, arrival, from = current, to = wanted, "autoscaler: service re-sized"),
-                Err(e) => tracing::warn!(service = %name, error = %e, "autoscaler: could not re-size"),
-            }
-        }
+        // The fleet view is made again only when what it is made of changed: at 10,000
+        // hosts it is a planning pass over 80,000 GPUs.
+        let refresh = self.signals.as_mut().and_then(|signals| {
+            let Drained { inputs, plan } = drain(signals, &mut self.seen);
+            (self.fleet.is_none() || inputs || plan).then(|| (controller.read(|d| d.cluster.resources_only()), inputs))
+        });
+        ScaleView { arrivals, services, refresh }
+    }
 
-        // Without a provider nodes come and go by hand; services are still re-sized.
-        let Some(provider) = settings.provider.clone() else { continue };
-        // 2. Nodes: launch what the plan needs beyond the healthy fleet and launches in flight.
-        // The view of the fleet is computed again only when what it is made of changed: at
-        // 10,000 hosts it is a full planning pass over 80,000 GPUs, which every second kept
-        // the state locked and a runtime worker busy while reports waited.
-        let Drained { inputs: inputs_changed, plan: plan_changed } = drain(&mut signals, &mut seen);
-        if view.is_none() || inputs_changed || plan_changed {
-            let sm = controller.sm.clone();
-            let strategy = settings.mig_strategy;
-            let previous = view.take().filter(|_| !inputs_changed);
-            // An O(1) copy of the state under its lock; the rest off the workers.
-            let refreshed = super::off_runtime(&settings, "autoscaler planning", move |_| {
-                let cluster = sm.data.read().expect("state lock").cluster.resources_only();
-                match previous {
-                    Some(v) => FleetView { plan_nodes: plan_nodes(&cluster), ..v },
-                    None => FleetView::of(&cluster, strategy),
-                }
-            })
-            .await;
-            match refreshed {
-                Ok(v) => view = Some(v),
-                Err(e) => {
-                    controller.telemetry.observe_loop_outcome("autoscaler", true);
-                    tracing::warn!(error = %e, "autoscaler: planning failed; retrying at the next tick");
-                    continue;
-                }
-            }
+    fn pass(&mut self, view: ScaleView, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
+        let t = now.saturating_duration_since(self.started).as_secs_f64();
+        let mut pass = Pass::default();
+        self.resizing = self.resizes(&view.arrivals, &view.services, t);
+        for r in &self.resizing {
+            let status = ServiceStatus { provisioned_rps: r.to, arrival_rps: r.arrival }.to_json();
+            let command = Command::PutStatus { kind: Kind::Service, name: r.service.clone(), status: status.into(), expected_version: 0 };
+            pass.writes.push(Write::Command { command, repeatable: false });
         }
-        controller.telemetry.observe_loop_outcome("autoscaler", false);
-        let FleetView { planned, available, types, plan_nodes, autoscaled, instances } = view.as_ref().expect("refreshed above");
-        // A launch is in flight until its node registers, or three launch latencies pass.
-        pending.retain(|node, p| !autoscaled.contains(node) && p.since.elapsed().as_secs_f64() < p.deadline_s);
-        let mut with_pending = available.clone();
-        let mut launched_or_pending = instances.clone();
-        for p in pending.values() {
-            *with_pending.entry(p.gpu_model.clone()).or_default() += p.gpus;
-            *launched_or_pending.entry(p.instance_type.clone()).or_default() += 1;
+        if !self.provider {
+            return pass;
         }
-        let room = launch_room(types, &launched_or_pending);
-        for launch in launches_for(&shortfall(planned, &with_pending), types, &room, settings.lambda_per_s) {
-            let spec = &types[&launch.instance_type];
-            for _ in 0..launch.count {
-                launched += 1;
-                let node = format!("auto-{}-{}-{launched}", launch.instance_type, controller.id);
-                match provider.launch(&node, &launch.instance_type, spec) {
-                    Ok(()) => {
-                        tracing::info!(node, instance_type = %launch.instance_type, objective = launch.objective, "autoscaler: scale-out");
-                        pending.insert(
-                            node,
-                            Pending {
-                                instance_type: launch.instance_type.clone(),
-                                gpu_model: spec.gpu_model.clone(),
-                                gpus: spec.gpu_count,
-                                since: Instant::now(),
-                                deadline_s: 3.0 * spec.launch_latency_s.max(10.0),
-                            },
-                        );
-                    }
-                    Err(e) => tracing::warn!(instance_type = %launch.instance_type, error = %e, "autoscaler: launch failed"),
-                }
-            }
+        self.deleting = std::mem::take(&mut self.terminated);
+        for node in &self.deleting {
+            let command = Command::Delete { kind: Kind::Node, name: node.clone(), expected_version: 0 };
+            pass.writes.push(Write::Command { command, repeatable: false });
         }
+        if let Some((cluster, inputs_changed)) = view.refresh {
+            let previous = self.fleet.take().filter(|_| !inputs_changed);
+            self.fleet = Some(match previous {
+                Some(v) => FleetView { plan_nodes: plan_nodes(&cluster), ..v },
+                None => FleetView::of(&cluster, self.strategy),
+            });
+        }
+        self.nodes(now, t, &mut pass);
+        pass
+    }
 
-        // 3. Scale-in: launched nodes the plan leaves empty for the cool-down.
-        idle_since.retain(|n, _| autoscaled.contains(n) && !plan_nodes.contains(n));
-        for n in autoscaled {
-            if !plan_nodes.contains(n) {
-                idle_since.entry(n.clone()).or_insert(t);
+    fn settled(&mut self, _controller: &Controller, settled: Settled) {
+        self.record(settled);
+    }
+}
+
+impl Autoscaler {
+    /// What became of the pass's writes and calls: launches that started are in flight,
+    /// terminated nodes are deleted by the next pass.
+    fn record(&mut self, settled: Settled) {
+        let mut writes = settled.writes.into_iter();
+        for (r, result) in std::mem::take(&mut self.resizing).into_iter().zip(writes.by_ref()) {
+            match result {
+                Ok(_) => {
+                    tracing::info!(service = %r.service, arrival = r.arrival, from = r.from, to = r.to, "autoscaler: service re-sized")
+                }
+                Err(e) => tracing::warn!(service = %r.service, error = %e, "autoscaler: could not re-size"),
             }
         }
-        for node in idle_nodes(&idle_since, t, settings.cooldown_s) {
-            idle_since.remove(&node);
-            if let Err(e) = provider.terminate(&node) {
-                tracing::warn!(node, error = %e, "autoscaler: terminate failed");
-                continue;
-            }
-            let delete = Request {
-                request_id: uuid::Uuid::new_v4().to_string(),
-                command: Command::Delete { kind: Kind::Node, name: node.clone(), expected_version: 0 },
-                trace_parent: None,
-            };
-            match controller.write(delete).await {
+        for (node, result) in std::mem::take(&mut self.deleting).into_iter().zip(writes) {
+            match result {
                 Ok(_) => tracing::info!(node, "autoscaler: scale-in"),
                 Err(e) => tracing::warn!(node, error = %e, "autoscaler: node not removed"),
+            }
+        }
+        let mut calls = settled.calls.into_iter();
+        for ((node, pending), result) in std::mem::take(&mut self.launching).into_iter().zip(calls.by_ref()) {
+            match result {
+                Ok(()) => {
+                    tracing::info!(node, instance_type = %pending.instance_type, objective = pending.objective, "autoscaler: scale-out");
+                    self.pending.insert(node, pending);
+                }
+                Err(e) => tracing::warn!(instance_type = %pending.instance_type, error = %e, "autoscaler: launch failed"),
+            }
+        }
+        for (node, result) in std::mem::take(&mut self.terminating).into_iter().zip(calls) {
+            match result {
+                Ok(()) => self.terminated.push(node),
+                Err(e) => tracing::warn!(node, error = %e, "autoscaler: terminate failed"),
             }
         }
     }
@@ -277,5 +408,133 @@ mod tests {
             tx.send(node_event("n1", ChangeType::Modified, node_status(v, Health::Healthy))).unwrap();
         }
         assert_eq!(drain(&mut rx, &mut seen), changed(true, true));
+    }
+
+    /// A node provider that is never called: passes are pure, the tests feed outcomes.
+    struct NoProvider;
+    impl crate::cloud::NodeProvider for NoProvider {
+        fn launch(&self, _: &str, _: &str, _: &InstanceTypeSpec) -> Result<(), String> {
+            unreachable!("a pass makes no call")
+        }
+        fn terminate(&self, _: &str) -> Result<(), String> {
+            unreachable!("a pass makes no call")
+        }
+    }
+
+    fn settings(provider: bool) -> LoopSettings {
+        LoopSettings {
+            scale_window_s: 10.0,
+            cooldown_s: 30.0,
+            provider: provider.then(|| std::sync::Arc::new(NoProvider) as std::sync::Arc<dyn crate::cloud::NodeProvider>),
+            ..LoopSettings::default()
+        }
+    }
+
+    fn at(t0: Instant, s: u64) -> Instant {
+        t0 + std::time::Duration::from_secs(s)
+    }
+
+    fn view(arrival: f64, provisioned: f64) -> ScaleView {
+        ScaleView {
+            arrivals: [("web".to_string(), arrival)].into(),
+            services: vec![("web".into(), 10.0, 1000.0, provisioned)],
+            refresh: None,
+        }
+    }
+
+    fn resized_to(pass: &Pass) -> Vec<f64> {
+        pass.writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Command { command: Command::PutStatus { kind: Kind::Service, status, .. }, repeatable: false } => {
+                    ServiceStatus::provisioned_rps(status)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn settled(calls: Vec<Result<(), String>>, writes: usize) -> Settled {
+        Settled { calls, writes: (0..writes).map(|_| Ok(1)).collect(), pass_time: std::time::Duration::ZERO }
+    }
+
+    #[test]
+    fn a_service_is_sized_up_after_the_window_and_down_after_the_cool_down() {
+        let t0 = Instant::now();
+        let mut a = Autoscaler::with(&settings(false), 1, None, t0);
+        // 100 req/s at 80% saturation wants 125 req/s provisioned; 50 is provisioned.
+        assert!(resized_to(&a.pass(view(100.0, 50.0), at(t0, 0), &|| false)).is_empty(), "the load just rose");
+        assert!(resized_to(&a.pass(view(100.0, 50.0), at(t0, 9), &|| false)).is_empty(), "within the window");
+        assert_eq!(resized_to(&a.pass(view(100.0, 50.0), at(t0, 10), &|| false)), vec![125.0]);
+        // A dip below the threshold restarts the clock.
+        assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 11), &|| false)).is_empty());
+        assert!(resized_to(&a.pass(view(100.0, 125.0), at(t0, 12), &|| false)).is_empty(), "within 5%: no churn");
+        assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 13), &|| false)).is_empty());
+        assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 42), &|| false)).is_empty(), "the cool-down counts from 13");
+        assert_eq!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 43), &|| false)), vec![25.0]);
+    }
+
+    fn a2_fleet(planned: u32, available: u32, autoscaled: &[&str], plan_nodes: &[&str]) -> FleetView {
+        let a2 = InstanceTypeSpec {
+            gpu_model: "A100-80GB".into(),
+            gpu_count: 2,
+            price_per_hour: 8.0,
+            launch_latency_s: 60.0,
+            cpu_cores: 0,
+            memory_gib: 0.0,
+            max_instances: None,
+        };
+        FleetView {
+            planned: [("A100-80GB".to_string(), planned)].into(),
+            available: [("A100-80GB".to_string(), available)].into(),
+            types: [("a2".to_string(), a2)].into(),
+            plan_nodes: plan_nodes.iter().map(|n| n.to_string()).collect(),
+            autoscaled: autoscaled.iter().map(|n| n.to_string()).collect(),
+            instances: BTreeMap::new(),
+        }
+    }
+
+    fn calls(pass: &Pass) -> Vec<String> {
+        pass.calls
+            .iter()
+            .map(|c| match c {
+                ProviderCall::Launch { node, .. } => format!("launch {node}"),
+                ProviderCall::Terminate { node } => format!("terminate {node}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_shortfall_is_launched_once_and_an_idle_launched_node_goes_after_the_cool_down() {
+        let t0 = Instant::now();
+        let mut a = Autoscaler::with(&settings(true), 7, None, t0);
+        let quiet = || ScaleView { arrivals: BTreeMap::new(), services: Vec::new(), refresh: None };
+        // The plan needs 4 GPUs, the fleet has 1: two 2-GPU nodes.
+        a.fleet = Some(a2_fleet(4, 1, &[], &[]));
+        let pass = a.pass(quiet(), at(t0, 0), &|| false);
+        assert_eq!(calls(&pass), vec!["launch auto-a2-7-1", "launch auto-a2-7-2"]);
+        // One launch fails: the next pass launches again for its GPUs alone.
+        a.record(settled(vec![Ok(()), Err("quota".into())], 0));
+        assert_eq!(calls(&a.pass(quiet(), at(t0, 1), &|| false)), vec!["launch auto-a2-7-3"]);
+        a.record(settled(vec![Ok(())], 0));
+        assert!(calls(&a.pass(quiet(), at(t0, 2), &|| false)).is_empty(), "the launches in flight cover the shortfall");
+        // Both registered; the plan then moves its work off auto-a2-7-1.
+        a.fleet = Some(a2_fleet(4, 5, &["auto-a2-7-1", "auto-a2-7-3"], &["auto-a2-7-3"]));
+        assert!(calls(&a.pass(quiet(), at(t0, 3), &|| false)).is_empty());
+        assert!(calls(&a.pass(quiet(), at(t0, 32), &|| false)).is_empty(), "idle since 3: within the cool-down");
+        let pass = a.pass(quiet(), at(t0, 33), &|| false);
+        assert_eq!(calls(&pass), vec!["terminate auto-a2-7-1"]);
+        a.record(settled(vec![Ok(())], 0));
+        // Terminated: the next pass deletes its Node.
+        let pass = a.pass(quiet(), at(t0, 34), &|| false);
+        let deleted: Vec<&str> = pass
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Command { command: Command::Delete { kind: Kind::Node, name, .. }, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deleted, vec!["auto-a2-7-1"]);
     }
 }

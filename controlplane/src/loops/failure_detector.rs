@@ -14,16 +14,15 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-
 use tokio::time::Instant;
 
+use super::runner::{Pass, Reconciler, Settled, Write};
 use super::LoopSettings;
 use crate::agents::report_pace::OverdueTimeout;
 use crate::agents::Heard;
 use crate::controller::Controller;
 use crate::resources::{Kind, NodeStatus};
-use crate::state::{Command, Request};
+use crate::state::Command;
 
 /// How long the failure detector waits for each signal.
 #[derive(Clone, Copy, Debug)]
@@ -49,56 +48,99 @@ pub fn overdue(nodes: &[String], heard: &Heard, since: Instant, now: Instant, pa
 }
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
-    let since = Instant::now();
-    let seconds = |now: Instant| now.saturating_duration_since(since).as_secs_f64();
     let nodes = controller.read(|d| d.cluster.count(Kind::Node));
-    let mut timeouts = OverdueTimeout::new(settings.missed_heartbeats, controller.report_pace.interval(nodes), 0.0);
-    let mut tick = tokio::time::interval(settings.heartbeat_interval);
-    loop {
-        tick.tick().await;
-        let _pass = controller.telemetry.time_loop_pass("failure_detector");
-        let heard = controller.reports.last_heard();
-        // Names only: statuses are copied for the overdue nodes alone.
-        let (names, gone): (Vec<String>, Vec<String>) = controller.read(|d| {
-            let gone = heard.reported.keys().chain(heard.watch_ended.keys()).filter(|n| d.cluster.get(Kind::Node, n).is_none()).cloned();
-            (d.cluster.list(Kind::Node).map(|n| n.name.clone()).collect(), gone.collect())
-        });
-        controller.reports.forget(&gone);
-        let now = Instant::now();
-        let timeout = timeouts.at(controller.report_pace.interval(names.len()), seconds(now));
-        let patience = Patience { report_timeout: timeout, watch_grace: settings.watch_grace };
-        // Marked concurrently: one at a time, a mass failure of a hundred hosts took seconds
-        // of commit round trips to mark.
-        futures::stream::iter(overdue(&names, &heard, since, now, patience))
-            .for_each_concurrent(MARKS_IN_FLIGHT, |name| {
-                let why = if heard.watch_ended.contains_key(&name) { "its agent's stream ended" } else { "it missed its heartbeats" };
-                mark_unhealthy(&controller, name, why, timeout)
-            })
-            .await;
+    let detector = FailureDetector::new(&settings, controller.report_pace.interval(nodes), Instant::now());
+    super::runner::run(controller, settings, detector).await
+}
+
+/// The failure detector as a leader loop (`loops::runner`).
+pub(crate) struct FailureDetector {
+    /// When this controller took over: a node never heard of gets its full timeout from here.
+    since: Instant,
+    timeouts: OverdueTimeout,
+    heartbeat: Duration,
+    watch_grace: Duration,
+    /// This pass's marks, in the order of its writes, with why and after what timeout.
+    marking: Vec<(String, &'static str)>,
+    timeout: Duration,
+    /// Nodes deleted since they were heard of: the reports forget them once the pass is done.
+    gone: Vec<String>,
+}
+
+/// What a pass reads: every node's status (shared, not copied), what the leader heard, and
+/// the interval agents are told to report at.
+pub(crate) struct NodesHeard {
+    nodes: Vec<(String, std::sync::Arc<serde_json::Value>)>,
+    heard: Heard,
+    report_interval: Duration,
+}
+
+impl FailureDetector {
+    pub(crate) fn new(settings: &LoopSettings, report_interval: Duration, now: Instant) -> Self {
+        FailureDetector {
+            since: now,
+            timeouts: OverdueTimeout::new(settings.missed_heartbeats, report_interval, 0.0),
+            heartbeat: settings.heartbeat_interval,
+            watch_grace: settings.watch_grace,
+            marking: Vec::new(),
+            timeout: Duration::ZERO,
+            gone: Vec::new(),
+        }
     }
 }
 
-/// Unhealthy marks proposed at once.
-const MARKS_IN_FLIGHT: usize = 64;
+impl Reconciler for FailureDetector {
+    const NAME: &'static str = "failure_detector";
+    type View = NodesHeard;
 
-async fn mark_unhealthy(controller: &Controller, name: String, why: &str, timeout: Duration) {
-    let status = controller.read(|d| d.cluster.get(Kind::Node, &name).map(|n| n.status.clone())).unwrap_or_default();
-    let Some(marked) = NodeStatus::marked_unhealthy(&status) else { return };
-    // No request id: marking a node unhealthy again is the same write, and a de-duplication
-    // record would hold the whole Node after it (a few KB each, kept in every snapshot for
-    // 100,000 writes) for every node of a mass failure.
-    let write = Request {
-        request_id: String::new(),
-        command: Command::PutStatus { kind: Kind::Node, name: name.clone(), status: marked.into(), expected_version: 0 },
-        trace_parent: None,
-    };
-    match controller.write(write).await {
-        Ok(_) => {
-            // Its next report must turn it healthy again, whatever was written before.
-            controller.status_writer.forget(&name);
-            tracing::warn!(node = %name, timeout_ms = timeout.as_millis() as u64, why, "node marked unhealthy")
+    fn interval(&self) -> Duration {
+        self.heartbeat
+    }
+
+    fn view(&mut self, controller: &Controller) -> NodesHeard {
+        let heard = controller.reports.last_heard();
+        let nodes: Vec<(String, std::sync::Arc<serde_json::Value>)> =
+            controller.read(|d| d.cluster.list(Kind::Node).map(|n| (n.name.clone(), n.status.clone())).collect());
+        let report_interval = controller.report_pace.interval(nodes.len());
+        NodesHeard { nodes, heard, report_interval }
+    }
+
+    fn pass(&mut self, view: NodesHeard, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
+        let NodesHeard { nodes, heard, report_interval } = view;
+        let known: std::collections::HashSet<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
+        self.gone = heard.reported.keys().chain(heard.watch_ended.keys()).filter(|n| !known.contains(n.as_str())).cloned().collect();
+        self.timeout = self.timeouts.at(report_interval, now.saturating_duration_since(self.since).as_secs_f64());
+        let patience = Patience { report_timeout: self.timeout, watch_grace: self.watch_grace };
+        let names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
+        let overdue: std::collections::HashSet<String> = overdue(&names, &heard, self.since, now, patience).into_iter().collect();
+        self.marking.clear();
+        let mut pass = Pass::default();
+        for (name, status) in nodes.iter().filter(|(n, _)| overdue.contains(n)) {
+            // Already marked: nothing to write.
+            let Some(marked) = NodeStatus::marked_unhealthy(status) else { continue };
+            let why = if heard.watch_ended.contains_key(name) { "its agent's stream ended" } else { "it missed its heartbeats" };
+            self.marking.push((name.clone(), why));
+            // Repeatable: marking a node unhealthy again is the same write, and a
+            // de-duplication record would hold the whole Node after it (a few KB each) for
+            // every node of a mass failure.
+            let command = Command::PutStatus { kind: Kind::Node, name: name.clone(), status: marked.into(), expected_version: 0 };
+            pass.writes.push(Write::Command { command, repeatable: true });
         }
-        Err(e) => tracing::warn!(node = %name, error = %e, "could not mark the node unhealthy"),
+        pass
+    }
+
+    fn settled(&mut self, controller: &Controller, settled: Settled) {
+        controller.reports.forget(&std::mem::take(&mut self.gone));
+        for ((name, why), result) in self.marking.drain(..).zip(settled.writes) {
+            match result {
+                Ok(_) => {
+                    // Its next report must turn it healthy again, whatever was written before.
+                    controller.status_writer.forget(&name);
+                    tracing::warn!(node = %name, timeout_ms = self.timeout.as_millis() as u64, why, "node marked unhealthy")
+                }
+                Err(e) => tracing::warn!(node = %name, error = %e, "could not mark the node unhealthy"),
+            }
+        }
     }
 }
 
@@ -141,5 +183,38 @@ mod tests {
         assert_eq!(overdue(&nodes, &heard, t0, at(36), patience), nodes, "b by the report timeout");
         // A node deleted since its stream ended is not marked.
         assert!(overdue(&nodes[1..], &heard, t0, at(14), patience).is_empty());
+    }
+
+    #[test]
+    fn a_pass_marks_the_overdue_nodes_not_marked_yet_and_forgets_deleted_ones() {
+        let t0 = Instant::now();
+        let settings = LoopSettings { missed_heartbeats: 5, heartbeat_interval: Duration::from_secs(1), ..LoopSettings::default() };
+        let mut detector = FailureDetector::new(&settings, Duration::from_secs(1), t0);
+        let status = |h: crate::resources::Health| std::sync::Arc::new(serde_json::json!({"health": h.as_str()}));
+        let view = NodesHeard {
+            nodes: vec![
+                ("a".into(), status(crate::resources::Health::Healthy)),
+                ("b".into(), status(crate::resources::Health::Unhealthy)),
+                ("c".into(), status(crate::resources::Health::Healthy)),
+            ],
+            // c reported a second ago; "gone" was heard of but its Node is deleted.
+            heard: heard(&[("c", 9), ("gone", 9)], &[], t0),
+            report_interval: Duration::from_secs(1),
+        };
+        let pass = detector.pass(view, t0 + Duration::from_secs(10), &|| false);
+        let marked: Vec<(&str, bool)> = pass
+            .writes
+            .iter()
+            .map(|w| match w {
+                Write::Command { command: Command::PutStatus { name, status, .. }, repeatable } => {
+                    assert!(NodeStatus::is_unhealthy(status), "{status}");
+                    (name.as_str(), *repeatable)
+                }
+                _ => panic!("only status writes"),
+            })
+            .collect();
+        // a was never heard of since the takeover 10 s ago; b is overdue but already marked.
+        assert_eq!(marked, vec![("a", true)]);
+        assert_eq!(detector.gone, vec!["gone".to_string()]);
     }
 }

@@ -1,85 +1,107 @@
 //! The metering loop: every `metering_interval` the leader writes each Tenant's usage (from
 //! the committed plan) and SLO attainment (its stored count plus the windows counted from
 //! reports since) into the Tenant's status, for the tenants whose figures moved, and sets
-//! each service's usage series on its `/metrics` (leader only). Costs
-//! one pass over the plan per interval, off the async workers, and a status write per
-//! changed tenant, several to a Raft entry.
+//! each service's usage series on its `/metrics` (leader only). Costs one pass over the plan
+//! per interval, off the async workers, and a status write per changed tenant, several to a
+//! Raft entry.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use tokio::time::Instant;
+
+use super::runner::{Pass, Reconciler, Settled, Write};
 use super::LoopSettings;
-use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::metering::{by_service, changed_statuses, gpu_prices};
+use crate::metering::{by_service, changed_statuses, gpu_prices, Occupied};
 use crate::resources::limits::MAX_STATUSES_PER_ENTRY;
-use crate::resources::{Kind, Spec};
-use crate::resources::{SloCount, TenantStatus};
-use crate::state::{Command, Request, StatusPut};
+use crate::resources::{Kind, SloCount, Spec, TenantStatus};
+use crate::state::{ClusterState, Command, StatusPut};
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
-    let mut tick = tokio::time::interval(settings.metering_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let _pass = controller.telemetry.time_loop_pass("metering");
-        let tally = controller.slo_tally.take();
-        let result = pass(&controller, &settings, tally).await;
-        controller.telemetry.observe_loop_outcome("metering", result.is_err());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "metering pass failed; its counts go with the next one");
-        }
+    let metering = Metering::new(settings.metering_interval);
+    super::runner::run(controller, settings, metering).await
+}
+
+/// The metering as a leader loop (`loops::runner`).
+pub(crate) struct Metering {
+    interval: Duration,
+    /// The SLO windows counted since the last pass, taken for this one.
+    counted: BTreeMap<String, SloCount>,
+    /// The tenants of each of this pass's writes, in order.
+    written: Vec<Vec<String>>,
+    /// Tenants whose figures this pass found moved.
+    changed: Vec<String>,
+    /// What the plan gives each service, for the per-service series.
+    services: BTreeMap<(String, String), Occupied>,
+}
+
+/// What a pass reads: the state (an O(1) copy) and the SLO windows counted since the last.
+pub(crate) struct MeteringView {
+    cluster: ClusterState,
+    counted: BTreeMap<String, SloCount>,
+}
+
+impl Metering {
+    pub(crate) fn new(interval: Duration) -> Self {
+        Metering { interval, counted: BTreeMap::new(), written: Vec::new(), changed: Vec::new(), services: BTreeMap::new() }
     }
 }
 
-/// One pass; the counts of tenants whose status was not written go back to the tally.
-async fn pass(controller: &Controller, settings: &LoopSettings, tally: BTreeMap<String, SloCount>) -> Result<(), ApiError> {
-    let sm = controller.sm.clone();
-    let counted = tally.clone();
-    let computed = super::off_runtime(settings, "metering", move |_| {
-        // An O(1) copy under the lock; the pass over the plan outside it.
-        let cluster = sm.data.read().expect("state lock").cluster.resources_only();
-        let tenants: Vec<(String, TenantStatus)> = cluster.list(Kind::Tenant).map(|r| (r.name.clone(), TenantStatus::of(r))).collect();
-        let plan = match cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
-            Some(Spec::Plan(p)) => Some(p),
-            _ => None,
-        };
-        let services = plan.map(|p| by_service(p, gpu_prices(&cluster))).unwrap_or_default();
-        (changed_statuses(&tenants, &services, &counted), services)
-    })
-    .await;
-    let changed = match computed {
-        Ok((changed, services)) => {
-            controller.telemetry.set_service_usage(&services);
-            changed
-        }
-        Err(e) => {
-            controller.slo_tally.give_back(tally);
-            return Err(e);
-        }
-    };
-    let mut unwritten = tally;
-    let mut failure = None;
-    for chunk in changed.chunks(MAX_STATUSES_PER_ENTRY) {
-        let statuses = chunk
-            .iter()
-            .map(|(name, status)| StatusPut { name: name.clone(), status: serde_json::to_value(status).unwrap_or_default().into() })
-            .collect();
-        // No request id: writing the same figures again is harmless (as the failure
-        // detector's marks).
-        let write =
-            Request { request_id: String::new(), command: Command::PutStatuses { kind: Kind::Tenant, statuses }, trace_parent: None };
-        match controller.write(write).await {
-            Ok(_) => {
-                for (name, _) in chunk {
-                    unwritten.remove(name);
-                }
-            }
-            Err(e) => failure = Some(e),
-        }
+impl Reconciler for Metering {
+    const NAME: &'static str = "metering";
+    const LONG_PASS: bool = true;
+    type View = MeteringView;
+
+    fn interval(&self) -> Duration {
+        self.interval
     }
-    // Counts of tenants that are gone, or whose figures did not move (no window came),
-    // have nothing more to be written with.
-    unwritten.retain(|name, _| changed.iter().any(|(t, _)| t == name));
-    controller.slo_tally.give_back(unwritten);
-    failure.map_or(Ok(()), Err)
+
+    fn view(&mut self, controller: &Controller) -> MeteringView {
+        let cluster = controller.read(|d| d.cluster.resources_only());
+        MeteringView { cluster, counted: controller.slo_tally.take() }
+    }
+
+    fn pass(&mut self, view: MeteringView, _now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
+        let MeteringView { cluster, counted } = view;
+        let tenants: Vec<(String, TenantStatus)> = cluster.list(Kind::Tenant).map(|r| (r.name.clone(), TenantStatus::of(r))).collect();
+        self.services = match cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
+            Some(Spec::Plan(p)) => by_service(p, gpu_prices(&cluster)),
+            _ => BTreeMap::new(),
+        };
+        let changed = changed_statuses(&tenants, &self.services, &counted);
+        self.counted = counted;
+        self.changed = changed.iter().map(|(name, _)| name.clone()).collect();
+        self.written.clear();
+        let mut pass = Pass::default();
+        for chunk in changed.chunks(MAX_STATUSES_PER_ENTRY) {
+            self.written.push(chunk.iter().map(|(name, _)| name.clone()).collect());
+            let statuses = chunk
+                .iter()
+                .map(|(name, status)| StatusPut { name: name.clone(), status: serde_json::to_value(status).unwrap_or_default().into() })
+                .collect();
+            // Repeatable: writing the same figures again is harmless.
+            pass.writes.push(Write::Command { command: Command::PutStatuses { kind: Kind::Tenant, statuses }, repeatable: true });
+        }
+        pass
+    }
+
+    fn settled(&mut self, controller: &Controller, settled: Settled) {
+        controller.telemetry.set_service_usage(&self.services);
+        let mut unwritten = std::mem::take(&mut self.counted);
+        for (tenants, result) in self.written.drain(..).zip(settled.writes) {
+            match result {
+                Ok(_) => {
+                    for name in tenants {
+                        unwritten.remove(&name);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "metering: usage not written; its counts go with the next pass"),
+            }
+        }
+        // Counts of tenants that are gone, or whose figures did not move (no window came),
+        // have nothing more to be written with.
+        unwritten.retain(|name, _| self.changed.contains(name));
+        controller.slo_tally.give_back(unwritten);
+    }
 }

@@ -7,6 +7,7 @@ mod autoscaler;
 pub mod failure_detector;
 mod metering;
 mod provisioner;
+mod runner;
 mod tuner;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -12,16 +12,15 @@ use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
 use tokio::sync::broadcast;
-use tracing::Instrument;
 
+use super::runner::{Pass, Reconciler, Settled, Write};
 use super::LoopSettings;
 use super::PlanChange;
-use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::provision::{gather, inputs_digest, provision_keeping, PoolPlans};
+use crate::provision::{gather, inputs_digest, provision_keeping, MigStrategy, PoolPlans};
 use crate::raft::WatchSignal;
 use crate::resources::{Kind, Spec};
-use crate::state::{ChangeEvent, ChangeType};
+use crate::state::{ChangeEvent, ChangeType, ClusterState};
 
 /// Changes settle before a pass until none has come for this long (at most
 /// [`MAX_SETTLE`]), so one `apply` of many resources, in several batches, costs one plan.
@@ -30,40 +29,144 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 const MAX_SETTLE: Duration = Duration::from_secs(1);
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
-    let mut signals = controller.sm.subscribe();
-    let mut fleet_seen = FleetFingerprints::default();
-    // The digest of the inputs the last pass planned from, when that pass found the committed
-    // placement already right: the same inputs are not planned again (leader memory only).
-    let mut planned_digest: Option<String> = None;
-    // The pool plans of the last pass, for minimal re-planning (`provision::replan`).
-    let mut memory: Option<PoolPlans> = None;
-    // The trace of the change that triggered the pass; none for a periodic pass.
-    let mut trigger: Option<String> = None;
-    loop {
-        let started = std::time::Instant::now();
-        let span = tracing::info_span!("provision.pass");
-        telemetry_otlp::continue_trace(&span, trigger.take().as_deref().unwrap_or_default());
-        let result = pass(&controller, &settings, &mut planned_digest, &mut memory).instrument(span).await;
-        controller.telemetry.observe_loop_pass("provisioner", started.elapsed());
-        controller.telemetry.observe_loop_outcome("provisioner", result.is_err());
-        match result {
-            Ok(true) => tracing::info!("committed a new plan"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "provisioning pass failed; retrying at the next one"),
+    let provisioner = Provisioner::new(&controller, &settings);
+    super::runner::run(controller, settings, provisioner).await
+}
+
+/// The provisioner as a leader loop (`loops::runner`).
+pub(crate) struct Provisioner {
+    interval: Duration,
+    strategy: MigStrategy,
+    /// What the fleet can hold, tenants share by weight: without a node provider, the fleet;
+    /// with one, up to the instance types' limits.
+    can_grow: bool,
+    signals: broadcast::Receiver<WatchSignal>,
+    fleet_seen: FleetFingerprints,
+    /// The digest of the inputs the last pass planned from, when that pass found the
+    /// committed placement already right: the same inputs are not planned again (leader
+    /// memory only).
+    planned_digest: Option<String>,
+    /// The pool plans of the last pass, for minimal re-planning (`provision::replan`).
+    memory: Option<PoolPlans>,
+    /// The trace of the change that woke the pass; none for a periodic pass.
+    trigger: Option<String>,
+    /// Whether this pass planned (and so counts in the planning time), and whether it
+    /// proposed a plan.
+    planned: bool,
+    proposed: bool,
+}
+
+/// What a pass reads: the state (an O(1) copy) and the committed plan's version.
+pub(crate) struct Committed {
+    cluster: ClusterState,
+    plan_version: u64,
+}
+
+impl Provisioner {
+    fn new(controller: &Controller, settings: &LoopSettings) -> Self {
+        Provisioner {
+            interval: settings.provision_interval,
+            strategy: settings.mig_strategy,
+            can_grow: settings.provider.is_some(),
+            signals: controller.sm.subscribe(),
+            fleet_seen: FleetFingerprints::default(),
+            planned_digest: None,
+            memory: None,
+            trigger: None,
+            planned: false,
+            proposed: false,
         }
-        tokio::select! {
-            _ = tokio::time::sleep(settings.provision_interval) => {}
-            change = relevant_change(&mut signals, &mut fleet_seen) => {
-                trigger = change;
-                // Everything that arrives while settling is covered by the one pass to come.
-                let settling = tokio::time::Instant::now();
-                loop {
-                    tokio::time::sleep(DEBOUNCE).await;
-                    if !drain(&mut signals, &mut fleet_seen).inputs || settling.elapsed() >= MAX_SETTLE {
-                        break;
-                    }
-                }
+    }
+
+    /// A change the plan may depend on, then everything that arrives while it settles,
+    /// which the one pass to come covers.
+    async fn settle(&mut self) {
+        self.trigger = relevant_change(&mut self.signals, &mut self.fleet_seen).await;
+        let settling = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(DEBOUNCE).await;
+            if !drain(&mut self.signals, &mut self.fleet_seen).inputs || settling.elapsed() >= MAX_SETTLE {
+                break;
             }
+        }
+    }
+}
+
+impl Reconciler for Provisioner {
+    const NAME: &'static str = "provisioner";
+    // Plan from everything committed so far.
+    const READ_BARRIER: bool = true;
+    // Copying the inputs (every GPU of the fleet), the digest (which encodes them),
+    // planning, placement and the patch.
+    const LONG_PASS: bool = true;
+    type View = Committed;
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    fn woken(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        self.settle()
+    }
+
+    fn span(&mut self) -> tracing::Span {
+        let span = tracing::info_span!("provision.pass");
+        telemetry_otlp::continue_trace(&span, self.trigger.take().as_deref().unwrap_or_default());
+        span
+    }
+
+    fn view(&mut self, controller: &Controller) -> Committed {
+        // An O(1) copy under the lock: copying every GPU of the fleet under it kept applies,
+        // and the reports queued behind them, waiting.
+        controller.read(|d| Committed {
+            cluster: d.cluster.resources_only(),
+            plan_version: d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version),
+        })
+    }
+
+    fn pass(&mut self, view: Committed, _now: tokio::time::Instant, cancelled: &dyn Fn() -> bool) -> Pass {
+        let Committed { cluster, plan_version } = view;
+        (self.planned, self.proposed) = (false, false);
+        // Taken: a pass that stops plans in full next time.
+        let previous = self.memory.take();
+        let mut inputs = gather(&cluster);
+        inputs.capacity = Some(crate::provision::fleet_capacity(&cluster, &inputs.fleet, &inputs.input.gpu_types, self.can_grow));
+        let digest = inputs_digest(&inputs, self.strategy);
+        let current = inputs.current.as_ref();
+        if current.is_some_and(|p| p.inputs_digest == digest) || self.planned_digest.as_deref() == Some(digest.as_str()) {
+            // Planned from these very inputs (and perhaps tuned since): nothing to do.
+            self.memory = previous;
+            return Pass::default();
+        }
+        let Some((plan, pools)) = provision_keeping(&inputs, self.strategy, previous.as_ref(), cancelled) else {
+            // Stopped: leadership moved.
+            return Pass::default();
+        };
+        self.planned = true;
+        self.memory = Some(pools);
+        // The patch from the committed plan, so the proposal carries only what moved.
+        let change = PlanChange::between(inputs.current.as_ref().map(|c| (plan_version, c)), plan);
+        if let (PlanChange::Patch { patch, .. }, Some(current)) = (&change, &inputs.current) {
+            if patch.moves_nothing() && patch.strategy == current.strategy {
+                // New inputs (a node joined, a node's health came back) that move nothing:
+                // no commit, so no agent is woken.
+                self.planned_digest = Some(digest);
+                return Pass::default();
+            }
+        }
+        self.planned_digest = None;
+        self.proposed = true;
+        Pass { writes: vec![Write::Plan(change)], ..Pass::default() }
+    }
+
+    fn settled(&mut self, controller: &Controller, settled: Settled) {
+        if self.planned {
+            controller.telemetry.observe_planning(settled.pass_time);
+        }
+        match settled.writes.into_iter().next() {
+            Some(Ok(_)) => tracing::info!("committed a new plan"),
+            Some(Err(e)) => tracing::warn!(error = %e, "provisioning pass failed; retrying at the next one"),
+            None => {}
         }
     }
 }
@@ -147,92 +250,6 @@ pub(super) fn drain(signals: &mut broadcast::Receiver<WatchSignal>, seen: &mut F
                 drained = Drained { inputs: true, plan: true }
             }
             Err(_) => return drained,
-        }
-    }
-}
-
-/// What a pass decided, off the async workers.
-enum Decision {
-    /// Planned from these very inputs already (the committed plan, or the last pass); the
-    /// pool plans kept.
-    Unchanged(Option<PoolPlans>),
-    /// New inputs that move nothing: remember their digest and pool plans, commit nothing.
-    SamePlacement(String, PoolPlans),
-    NewPlan(PlanChange, PoolPlans),
-    /// The loop was aborted while planning (leadership moved).
-    Stopped,
-}
-
-/// One pass; `Ok(true)` when a new plan was committed.
-async fn pass(
-    controller: &Controller,
-    settings: &LoopSettings,
-    planned_digest: &mut Option<String>,
-    memory: &mut Option<PoolPlans>,
-) -> Result<bool, ApiError> {
-    // Plan from everything committed so far.
-    controller.read_barrier().await?;
-    let strategy = settings.mig_strategy;
-    let last = planned_digest.clone();
-    // Taken: a pass that fails plans in full next time.
-    let previous = memory.take();
-    let sm = controller.sm.clone();
-    // What the fleet can hold, tenants share by weight: without a node provider, the fleet;
-    // with one, up to the instance types' limits.
-    let can_grow = settings.provider.is_some();
-    // All of it on the blocking pool: copying the inputs (every GPU of the fleet), the digest
-    // (which encodes them), planning, placement and the patch.
-    let decision = super::off_runtime(settings, "provisioning", move |cancel: super::Cancel| {
-        // An O(1) copy under the lock: copying every GPU of the fleet under it kept applies,
-        // and the reports queued behind them, waiting.
-        let (cluster, version) = {
-            let d = sm.data.read().expect("state lock");
-            (d.cluster.resources_only(), d.cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version))
-        };
-        let mut inputs = gather(&cluster);
-        inputs.capacity = Some(crate::provision::fleet_capacity(&cluster, &inputs.fleet, &inputs.input.gpu_types, can_grow));
-        let digest = inputs_digest(&inputs, strategy);
-        let current = inputs.current.as_ref();
-        if current.is_some_and(|p| p.inputs_digest == digest) || last.as_deref() == Some(digest.as_str()) {
-            // Planned from these very inputs (and perhaps tuned since): nothing to do.
-            return Decision::Unchanged(previous);
-        }
-        let planning = std::time::Instant::now();
-        let Some((plan, pools)) = provision_keeping(&inputs, strategy, previous.as_ref(), &|| cancel.is_set()) else {
-            return Decision::Stopped;
-        };
-        tracing::debug!(seconds = planning.elapsed().as_secs_f64(), gpus = plan.gpus.len(), incremental = pools.incremental, "planned");
-        // The patch from the committed plan, so the proposal carries only what moved.
-        let change = PlanChange::between(inputs.current.as_ref().map(|c| (version, c)), plan);
-        if let (PlanChange::Patch { patch, .. }, Some(current)) = (&change, &inputs.current) {
-            if patch.moves_nothing() && patch.strategy == current.strategy {
-                // New inputs (a node joined, a node's health came back) that move nothing:
-                // no commit, so no agent is woken.
-                return Decision::SamePlacement(digest, pools);
-            }
-        }
-        Decision::NewPlan(change, pools)
-    });
-    let started = std::time::Instant::now();
-    let decision = decision.await?;
-    match decision {
-        Decision::Stopped => Ok(false),
-        Decision::Unchanged(previous) => {
-            *memory = previous;
-            Ok(false)
-        }
-        Decision::SamePlacement(digest, pools) => {
-            controller.telemetry.observe_planning(started.elapsed());
-            *planned_digest = Some(digest);
-            *memory = Some(pools);
-            Ok(false)
-        }
-        Decision::NewPlan(change, pools) => {
-            controller.telemetry.observe_planning(started.elapsed());
-            *planned_digest = None;
-            *memory = Some(pools);
-            super::commit_plan(controller, settings, change).await?;
-            Ok(true)
         }
     }
 }

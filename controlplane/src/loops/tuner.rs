@@ -9,109 +9,155 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
-use super::LoopSettings;
+use super::runner::{Pass, Reconciler, Settled, Write};
+use super::{LoopSettings, PlanChange};
 use crate::agents::NodeReport;
-use crate::api::ApiError;
 use crate::controller::Controller;
-use crate::resources::{Kind, Spec};
-use crate::tuning::{tune_shares, Measurement, Measurements, ShareOutcome, TunerState};
+use crate::resources::{Kind, PlanSpec, Spec};
+use crate::tuning::{tune_shares, Measurement, Measurements, ShareDecision, ShareOutcome, TunerState, TuningSettings};
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
-    // A new leader does not know when the previous one last changed a share, so it lets one
-    // hold-down pass before its first change could land (GSLICE Sec. 3.2.1).
-    tokio::time::sleep(Duration::from_secs_f64(settings.tuning.gslice().hold_down_s)).await;
-    let started = Instant::now();
-    let mut state = TunerState::default();
-    // Per node: when the report last fed to the tuners arrived.
-    let mut fed: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut tick = tokio::time::interval(settings.tune_interval);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let now_s = started.elapsed().as_secs_f64();
-        let pass_started = std::time::Instant::now();
-        let result = pass(&controller, &settings, now_s, &mut state, &mut fed).await;
-        controller.telemetry.observe_loop_pass("tuner", pass_started.elapsed());
-        controller.telemetry.observe_loop_outcome("tuner", result.is_err());
-        match result {
-            Ok(Some(version)) => tracing::info!(version, "tuner: committed new MPS shares"),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "tuning pass failed; retrying at the next tick"),
+    let tuner = Tuner::new(&settings);
+    super::runner::run(controller, settings, tuner).await
+}
+
+/// The tuner as a leader loop (`loops::runner`).
+pub(crate) struct Tuner {
+    interval: Duration,
+    hold_down: Duration,
+    missed_heartbeats: u32,
+    tuning: TuningSettings,
+    /// The first pass: GSLICE's clock starts there.
+    started: Option<Instant>,
+    state: TunerState,
+    /// The tuners after this pass's decisions: theirs once its plan is committed.
+    next: Option<TunerState>,
+    /// Per node: when the report last fed to the tuners arrived.
+    fed: BTreeMap<String, Instant>,
+    decisions: Vec<ShareDecision>,
+}
+
+/// What a pass reads: the committed plan at its version, the services' SLOs, the latest
+/// reports and each reporting node's desired version.
+pub(crate) struct TunerView {
+    current: Option<(u64, PlanSpec)>,
+    slos_ms: BTreeMap<String, f64>,
+    reports: BTreeMap<String, Arc<NodeReport>>,
+    desired: BTreeMap<String, u64>,
+    /// Reports older than this describe nodes being planned around (the failure detector's
+    /// timeout).
+    max_age: Duration,
+}
+
+impl Tuner {
+    pub(crate) fn new(settings: &LoopSettings) -> Self {
+        Tuner {
+            interval: settings.tune_interval,
+            hold_down: Duration::from_secs_f64(settings.tuning.gslice().hold_down_s),
+            missed_heartbeats: settings.missed_heartbeats,
+            tuning: settings.tuning,
+            started: None,
+            state: TunerState::default(),
+            next: None,
+            fed: BTreeMap::new(),
+            decisions: Vec::new(),
         }
     }
 }
 
-/// One pass; `Ok(Some(version))` when a plan with new shares was committed at `version`.
-async fn pass(
-    controller: &Controller,
-    settings: &LoopSettings,
-    now_s: f64,
-    state: &mut TunerState,
-    fed: &mut BTreeMap<String, Instant>,
-) -> Result<Option<u64>, ApiError> {
-    controller.read_barrier().await?;
-    // Copy what the pass needs under the state lock; tune without it.
-    let (current, slos_ms) = controller.read(|d| {
-        let current = d.cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
-            Spec::Plan(p) => Some((r.resource_version, p.clone())),
-            _ => None,
-        });
-        let slos_ms: BTreeMap<String, f64> = d
-            .cluster
-            .list(Kind::Service)
-            .filter_map(|r| match &r.spec {
-                Spec::Service(s) => Some((r.name.clone(), s.slo.latency_ms)),
+impl Reconciler for Tuner {
+    const NAME: &'static str = "tuner";
+    // It rewrites the plan: read what the last leader committed.
+    const READ_BARRIER: bool = true;
+    // O(reports + plan).
+    const LONG_PASS: bool = true;
+    type View = TunerView;
+
+    fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// A new leader does not know when the previous one last changed a share, so it lets one
+    /// hold-down pass before its first change could land (GSLICE Sec. 3.2.1).
+    fn first_wait(&self) -> Duration {
+        self.hold_down
+    }
+
+    fn view(&mut self, controller: &Controller) -> TunerView {
+        let reports = controller.reports.all();
+        controller.read(|d| {
+            let current = d.cluster.get(Kind::Plan, "current").and_then(|r| match &r.spec {
+                Spec::Plan(p) => Some((r.resource_version, p.clone())),
                 _ => None,
-            })
-            .collect();
-        (current, slos_ms)
-    });
-    let Some((version, plan)) = current else { return Ok(None) };
-    let max_age = controller.report_pace.interval(controller.read(|d| d.cluster.count(Kind::Node))) * settings.missed_heartbeats;
-    // The rest is O(reports + plan): on the blocking pool, not the async workers. It tunes
-    // a copy of the state: the tuners move on only with the plan they decided.
-    let (reports, sm, tuning, now) = (controller.reports.clone(), controller.sm.clone(), settings.tuning, Instant::now());
-    let (mut next, mut fed_copy) = (state.clone(), std::mem::take(fed));
-    let (mut result, next, fed_back, plan) = super::off_runtime(settings, "tuning", move |_cancel| {
-        let reports = reports.all();
-        // Each reporting node's desired version, to tell converged agents from lagging ones.
-        let desired: BTreeMap<String, u64> = {
-            let d = sm.data.read().expect("state lock");
-            reports.keys().map(|n| (n.clone(), d.cluster.desired().version(n))).collect()
-        };
-        let measured = fresh_measurements(&reports, &desired, now, max_age, &mut fed_copy);
-        let result = tune_shares(&plan, &slos_ms, &measured, now_s, &tuning, &mut next);
-        (result, next, fed_copy, plan)
-    })
-    .await?;
-    *fed = fed_back;
-    for d in &result.decisions {
-        match &d.outcome {
-            ShareOutcome::Changed { from_pct, to_pct } => {
-                tracing::info!(workload = %d.workload, from_pct, to_pct, "tuner: GSLICE share change")
+            });
+            let slos_ms = d
+                .cluster
+                .list(Kind::Service)
+                .filter_map(|r| match &r.spec {
+                    Spec::Service(s) => Some((r.name.clone(), s.slo.latency_ms)),
+                    _ => None,
+                })
+                .collect();
+            let desired = reports.keys().map(|n| (n.clone(), d.cluster.desired().version(n))).collect();
+            let max_age = controller.report_pace.interval(d.cluster.count(Kind::Node)) * self.missed_heartbeats;
+            TunerView { current, slos_ms, reports, desired, max_age }
+        })
+    }
+
+    fn pass(&mut self, view: TunerView, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
+        let now_s = now.saturating_duration_since(*self.started.get_or_insert(now)).as_secs_f64();
+        let Some((version, plan)) = view.current else { return Pass::default() };
+        let measured = fresh_measurements(&view.reports, &view.desired, now, view.max_age, &mut self.fed);
+        // The tuners move on only with the plan they decided.
+        let mut next = self.state.clone();
+        let mut result = tune_shares(&plan, &view.slos_ms, &measured, now_s, &self.tuning, &mut next);
+        self.decisions = std::mem::take(&mut result.decisions);
+        let mut pass = Pass::default();
+        match result.plan.take() {
+            // Compare-and-set: shares tuned on an older plan never overwrite a newer one.
+            Some(tuned) => {
+                self.next = Some(next);
+                pass.writes.push(Write::Plan(PlanChange::between(Some((version, &plan)), tuned)));
             }
-            ShareOutcome::Clipped { from_pct, wanted_pct, to_pct } => {
-                tracing::info!(workload = %d.workload, from_pct, wanted_pct, to_pct, "tuner: increase clipped to the GPU's free share")
+            None => self.state = next,
+        }
+        pass
+    }
+
+    fn settled(&mut self, _controller: &Controller, settled: Settled) {
+        for d in self.decisions.drain(..) {
+            log_decision(&d);
+        }
+        let next = self.next.take();
+        match (next, settled.writes.into_iter().next()) {
+            (Some(next), Some(Ok(version))) => {
+                self.state = next;
+                tracing::info!(version, "tuner: committed new MPS shares");
             }
-            ShareOutcome::NoFreeShare { from_pct, wanted_pct } => {
-                tracing::info!(workload = %d.workload, from_pct, wanted_pct, "tuner: increase wanted, but the GPU has no free share")
-            }
-            ShareOutcome::BadSample { error } => tracing::warn!(workload = %d.workload, error, "tuner: window refused"),
-            other => tracing::debug!(workload = %d.workload, outcome = ?other, gslice = ?d.gslice, "tuner: no change"),
+            // A newer plan, or a lost leadership: the tuners stay as they were, and the next
+            // pass retries from the plan then committed.
+            (Some(_), Some(Err(e))) => tracing::warn!(error = %e, "tuning pass failed; retrying at the next tick"),
+            _ => {}
         }
     }
-    let Some(tuned) = result.plan.take() else {
-        *state = next;
-        return Ok(None);
-    };
-    // Compare-and-set: shares tuned on an older plan never overwrite a newer one. The
-    // patch (O(plan)) is worked out off the async workers too.
-    let change = super::off_runtime(settings, "tuning", move |_cancel| super::PlanChange::between(Some((version, &plan)), tuned)).await?;
-    let outcome = super::commit_plan(controller, settings, change).await?;
-    *state = next;
-    Ok(Some(outcome.resource.resource_version))
+}
+
+fn log_decision(d: &ShareDecision) {
+    match &d.outcome {
+        ShareOutcome::Changed { from_pct, to_pct } => {
+            tracing::info!(workload = %d.workload, from_pct, to_pct, "tuner: GSLICE share change")
+        }
+        ShareOutcome::Clipped { from_pct, wanted_pct, to_pct } => {
+            tracing::info!(workload = %d.workload, from_pct, wanted_pct, to_pct, "tuner: increase clipped to the GPU's free share")
+        }
+        ShareOutcome::NoFreeShare { from_pct, wanted_pct } => {
+            tracing::info!(workload = %d.workload, from_pct, wanted_pct, "tuner: increase wanted, but the GPU has no free share")
+        }
+        ShareOutcome::BadSample { error } => tracing::warn!(workload = %d.workload, error, "tuner: window refused"),
+        other => tracing::debug!(workload = %d.workload, outcome = ?other, gslice = ?d.gslice, "tuner: no change"),
+    }
 }
 
 /// The windows worth feeding to the tuners, by (node, service): from reports that arrived
