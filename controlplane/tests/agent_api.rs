@@ -11,15 +11,6 @@ use controlplane::resources::NodeStatus;
 use proto::agent_client::AgentClient;
 use serde_json::json;
 
-fn node(name: &str) -> proto::Resource {
-    resource(
-        "Node",
-        name,
-        "",
-        json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB", "mig_enabled": true}]}),
-    )
-}
-
 fn plan(batch: u32) -> proto::Resource {
     resource(
         "Plan",
@@ -100,17 +91,7 @@ async fn desired_state_is_the_plan_projected_on_the_node_and_resumes_by_version(
 }
 
 fn plan_batches(n1: u32, n2: u32) -> proto::Resource {
-    resource(
-        "Plan",
-        "current",
-        "",
-        json!({"strategy": "parvagpu", "gpus": [
-            {"node": "n1", "gpu_uuid": "GPU-n1", "mig_layout": [{"profile": "7g", "start": 0}],
-             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": n1}]},
-            {"node": "n2", "gpu_uuid": "GPU-n2", "mig_layout": [{"profile": "7g", "start": 0}],
-             "workloads": [{"service": "api", "mig_instance": 0, "mps_percent": 100, "batch": n2}]}
-        ]}),
-    )
+    whole_gpu_plan(&[("n1", "web", n1), ("n2", "api", n2)])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use common::*;
 use proto::agent_client::AgentClient;
-use serde_json::json;
 
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     telemetry_http::get(addr, path).await.unwrap()
@@ -29,25 +28,8 @@ async fn scrape(cluster: &TestCluster, id: u64) -> String {
     body
 }
 
-fn node(name: &str) -> proto::Resource {
-    resource(
-        "Node",
-        name,
-        "",
-        json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB", "mig_enabled": true}]}),
-    )
-}
-
 fn plan() -> proto::Resource {
-    resource(
-        "Plan",
-        "current",
-        "",
-        json!({"strategy": "parvagpu", "gpus": [
-            {"node": "n1", "gpu_uuid": "GPU-n1", "mig_layout": [{"profile": "7g", "start": 0}],
-             "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 8}]}
-        ]}),
-    )
+    whole_gpu_plan(&[("n1", "web", 8)])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -75,15 +75,6 @@ fn tenant_service(name: &str, tenant: &str) -> proto::Resource {
     resource("Service", name, tenant, json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": 10.0}}))
 }
 
-fn node(name: &str) -> proto::Resource {
-    resource(
-        "Node",
-        name,
-        "",
-        json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB", "mig_enabled": true}]}),
-    )
-}
-
 async fn seed_two_tenants(admin: &Client) {
     seed(admin).await;
     let put = |r| admin.put(r, proto::WriteMode::Unspecified);

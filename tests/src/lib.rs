@@ -60,6 +60,15 @@ impl Proc {
         Proc { child, name: name.to_string() }
     }
 
+    /// A node agent with `config` (written to `dir/agent.toml`), logging to `dir/agent.log`.
+    pub fn node_agent(dir: &Path, config: &str) -> Proc {
+        let path = dir.join("agent.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut cmd = Command::new(binary("node-agent"));
+        cmd.arg("--config").arg(&path).env("RUST_LOG", "info");
+        Proc::spawn("node-agent", &mut cmd, &dir.join("agent.log"))
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

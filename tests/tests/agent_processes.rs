@@ -87,11 +87,7 @@ args = ["--listen=127.0.0.1:{{port}}", "--model={{model}}", "--mig-gpcs={{gpcs}}
         metrics = metrics_port(router_port),
         sim_infer = binary("sim-infer").display(),
     );
-    let path = dir.join("agent.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut cmd = Command::new(binary("node-agent"));
-    cmd.arg("--config").arg(&path).env("RUST_LOG", "info");
-    Proc::spawn("node-agent", &mut cmd, &dir.join("agent.log"))
+    Proc::node_agent(dir, &config)
 }
 
 fn metrics_port(router_port: u16) -> u16 {

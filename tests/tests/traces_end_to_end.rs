@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -67,11 +66,7 @@ fn start_agent(dir: &Path, servers: &[String], otlp: &str) -> Proc {
         state = dir.join("agent").display(),
         sim_infer = binary("sim-infer").display(),
     );
-    let path = dir.join("agent.toml");
-    std::fs::write(&path, config).unwrap();
-    let mut cmd = Command::new(binary("node-agent"));
-    cmd.arg("--config").arg(&path).env("RUST_LOG", "info");
-    Proc::spawn("node-agent", &mut cmd, &dir.join("agent.log"))
+    Proc::node_agent(dir, &config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,6 +164,29 @@ pub fn resource(kind: &str, name: &str, tenant: &str, spec: serde_json::Value) -
 }
 
 /// The resources every service needs: a tenant, GPU models, an instance type, a profile.
+/// A Node of one MIG-enabled A100 (`GPU-<name>`) at `<name>:7000`.
+pub fn node(name: &str) -> proto::Resource {
+    resource(
+        "Node",
+        name,
+        "",
+        serde_json::json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": [{"uuid": format!("GPU-{name}"), "model": "A100-80GB", "mig_enabled": true}]}),
+    )
+}
+
+/// The Plan `current`: on each [`node`]'s GPU one 7g instance running one workload of
+/// (service, batch).
+pub fn whole_gpu_plan(workloads: &[(&str, &str, u32)]) -> proto::Resource {
+    let gpus: Vec<serde_json::Value> = workloads
+        .iter()
+        .map(|(node, service, batch)| {
+            serde_json::json!({"node": node, "gpu_uuid": format!("GPU-{node}"), "mig_layout": [{"profile": "7g", "start": 0}],
+                "workloads": [{"service": service, "mig_instance": 0, "mps_percent": 100, "batch": batch}]})
+        })
+        .collect();
+    resource("Plan", "current", "", serde_json::json!({"strategy": "parvagpu", "gpus": gpus}))
+}
+
 pub fn base_resources() -> Vec<proto::Resource> {
     use serde_json::json;
     vec![
