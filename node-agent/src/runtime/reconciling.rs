@@ -49,8 +49,12 @@ fn reconcile_once(
     telemetry: &AgentMetrics,
 ) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
-    fail_over(executor, shadows, telemetry)?;
-    let observed = executor.observe()?;
+    // Observed once a round (on real GPUs each observation asks the driver about every GPU),
+    // and again only when a failover changed what runs.
+    let mut observed = executor.observe()?;
+    if fail_over(executor, shadows, &observed, telemetry)? {
+        observed = executor.observe()?;
+    }
     let steps = reconcile::plan(desired, &observed)?;
     let round = (!steps.is_empty()).then(|| crate::telemetry::tracing::reconcile_span(desired, steps.len()));
     let _round = round.as_ref().map(tracing::Span::enter);
@@ -62,12 +66,19 @@ fn reconcile_once(
     Ok(steps.len())
 }
 
-/// The shadow policies hear what runs, whether their standbys answer Ready, and the windows
-/// the routers closed since the last round; the executor carries out what they decide, and
-/// what that leads to (drained, gone) goes back to them.
-fn fail_over(executor: &mut Executor, shadows: &mut ShadowPolicies, telemetry: &AgentMetrics) -> anyhow::Result<()> {
+/// The shadow policies hear what runs (`observed`), whether their standbys answer Ready, and
+/// the windows the routers closed since the last round; the executor carries out what they
+/// decide, and what that leads to (drained, gone) goes back to them. Returns whether a
+/// process was switched or stopped.
+fn fail_over(
+    executor: &mut Executor,
+    shadows: &mut ShadowPolicies,
+    observed: &reconcile::NodeObserved,
+    telemetry: &AgentMetrics,
+) -> anyhow::Result<bool> {
     let mut probed = BTreeSet::new();
-    let mut actions: VecDeque<Action> = shadows.observe(&executor.observe()?).into();
+    let mut changed = false;
+    let mut actions: VecDeque<Action> = shadows.observe(observed).into();
     actions.extend(shadows.unready_standbys().into_iter().map(Action::ProbeReady));
     let windows = executor.routers.as_ref().map(|r| r.take_windows()).unwrap_or_default();
     let mut windows = windows.into_iter();
@@ -79,7 +90,7 @@ fn fail_over(executor: &mut Executor, shadows: &mut ShadowPolicies, telemetry: &
                     actions.extend(shadows.on_window(&service, &window));
                     continue;
                 }
-                None => return Ok(()),
+                None => return Ok(changed),
             }
         };
         match &action {
@@ -94,6 +105,7 @@ fn fail_over(executor: &mut Executor, shadows: &mut ShadowPolicies, telemetry: &
             }
             _ => {}
         }
+        changed |= matches!(action, Action::Switch { .. } | Action::Stop(_));
         for event in executor.carry_out(&action)? {
             actions.extend(shadows.on_process(&event));
         }
