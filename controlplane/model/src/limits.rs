@@ -114,7 +114,11 @@ fn row(name: &'static str, value: impl ToString, why: &'static str) -> Limit {
 pub fn limits() -> Vec<Limit> {
     vec![
         row("MAX_NAME_LEN", MAX_NAME_LEN, "resource and referenced names"),
-        row("MAX_LATENCY_MS", MAX_LATENCY_MS, "SLO and profiled latency; a minute is far beyond interactive inference"),
+        row(
+            "MAX_LATENCY_MS",
+            MAX_LATENCY_MS,
+            "SLO, profiled latency and a plan's predicted batch time (`batch_ms`); a minute is far beyond interactive inference",
+        ),
         row("MAX_REQUEST_RATE", MAX_REQUEST_RATE, "request rate of a service, profiled throughput of a process"),
         row("MIN_THROUGHPUT_RPS", MIN_THROUGHPUT_RPS, "the planner divides rates by throughputs"),
         row("MAX_BATCH", MAX_BATCH, "batch sizes; PARIS tabulates its distribution per batch"),
