@@ -36,15 +36,14 @@ pub struct Patience {
 /// Nodes overdue at `now`: last heard of (or `since`, when never) more than the report
 /// timeout ago, or whose stream ended more than the grace ago with no report since.
 pub fn overdue(nodes: &[String], heard: &Heard, since: Instant, now: Instant, patience: Patience) -> Vec<String> {
+    nodes.iter().filter(|n| is_overdue(n, heard, since, now, patience)).cloned().collect()
+}
+
+/// Whether `node` is overdue at `now` (see [`overdue`]).
+fn is_overdue(node: &str, heard: &Heard, since: Instant, now: Instant, patience: Patience) -> bool {
     let late = |at: Instant, by: Duration| now.saturating_duration_since(at) > by;
-    nodes
-        .iter()
-        .filter(|n| {
-            late(heard.reported.get(*n).copied().unwrap_or(since).max(since), patience.report_timeout)
-                || heard.watch_ended.get(*n).is_some_and(|at| late(*at, patience.watch_grace))
-        })
-        .cloned()
-        .collect()
+    late(heard.reported.get(node).copied().unwrap_or(since).max(since), patience.report_timeout)
+        || heard.watch_ended.get(node).is_some_and(|at| late(*at, patience.watch_grace))
 }
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
@@ -72,6 +71,8 @@ pub(crate) struct FailureDetector {
 pub(crate) struct NodesHeard {
     nodes: Vec<(String, std::sync::Arc<serde_json::Value>)>,
     heard: Heard,
+    /// Nodes heard of whose Node is deleted.
+    gone: Vec<String>,
     report_interval: Duration,
 }
 
@@ -99,23 +100,23 @@ impl Reconciler for FailureDetector {
 
     fn view(&mut self, controller: &Controller) -> NodesHeard {
         let heard = controller.reports.last_heard();
-        let nodes: Vec<(String, std::sync::Arc<serde_json::Value>)> =
-            controller.read(|d| d.cluster.list(Kind::Node).map(|n| (n.name.clone(), n.status.clone())).collect());
+        let (nodes, gone) = controller.read(|d| {
+            let nodes: Vec<_> = d.cluster.list(Kind::Node).map(|n| (n.name.clone(), n.status.clone())).collect();
+            let gone = heard.reported.keys().chain(heard.watch_ended.keys()).filter(|n| d.cluster.get(Kind::Node, n).is_none());
+            (nodes, gone.cloned().collect())
+        });
         let report_interval = controller.report_pace.interval(nodes.len());
-        NodesHeard { nodes, heard, report_interval }
+        NodesHeard { nodes, heard, gone, report_interval }
     }
 
     fn pass(&mut self, view: NodesHeard, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
-        let NodesHeard { nodes, heard, report_interval } = view;
-        let known: std::collections::HashSet<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
-        self.gone = heard.reported.keys().chain(heard.watch_ended.keys()).filter(|n| !known.contains(n.as_str())).cloned().collect();
+        let NodesHeard { nodes, heard, gone, report_interval } = view;
+        self.gone = gone;
         self.timeout = self.timeouts.at(report_interval, now.saturating_duration_since(self.since).as_secs_f64());
         let patience = Patience { report_timeout: self.timeout, watch_grace: self.watch_grace };
-        let names: Vec<String> = nodes.iter().map(|(n, _)| n.clone()).collect();
-        let overdue: std::collections::HashSet<String> = overdue(&names, &heard, self.since, now, patience).into_iter().collect();
         self.marking.clear();
         let mut pass = Pass::default();
-        for (name, status) in nodes.iter().filter(|(n, _)| overdue.contains(n)) {
+        for (name, status) in nodes.iter().filter(|(n, _)| is_overdue(n, &heard, self.since, now, patience)) {
             // Already marked: nothing to write.
             let Some(marked) = NodeStatus::marked_unhealthy(status) else { continue };
             let why = if heard.watch_ended.contains_key(name) { "its agent's stream ended" } else { "it missed its heartbeats" };
@@ -186,7 +187,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pass_marks_the_overdue_nodes_not_marked_yet_and_forgets_deleted_ones() {
+    fn a_pass_marks_the_overdue_nodes_not_marked_yet() {
         let t0 = Instant::now();
         let settings = LoopSettings { missed_heartbeats: 5, heartbeat_interval: Duration::from_secs(1), ..LoopSettings::default() };
         let mut detector = FailureDetector::new(&settings, Duration::from_secs(1), t0);
@@ -197,8 +198,9 @@ mod tests {
                 ("b".into(), status(crate::resources::Health::Unhealthy)),
                 ("c".into(), status(crate::resources::Health::Healthy)),
             ],
-            // c reported a second ago; "gone" was heard of but its Node is deleted.
-            heard: heard(&[("c", 9), ("gone", 9)], &[], t0),
+            // c reported a second ago.
+            heard: heard(&[("c", 9)], &[], t0),
+            gone: Vec::new(),
             report_interval: Duration::from_secs(1),
         };
         let pass = detector.pass(view, t0 + Duration::from_secs(10), &|| false);
@@ -215,6 +217,5 @@ mod tests {
             .collect();
         // a was never heard of since the takeover 10 s ago; b is overdue but already marked.
         assert_eq!(marked, vec![("a", true)]);
-        assert_eq!(detector.gone, vec!["gone".to_string()]);
     }
 }

@@ -88,7 +88,8 @@ pub(crate) trait Reconciler: Send + 'static {
         tracing::Span::none()
     }
     /// Copies what the pass needs out of the committed state and the reports (cheap, under
-    /// their locks: the work belongs in [`Reconciler::pass`]).
+    /// their locks: the work belongs in [`Reconciler::pass`]). With `LONG_PASS` it runs on
+    /// the blocking pool as well.
     fn view(&mut self, controller: &Controller) -> Self::View;
     /// The pass: pure, from the view at `now` to what it decides. A long one checks
     /// `cancelled` between its steps and stops early once it is set (the loop was aborted:
@@ -140,25 +141,29 @@ async fn one_pass<R: Reconciler>(
             return Ok((reconciler, None, true));
         }
     }
-    let view = reconciler.view(controller);
-    let computing = std::time::Instant::now();
-    let pass = if R::LONG_PASS {
+    // A long pass's view is read on the blocking pool too: it may copy what every node
+    // reported.
+    let (pass, pass_time) = if R::LONG_PASS {
+        let handle = controller.clone();
         let done = off_runtime(settings, R::NAME, move |cancel| {
+            let view = reconciler.view(&handle);
+            let computing = std::time::Instant::now();
             let pass = reconciler.pass(view, now, &|| cancel.is_set());
-            (reconciler, pass)
+            (reconciler, pass, computing.elapsed())
         })
         .await;
         match done {
-            Ok((r, pass)) => {
+            Ok((r, pass, pass_time)) => {
                 reconciler = r;
-                pass
+                (pass, pass_time)
             }
             Err(e) => return Err(Lost(e.to_string())),
         }
     } else {
-        reconciler.pass(view, now, &|| false)
+        let view = reconciler.view(controller);
+        let computing = std::time::Instant::now();
+        (reconciler.pass(view, now, &|| false), computing.elapsed())
     };
-    let pass_time = computing.elapsed();
     let Pass { calls, writes, next_in } = pass;
     let calls = make_calls(settings, &calls);
     let writes: Vec<Result<u64, ApiError>> =
