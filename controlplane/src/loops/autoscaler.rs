@@ -1,27 +1,35 @@
 //! The autoscaler (HetSev Sec. 4.1, at fleet level): services with an autoscaling range are
-//! provisioned for their reported arrival rate at 80% saturation, raised only after the
-//! load has stayed up for the window and lowered only after the cool-down; nodes are
+//! re-sized by HetSev's scaling controller for a provisioned rate
+//! (`planner::policy::hetsev::decide_rate`: raised to the arrival rate at 80% saturation once
+//! the load has stayed above it for the window, lowered to the cool-down's peak once the
+//! cool-down has passed) from the history of arrival rates this loop keeps; nodes are
 //! launched through the [`NodeProvider`] when the plan needs more GPUs than the healthy
 //! fleet has, of the instance type with the least price-and-launch-latency objective, and
 //! launched nodes that hold nothing for the cool-down are terminated.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tokio::time::Instant;
+
+use planner::policy::hetsev::{decide_rate, AutoscaleConfig, LoadSample, RateDecision, RateRange};
 
 use super::provisioner::{drain, Drained, FleetFingerprints};
 use super::runner::{Pass, ProviderCall, Reconciler, Settled, Write};
 use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
-use crate::provision::scaling::{idle_nodes, launch_room, launches_for, provisioned_rate, shortfall};
+use crate::provision::scaling::{idle_nodes, launch_room, launches_for, shortfall};
 use crate::provision::{fleet, plan_services, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command};
 
-/// HetSev's saturation threshold: capacity is provisioned so that load is 80% of it.
+/// HetSev's saturation threshold (Sec. 4.1, "based on experience"): capacity is provisioned
+/// so that load is 80% of it.
 const TARGET_SATURATION: f64 = 0.8;
 /// Provisioned rates move only for a change of more than this fraction (no churn).
 const MIN_CHANGE: f64 = 0.05;
+/// Samples kept per service at most: the window and cool-down of a one-second heartbeat
+/// need at most a few hundred distinct ones (equal neighbours are not kept).
+const MAX_SAMPLES: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq)]
 struct Pending {
@@ -94,18 +102,17 @@ fn plan_nodes(cluster: &ClusterState) -> BTreeSet<String> {
 /// reported arrival rates, the services' ranges and the fleet view, at `now`.
 pub(crate) struct Autoscaler {
     heartbeat: std::time::Duration,
-    scale_window_s: f64,
-    cooldown_s: f64,
-    lambda_per_s: f64,
+    /// HetSev's controller parameters (threshold, window, cool-down, λ).
+    policy: AutoscaleConfig,
     strategy: MigStrategy,
     /// With no node provider nodes come and go by hand; services are still re-sized.
     provider: bool,
     /// Launched nodes are named `auto-<type>-<controller id>-<n>`.
     controller_id: u64,
     started: Instant,
-    /// Per service: since when the measured rate has asked for more (or less).
-    up_since: BTreeMap<String, f64>,
-    down_since: BTreeMap<String, f64>,
+    /// Per service: its arrival rates and provisioned rates over the window and cool-down
+    /// (sample-and-hold, equal neighbours merged), HetSev's load history.
+    history: BTreeMap<String, VecDeque<LoadSample>>,
     /// Launches in flight, by node.
     pending: BTreeMap<String, Pending>,
     /// Launched nodes the plan leaves empty, since when.
@@ -158,15 +165,18 @@ impl Autoscaler {
     ) -> Self {
         Autoscaler {
             heartbeat: settings.heartbeat_interval,
-            scale_window_s: settings.scale_window_s,
-            cooldown_s: settings.cooldown_s,
-            lambda_per_s: settings.lambda_per_s,
+            policy: AutoscaleConfig {
+                saturation_threshold: TARGET_SATURATION,
+                window_s: settings.scale_window_s,
+                cooldown_s: settings.cooldown_s,
+                lambda_per_s: settings.lambda_per_s,
+                min_instances: 0,
+            },
             strategy: settings.mig_strategy,
             provider: settings.provider.is_some(),
             controller_id,
             started: now,
-            up_since: BTreeMap::new(),
-            down_since: BTreeMap::new(),
+            history: BTreeMap::new(),
             pending: BTreeMap::new(),
             idle_since: BTreeMap::new(),
             launched: 0,
@@ -181,28 +191,27 @@ impl Autoscaler {
         }
     }
 
-    /// Services whose provisioned rate is due to move: up once the load has asked for more
-    /// for the window, down once it has asked for less for the cool-down.
+    /// Services whose provisioned rate is due to move, as HetSev's controller decides from
+    /// each one's load history with this pass's sample added. A service without a reported
+    /// rate keeps its history and is not decided on.
     fn resizes(&mut self, arrivals: &BTreeMap<String, f64>, services: &[(String, f64, f64, f64)], t: f64) -> Vec<Resize> {
         let mut out = Vec::new();
+        let horizon = self.policy.window_s.max(self.policy.cooldown_s);
+        self.history.retain(|name, _| services.iter().any(|(s, ..)| s == name));
         for (name, min, max, current) in services {
             let Some(&arrival) = arrivals.get(name) else { continue };
-            let wanted = provisioned_rate(arrival, TARGET_SATURATION, *min, *max);
-            let change = (wanted - current) / current.max(1e-9);
-            let (since, other) =
-                if change > MIN_CHANGE { (&mut self.up_since, &mut self.down_since) } else { (&mut self.down_since, &mut self.up_since) };
-            other.remove(name);
-            if change.abs() <= MIN_CHANGE {
-                since.remove(name);
-                continue;
+            let samples = self.history.entry(name.clone()).or_default();
+            record(samples, LoadSample { t_s: t, arrival_rate: arrival, capacity: *current }, t - horizon);
+            let range = RateRange { provisioned_rps: *current, min_rps: *min, max_rps: *max };
+            match decide_rate(samples.make_contiguous(), range, t, &self.policy, MIN_CHANGE) {
+                Ok(RateDecision::Raise { to_rps } | RateDecision::Lower { to_rps }) => {
+                    out.push(Resize { service: name.clone(), arrival, from: *current, to: to_rps })
+                }
+                Ok(RateDecision::Hold { .. }) => {}
+                // The inputs were checked when the Service was applied; a refusal here is a
+                // bug to see in the log, and the service stays as it is.
+                Err(e) => tracing::warn!(service = %name, error = %e, "autoscaler: HetSev refused the service's inputs"),
             }
-            let first = *since.entry(name.clone()).or_insert(t);
-            let wait = if change > 0.0 { self.scale_window_s } else { self.cooldown_s };
-            if t - first < wait {
-                continue;
-            }
-            since.remove(name);
-            out.push(Resize { service: name.clone(), arrival, from: *current, to: wanted });
         }
         out
     }
@@ -220,7 +229,7 @@ impl Autoscaler {
             *launched_or_pending.entry(p.instance_type.clone()).or_default() += 1;
         }
         let room = launch_room(types, &launched_or_pending);
-        for launch in launches_for(&shortfall(planned, &with_pending), types, &room, self.lambda_per_s) {
+        for launch in launches_for(&shortfall(planned, &with_pending), types, &room, self.policy.lambda_per_s) {
             let spec = &types[&launch.instance_type];
             for _ in 0..launch.count {
                 self.launched += 1;
@@ -247,7 +256,7 @@ impl Autoscaler {
                 self.idle_since.entry(n.clone()).or_insert(t);
             }
         }
-        for node in idle_nodes(&self.idle_since, t, self.cooldown_s) {
+        for node in idle_nodes(&self.idle_since, t, self.policy.cooldown_s) {
             // Tried again after another cool-down should the termination fail.
             self.idle_since.remove(&node);
             pass.calls.push(ProviderCall::Terminate { node: node.clone() });
@@ -329,6 +338,19 @@ impl Reconciler for Autoscaler {
 
     fn settled(&mut self, _controller: &Controller, settled: Settled) {
         self.record(settled);
+    }
+}
+
+/// Appends `sample` to a service's history: merged into the newest when it repeats its
+/// values (samples are sample-and-hold), and samples no longer in effect at `from` dropped.
+fn record(samples: &mut VecDeque<LoadSample>, sample: LoadSample, from: f64) {
+    let repeats = samples.back().is_some_and(|s| s.arrival_rate == sample.arrival_rate && s.capacity == sample.capacity);
+    if !repeats {
+        samples.push_back(sample);
+    }
+    // The newest sample at or before `from` is still in effect; those before it are not.
+    while samples.len() > 1 && (samples[1].t_s <= from || samples.len() > MAX_SAMPLES) {
+        samples.pop_front();
     }
 }
 
@@ -472,6 +494,25 @@ mod tests {
         assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 13), &|| false)).is_empty());
         assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 42), &|| false)).is_empty(), "the cool-down counts from 13");
         assert_eq!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 43), &|| false)), vec![25.0]);
+    }
+
+    #[test]
+    fn a_history_keeps_what_is_in_effect_over_the_horizon_and_merges_repeats() {
+        let sample = |t: f64, w: f64| LoadSample { t_s: t, arrival_rate: w, capacity: 100.0 };
+        let mut h = VecDeque::new();
+        for (t, w) in [(0.0, 10.0), (1.0, 10.0), (2.0, 10.0), (3.0, 20.0), (4.0, 20.0), (5.0, 30.0)] {
+            record(&mut h, sample(t, w), t - 2.5);
+        }
+        // At 5 the horizon starts at 2.5: the sample of 0 (held through 2) is in effect there.
+        let kept: Vec<(f64, f64)> = h.iter().map(|s| (s.t_s, s.arrival_rate)).collect();
+        assert_eq!(kept, vec![(0.0, 10.0), (3.0, 20.0), (5.0, 30.0)]);
+        record(&mut h, sample(6.0, 30.0), 3.5);
+        assert_eq!(h.iter().map(|s| s.t_s).collect::<Vec<_>>(), vec![3.0, 5.0]);
+        // Bounded whatever the horizon.
+        for i in 0..2 * MAX_SAMPLES {
+            record(&mut h, sample(7.0 + i as f64, i as f64), f64::NEG_INFINITY);
+        }
+        assert_eq!(h.len(), MAX_SAMPLES);
     }
 
     fn a2_fleet(planned: u32, available: u32, autoscaled: &[&str], plan_nodes: &[&str]) -> FleetView {

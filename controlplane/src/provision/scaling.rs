@@ -1,6 +1,5 @@
-//! Fleet autoscaling decisions, pure. Services with an autoscaling range are provisioned
-//! for their measured arrival rate at HetSev's saturation target (Sec. 4.1: act when load
-//! exceeds 80% of capacity, so capacity = arrival / 0.8), clamped to the range; when the plan
+//! Fleet autoscaling decisions about nodes, pure (the services' rates are HetSev's
+//! `decide_rate`, in `loops::autoscaler`): when the plan
 //! needs more GPUs of a model than the healthy fleet (and launches in flight) has, nodes are
 //! launched of the instance type with the least HetSev objective `C_i (X_i + λ O_i X_i)`
 //! (price and launch latency); a launched node that holds nothing for the cool-down is
@@ -11,11 +10,6 @@ use std::collections::BTreeMap;
 use planner::policy::hetsev::launch_objective;
 
 use crate::resources::InstanceTypeSpec;
-
-/// The rate to provision an autoscaling service for.
-pub fn provisioned_rate(arrival_rps: f64, target_saturation: f64, min_rps: f64, max_rps: f64) -> f64 {
-    (arrival_rps / target_saturation).clamp(min_rps, max_rps)
-}
 
 /// A launch decision: `count` nodes of `instance_type`.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,13 +96,6 @@ mod tests {
             memory_gib: 0.0,
             max_instances: None,
         }
-    }
-
-    #[test]
-    fn the_rate_targets_80_percent_saturation_within_the_range() {
-        assert_eq!(provisioned_rate(400.0, 0.8, 100.0, 1000.0), 500.0);
-        assert_eq!(provisioned_rate(10.0, 0.8, 100.0, 1000.0), 100.0);
-        assert_eq!(provisioned_rate(4000.0, 0.8, 100.0, 1000.0), 1000.0);
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! A re-allocation happens only when the change is above a threshold (5%, Sec. 3.2.2, "to
 //! avoid oscillations"), and no sooner than 10 s after the previous one (Sec. 3.2.1: restarting
 //! an IF costs 2–15 s, so changes are held down). The result is bounded to `[min, 100]`.
-//! Algorithm 1 adjusts only the GPU%; the batch size is SLAB's job ([`super::slab`]), and
+//! Algorithm 1 adjusts only the GPU%; batch sizes stay as planned (GSLICE's SLAB adapts them
+//! inside the inference process, which gpuplane leaves to the serving framework), and
 //! the new GPU% is the demand and weight fed to [`super::fair_share`] (Sec. 3.2.3).
 //!
 //! Choices where the paper's text is ambiguous (each also noted where it is used):

@@ -1,5 +1,5 @@
 //! Input checks shared by the runtime policies ([`super::elsa`], [`super::gslice`],
-//! [`super::fair_share`], [`super::slab`]): each refusal names the field and the reason, so a
+//! [`super::fair_share`]): each refusal names the field and the reason, so a
 //! caller can fix the input without reading the policy's code.
 
 /// A refused input value: which field (with its index path, e.g. `partitions[2].gpcs`) and why.

@@ -279,12 +279,12 @@ fn hold(reason: HoldReason) -> ScaleDecision {
 }
 
 /// Index of the sample in effect at `from` (the last one at or before it), if any.
-fn in_effect_from(samples: &[LoadSample], from: f64) -> Option<usize> {
+pub(super) fn in_effect_from(samples: &[LoadSample], from: f64) -> Option<usize> {
     samples.iter().rposition(|s| s.t_s <= from)
 }
 
 /// Start of the longest suffix of samples that all satisfy `pred` (`len` if none does).
-fn suffix_start(samples: &[LoadSample], pred: impl Fn(&LoadSample) -> bool) -> usize {
+pub(super) fn suffix_start(samples: &[LoadSample], pred: impl Fn(&LoadSample) -> bool) -> usize {
     samples.iter().rposition(|s| !pred(s)).map_or(0, |i| i + 1)
 }
 
@@ -497,7 +497,9 @@ impl Profiles {
     }
 }
 
-fn validate(input: &ScaleInput, config: &AutoscaleConfig, capacity: &dyn CapacityModel) -> Result<Profiles, HetSevError> {
+/// The controller's parameters: the threshold in (0, 1], a positive window, the rest finite
+/// and non-negative.
+pub(super) fn validate_config(config: &AutoscaleConfig) -> Result<(), HetSevError> {
     let th = config.saturation_threshold;
     positive(|| "config.saturation_threshold".into(), th)?;
     if th > 1.0 {
@@ -505,7 +507,28 @@ fn validate(input: &ScaleInput, config: &AutoscaleConfig, capacity: &dyn Capacit
     }
     positive(|| "config.window_s".into(), config.window_s)?;
     non_negative(|| "config.cooldown_s".into(), config.cooldown_s)?;
-    non_negative(|| "config.lambda_per_s".into(), config.lambda_per_s)?;
+    non_negative(|| "config.lambda_per_s".into(), config.lambda_per_s)
+}
+
+/// Samples in time order, none after `now_s`, with finite non-negative rates.
+pub(super) fn validate_samples(samples: &[LoadSample], now_s: f64) -> Result<(), HetSevError> {
+    for (k, s) in samples.iter().enumerate() {
+        let f = |name: &str| format!("samples[{k}].{name}");
+        finite(|| f("t_s"), s.t_s)?;
+        if s.t_s > now_s {
+            return Err(HetSevError::invalid(f("t_s"), format!("{} is after now_s {}", s.t_s, now_s)));
+        }
+        if k > 0 && s.t_s < samples[k - 1].t_s {
+            return Err(HetSevError::invalid(f("t_s"), format!("{} is before samples[{}].t_s {}", s.t_s, k - 1, samples[k - 1].t_s)));
+        }
+        non_negative(|| f("arrival_rate"), s.arrival_rate)?;
+        non_negative(|| f("capacity"), s.capacity)?;
+    }
+    Ok(())
+}
+
+fn validate(input: &ScaleInput, config: &AutoscaleConfig, capacity: &dyn CapacityModel) -> Result<Profiles, HetSevError> {
+    validate_config(config)?;
     if input.model.is_empty() {
         return Err(HetSevError::invalid("model", "must not be empty"));
     }
@@ -561,18 +584,7 @@ fn validate(input: &ScaleInput, config: &AutoscaleConfig, capacity: &dyn Capacit
         }
     }
 
-    for (k, s) in input.samples.iter().enumerate() {
-        let f = |name: &str| format!("samples[{k}].{name}");
-        finite(|| f("t_s"), s.t_s)?;
-        if s.t_s > input.now_s {
-            return Err(HetSevError::invalid(f("t_s"), format!("{} is after now_s {}", s.t_s, input.now_s)));
-        }
-        if k > 0 && s.t_s < input.samples[k - 1].t_s {
-            return Err(HetSevError::invalid(f("t_s"), format!("{} is before samples[{}].t_s {}", s.t_s, k - 1, input.samples[k - 1].t_s)));
-        }
-        non_negative(|| f("arrival_rate"), s.arrival_rate)?;
-        non_negative(|| f("capacity"), s.capacity)?;
-    }
+    validate_samples(&input.samples, input.now_s)?;
     Ok(Profiles { by_type, launch, index })
 }
 

@@ -6,25 +6,25 @@
 //!   throughput-saturation trigger held "for a period of time", the instance selection policy
 //!   that minimises the ILP objective `Σ_i C_i (X_i + λ O_i^launch max(X_i, 0))` under
 //!   Constraints (1)–(4), and scale-in after a cool-down.
-//! * [`scheduler`]: Algorithm 1 of Sec. 4.2 — k-means queues over (GPU memory, model)
-//!   features with the L1 distance ([`kmeans`]), weighted-fairness picking of β instances,
-//!   the resource capacity check, anti-affinity of identical models (Sec. 3.2) and worst-fit.
+//! * [`rate`]: the same controller for a service whose capacity is a provisioned rate (how
+//!   gpuplane's autoscaler sizes services; instances follow from the plan, priced with
+//!   [`launch_objective`]).
 //!
-//! Both are pure: time comes in as `now_s`, and nothing is random (k-means uses a
-//! deterministic farthest-first initialisation).
+//! Both are pure: time comes in as `now_s`.
+//!
+//! HetSev's scheduler (Algorithm 1 of Sec. 4.2: k-means queues, weighted-fairness picking,
+//! worst-fit) is not here: gpuplane places work with its own node assignment
+//! (`controlplane/src/provision/assign.rs`), which keeps placed work where it is so that a
+//! change costs in proportion to what moved; Algorithm 1 re-places every pending replica.
 
 pub mod autoscale;
-pub mod kmeans;
-pub mod scheduler;
+pub mod rate;
 
 pub use autoscale::{
     decide, decide_with, launch_objective, AutoscaleConfig, CapacityModel, HoldReason, InstanceType, LoadSample, ModelProfile,
     ProfiledCapacity, RunningInstance, ScaleDecision, ScaleInput, TypeRejection,
 };
-pub use scheduler::{
-    cluster_pending, schedule, GpuState, InstanceState, Placement, ReplicaRequest, ScheduleOutcome, SchedulerConfig, Unplaced,
-    UnplacedReason,
-};
+pub use rate::{decide_rate, RateDecision, RateRange};
 
 /// A bad parameter, naming the offending field (with its index path) and why it was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
