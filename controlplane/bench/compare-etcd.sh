@@ -18,7 +18,7 @@
 #       --runs R      runs of each system (default 3)
 #
 # Needs target/release/raft-bench and target/release/controlplane (cargo build --release
-# -p controlplane --bins). Installs etcd-server, wrk and curl with apt-get when missing (as
+# -p controlplane -p devcluster --bins). Installs etcd-server, wrk and curl with apt-get when missing (as
 # root, or through sudo). All traffic stays on 127.0.0.1. Every process it starts and its
 # temp dir are removed on exit, Ctrl-C included.
 set -euo pipefail
@@ -69,7 +69,7 @@ parse_args() {
 check_binaries() {
   local b
   for b in "$raft_bench" "$controlplane"; do
-    [[ -x $b ]] || die "$b is missing; build it first: cargo build --release -p controlplane --bins"
+    [[ -x $b ]] || die "$b is missing; build it first: cargo build --release -p controlplane -p devcluster --bins"
   done
   [[ -f $wrk_script ]] || die "$wrk_script is missing (it belongs beside this script)"
 }

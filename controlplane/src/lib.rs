@@ -11,11 +11,9 @@ pub mod client;
 pub mod cloud;
 pub mod config;
 pub mod controller;
-pub mod demo;
 pub mod loops;
 pub mod manifest;
 pub mod metering;
-pub mod procs;
 pub mod provision;
 pub mod raft;
 /// The domain model (its own crate, `model`, so that the agent and tools build the same types).

@@ -28,7 +28,7 @@ start=$SECONDS
 # build scripts and proc macros, which must stay dynamic.
 (cd "$root" && RUSTFLAGS='-C target-feature=+crt-static' CARGO_PROFILE_DEV_DEBUG=0 \
   cargo build --locked -j "${GPUPLANE_BUILD_JOBS:-2}" --profile "$profile" --target "$triple" --target-dir "$target_dir" \
-    -p controlplane -p node-agent $(printf -- '--bin %s ' "${bins[@]}"))
+    -p controlplane -p gpuctl -p node-agent $(printf -- '--bin %s ' "${bins[@]}"))
 echo "build-image: static binaries ($profile) in $((SECONDS - start)) s"
 
 ctx=$(mktemp -d)

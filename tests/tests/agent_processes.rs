@@ -87,7 +87,7 @@ args = ["--listen=127.0.0.1:{{port}}", "--model={{model}}", "--mig-gpcs={{gpcs}}
         metrics = metrics_port(router_port),
         sim_infer = binary("sim-infer").display(),
     );
-    Proc::node_agent(dir, &config)
+    tests::node_agent(dir, &config)
 }
 
 fn metrics_port(router_port: u16) -> u16 {
@@ -264,7 +264,7 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     assert!(after > before, "web's instances are busy under load: {before} s, then {after} s");
     assert_eq!(busy_seconds(router_port, "batch").await, 0.0, "no request reached batch's instance");
     let leader = cluster.leader();
-    cluster.procs.remove(&leader).unwrap().kill9();
+    cluster.controllers.kill9(leader);
     assert!(pids.iter().all(|&p| alive(p as u32)), "workloads unaffected by the controller loss");
     let client = Client::new(cluster.servers());
     let put = client.put(plan(&gpus, 16), proto::WriteMode::Unspecified).await.unwrap();
@@ -391,7 +391,7 @@ async fn with_every_controller_down_the_agent_keeps_serving_its_last_desired_sta
     // Every controller goes away; then the agent itself is killed and restarted. It runs
     // from the desired state it kept on disk and serves through its routers.
     for id in [1, 2, 3] {
-        cluster.procs.remove(&id).unwrap().kill9();
+        cluster.controllers.kill9(id);
     }
     agent.kill9();
     drop(agent);
@@ -416,7 +416,7 @@ async fn with_every_controller_down_the_agent_keeps_serving_its_last_desired_sta
 
     // The controllers come back: the agent follows them again (a new plan reaches it).
     for id in [1, 2, 3] {
-        cluster.spawn(id, false);
+        cluster.controllers.start(id, false).unwrap();
     }
     let client = Client::new(cluster.servers());
     let put = wait_for("the controllers to take writes again", &log, async || {

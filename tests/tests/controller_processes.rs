@@ -33,8 +33,7 @@ fn kill_9_of_the_leader_loses_no_acknowledged_write() {
     let m = write_manifest(cluster.dir.path(), "before.yaml", &service_manifest("acked-before-kill"));
     let out = gpuctl(&cluster.servers(), &["apply", "-f", &m]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    cluster.procs.get_mut(&leader).unwrap().kill9();
-    cluster.procs.remove(&leader);
+    cluster.controllers.kill9(leader);
 
     let new_leader = cluster.leader();
     assert_ne!(new_leader, leader);
@@ -45,10 +44,10 @@ fn kill_9_of_the_leader_loses_no_acknowledged_write() {
     assert!(out.status.success(), "acknowledged write lost: {}", String::from_utf8_lossy(&out.stderr));
 
     // The killed node restarts from its data dir and rejoins.
-    cluster.spawn(leader, true);
+    cluster.controllers.start(leader, true).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let out = gpuctl(&[cluster.addrs[&leader].clone()], &["get", "service", "after-kill", "--stale"]);
+        let out = gpuctl(&[cluster.controllers.addr(leader).to_string()], &["get", "service", "after-kill", "--stale"]);
         if out.status.success() {
             break;
         }
@@ -78,7 +77,7 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
             "--peer",
             &format!("1={addr}"),
         ]);
-        let mut p = Proc::spawn("controller", &mut cmd, &dir.path().join("first.log"));
+        let mut p = Proc::spawn(&mut cmd, &dir.path().join("first.log")).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !gpuctl(std::slice::from_ref(&addr), &["cluster", "status"]).status.success() {
             assert!(Instant::now() < deadline, "node did not start");
@@ -197,7 +196,7 @@ fn gpuctl_certs_secure_a_controller_and_gpuctl_needs_an_identity() {
     let mut cmd = Command::new(binary("controlplane"));
     cmd.args(base).arg(&peer).arg("--data-dir").arg(&data);
     cmd.args(["--ca", &file("ca.pem"), "--cert", &file("controller-1.pem"), "--key", &file("controller-1.key")]);
-    let _controller = Proc::spawn("controller", &mut cmd, &dir.path().join("controller.log"));
+    let _controller = Proc::spawn(&mut cmd, &dir.path().join("controller.log")).unwrap();
     let admin = ["--ca", &file("ca.pem"), "--cert", &file("admin-ops.pem"), "--key", &file("admin-ops.key")];
     let as_admin = |args: &[&str]| Command::new(binary("gpuctl")).arg("--server").arg(&addr).args(admin).args(args).output().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -5,7 +5,7 @@
 //! failed host's services are served again within 2 provisioning intervals; a load step
 //! launches the cheapest adequate instance type and the drop scales in after the cool-down.
 
-use controlplane::demo::scenario::INSTANCE_TYPES;
+use devcluster::demo::scenario::INSTANCE_TYPES;
 use std::process::Command;
 use tests::binary;
 

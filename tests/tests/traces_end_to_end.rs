@@ -66,7 +66,7 @@ fn start_agent(dir: &Path, servers: &[String], otlp: &str) -> Proc {
         state = dir.join("agent").display(),
         sim_infer = binary("sim-infer").display(),
     );
-    Proc::node_agent(dir, &config)
+    tests::node_agent(dir, &config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,22 +10,15 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
-use controlplane::demo::procs::Binaries;
-use controlplane::procs::{kill_recorded_workloads, Proc};
 use controlplane::security::certs::{self, CertPlan};
 use controlplane::security::{ClientCredentials, Principal, TlsMaterial};
+use devcluster::agents::start_agent;
+use devcluster::process::{kill_recorded_workloads, Proc};
+use devcluster::{Binaries, Controllers};
 
 use super::net::{Host, Network};
 
 pub const CONTROLLER_PORT: u16 = 7400;
-
-pub struct Controller {
-    pub id: u64,
-    pub addr: String,
-    pub data_dir: PathBuf,
-    pub proc: Option<Proc>,
-    starts: u32,
-}
 
 pub struct Agent {
     pub index: u8,
@@ -38,7 +31,7 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub net: Network,
     bins: Binaries,
-    pub controllers: BTreeMap<u64, Controller>,
+    pub controllers: Controllers,
     pub agents: Vec<Agent>,
     /// Data dirs with a tmpfs mounted on them (the full-disk fault), unmounted on drop.
     mounts: Vec<PathBuf>,
@@ -116,22 +109,40 @@ impl Cluster {
         // The hostile tenant's bearer token: random per run, known only to the runner.
         let hostile_token = uuid::Uuid::new_v4().to_string();
         let credentials = issue_certs(&certs, &net, &ids, agents, &hostile_token)?;
+        let members = ids.iter().map(|&id| (id, format!("{}:{CONTROLLER_PORT}", net.ip(Host::Controller(id)))));
+        let namespaces: BTreeMap<u64, String> =
+            ids.iter().map(|&id| (id, net.namespace(Host::Controller(id)).expect("a controller's namespace"))).collect();
+        let tls = certs.clone();
+        let controllers = Controllers::new(&bins.controlplane, dir, members)
+            .with_flags(move |id| {
+                let (cert, key) = certs::leaf_files(&tls, &Principal::Controller(id));
+                [
+                    "--ca".into(),
+                    tls.join(certs::CA_CERT),
+                    "--cert".into(),
+                    cert,
+                    "--key".into(),
+                    key,
+                    "--tokens".into(),
+                    tls.join(TOKENS_FILE),
+                ]
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect()
+            })
+            .with_env("RUST_LOG", "info,openraft=warn")
+            .with_prepare(move |id, cmd| enter_namespace(cmd, &namespaces[&id]));
         let mut cluster = Cluster {
             dir: dir.to_path_buf(),
             net,
             bins,
-            controllers: BTreeMap::new(),
+            controllers,
             agents: Vec::new(),
             mounts: Vec::new(),
             certs,
             credentials,
             hostile_token,
         };
-        for id in ids {
-            let addr = format!("{}:{CONTROLLER_PORT}", cluster.net.ip(Host::Controller(id)));
-            let data_dir = dir.join(format!("controller-{id}"));
-            cluster.controllers.insert(id, Controller { id, addr, data_dir, proc: None, starts: 0 });
-        }
         if let Some(id) = small_disk {
             cluster.mount_small_disk(id)?;
         }
@@ -145,7 +156,7 @@ impl Cluster {
     }
 
     fn mount_small_disk(&mut self, id: u64) -> Result<(), String> {
-        let data = self.controllers[&id].data_dir.clone();
+        let data = self.controllers.members[&id].data_dir.clone();
         std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
         let status = Command::new("mount")
             .args(["-t", "tmpfs", "-o", "size=32m", "tmpfs"])
@@ -160,7 +171,7 @@ impl Cluster {
     }
 
     pub fn servers(&self) -> Vec<String> {
-        self.controllers.values().map(|c| c.addr.clone()).collect()
+        self.controllers.servers()
     }
 
     pub fn access(&self) -> Access {
@@ -187,51 +198,27 @@ impl Cluster {
 
     /// Starts controller `id` from its data dir; the log of each start is kept apart.
     pub fn start_controller(&mut self, id: u64, bootstrap: bool) -> Result<PathBuf, String> {
-        let ns = self.net.namespace(Host::Controller(id)).expect("a controller's namespace");
-        let peers: Vec<String> = self.controllers.values().map(|c| format!("{}={}", c.id, c.addr)).collect();
-        let c = self.controllers.get_mut(&id).ok_or(format!("no controller {id}"))?;
-        c.starts += 1;
-        let mut cmd = Command::new(&self.bins.controlplane);
-        cmd.arg("--node-id").arg(id.to_string()).arg("--listen").arg(&c.addr).arg("--data-dir").arg(&c.data_dir);
-        for p in &peers {
-            cmd.arg("--peer").arg(p);
-        }
-        if bootstrap {
-            cmd.arg("--bootstrap");
-        }
-        let (cert, key) = certs::leaf_files(&self.certs, &Principal::Controller(id));
-        cmd.arg("--ca").arg(self.certs.join(certs::CA_CERT)).arg("--cert").arg(cert).arg("--key").arg(key);
-        cmd.arg("--tokens").arg(self.certs.join(TOKENS_FILE));
-        cmd.env("RUST_LOG", "info,openraft=warn");
-        enter_namespace(&mut cmd, &ns)?;
-        let log = self.dir.join(format!("controller-{id}.start-{}.log", c.starts));
-        c.proc = Some(Proc::spawn(&mut cmd, &log)?);
-        Ok(log)
+        self.controllers.start(id, bootstrap)
     }
 
     pub fn pid(&self, id: u64) -> Option<u32> {
-        self.controllers.get(&id)?.proc.as_ref()?.pid()
+        self.controllers.pid(id)
     }
 
     pub fn running(&self, id: u64) -> bool {
-        self.controllers.get(&id).is_some_and(|c| c.proc.is_some())
+        self.controllers.running(id)
     }
 
     pub fn kill9(&mut self, id: u64) {
-        if let Some(mut p) = self.controllers.get_mut(&id).and_then(|c| c.proc.take()) {
-            p.kill9();
-        }
+        self.controllers.kill9(id);
     }
 
     /// Waits up to `within` for controller `id` to exit on its own; its status and log.
     pub async fn wait_exit(&mut self, id: u64, within: Duration) -> Option<(ExitStatus, String)> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
-            let c = self.controllers.get_mut(&id)?;
-            if let Some(status) = c.proc.as_mut().and_then(Proc::exited) {
-                let proc = c.proc.take().expect("an exited process");
-                let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
-                return Some((status, log));
+            if let Some(exit) = self.controllers.exited(id) {
+                return Some(exit);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -266,13 +253,10 @@ impl Cluster {
     fn add_agent(&mut self, index: u8) -> Result<(), String> {
         let name = agent_name(index);
         let state_dir = self.dir.join(format!("agent-{index}"));
-        let config = self.dir.join(format!("agent-{index}.toml"));
-        std::fs::write(&config, self.agent_config(index, &name, &state_dir)).map_err(|e| format!("{}: {e}", config.display()))?;
+        let config = self.agent_config(index, &name, &state_dir);
         let ns = self.net.namespace(Host::Agent(index)).expect("an agent's namespace");
-        let mut cmd = Command::new(&self.bins.node_agent);
-        cmd.arg("--config").arg(&config).env("RUST_LOG", "info");
-        enter_namespace(&mut cmd, &ns)?;
-        let proc = Proc::spawn(&mut cmd, &self.dir.join(format!("agent-{index}.log")))?;
+        let prepare = |cmd: &mut Command| enter_namespace(cmd, &ns);
+        let proc = start_agent(&self.bins.node_agent, &self.dir, &format!("agent-{index}"), &config, Some(&prepare))?;
         self.agents.push(Agent { index, name, state_dir, proc: Some(proc) });
         Ok(())
     }
@@ -285,11 +269,7 @@ impl Cluster {
             }
             kill_recorded_workloads(&a.state_dir);
         }
-        for c in self.controllers.values_mut() {
-            if let Some(mut p) = c.proc.take() {
-                p.kill9();
-            }
-        }
+        self.controllers.shutdown();
         for m in self.mounts.drain(..) {
             let _ = Command::new("umount").arg(&m).status();
         }

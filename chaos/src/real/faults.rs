@@ -109,7 +109,7 @@ pub async fn pause(cluster: &Cluster, id: u64, pause: Duration) -> Result<Inject
 
 /// Applies a partition for `hold`, then heals it.
 pub async fn partition(cluster: &mut Cluster, kind: FaultKind, leader: u64, hold: Duration) -> Result<Injection, String> {
-    let others: Vec<u64> = cluster.controllers.keys().copied().filter(|&i| i != leader).collect();
+    let others: Vec<u64> = cluster.controllers.members.keys().copied().filter(|&i| i != leader).collect();
     let at = Instant::now();
     let node = match kind {
         FaultKind::LeaderIsolated => {
@@ -126,7 +126,7 @@ pub async fn partition(cluster: &mut Cluster, kind: FaultKind, leader: u64, hold
         }
         FaultKind::FollowerIsolated => {
             let f = others[0];
-            for h in cluster.controllers.keys().copied().filter(|&i| i != f).map(Host::Controller).chain([Host::Runner]) {
+            for h in cluster.controllers.members.keys().copied().filter(|&i| i != f).map(Host::Controller).chain([Host::Runner]) {
                 cluster.net.cut(Host::Controller(f), h)?;
             }
             f
@@ -182,7 +182,7 @@ fn fill(dir: &Path) -> Result<u64, String> {
 /// restarts it; it must rejoin.
 pub async fn full_disk(cluster: &mut Cluster, id: u64, client: &Client, within: Duration) -> Result<(Injection, StorageOutcome), String> {
     let addrs = addrs(cluster);
-    let dir = cluster.controllers[&id].data_dir.clone();
+    let dir = cluster.controllers.members[&id].data_dir.clone();
     let at = Instant::now();
     let written = fill(&dir)?;
     let mut out = StorageOutcome { node: id, how: format!("tmpfs filled with a {} MiB ballast file", written >> 20), ..Default::default() };
@@ -194,7 +194,7 @@ pub async fn full_disk(cluster: &mut Cluster, id: u64, client: &Client, within: 
             out.message = stop_message(&log);
         }
         None => {
-            let status = client.node_status(&cluster.controllers[&id].addr).await.ok();
+            let status = client.node_status(&cluster.controllers.members[&id].addr).await.ok();
             out.notes.push(format!(
                 "still running {within:?} after the disk filled (applied index {:?}); stopped by the runner",
                 status.map(|s| s.applied_index)
@@ -261,14 +261,14 @@ pub async fn corrupt(
     client: &Client,
     within: Duration,
 ) -> Result<(Injection, StorageOutcome), String> {
-    let addr = cluster.controllers[&id].addr.clone();
+    let addr = cluster.controllers.members[&id].addr.clone();
     let before = client.node_status(&addr).await.map_err(|e| format!("status of controller {id}: {e}"))?;
     let at = Instant::now();
     cluster.kill9(id);
-    let db = cluster.controllers[&id].data_dir.join("sled").join("db");
+    let db = cluster.controllers.members[&id].data_dir.join("sled").join("db");
     let what = corrupt_file(&db, how)?;
     let mut out = StorageOutcome { node: id, how: what, ..Default::default() };
-    let peers: Vec<u64> = cluster.controllers.keys().copied().filter(|&i| i != id).collect();
+    let peers: Vec<u64> = cluster.controllers.members.keys().copied().filter(|&i| i != id).collect();
     for p in peers {
         cluster.net.cut(Host::Controller(id), Host::Controller(p))?;
     }
@@ -306,14 +306,14 @@ async fn replace_member(cluster: &mut Cluster, id: u64, client: &Client, within:
     let addrs = addrs(cluster);
     cluster.kill9(id);
     client.remove_member(id).await.map_err(|e| format!("removing controller {id}: {e}"))?;
-    let dir = cluster.controllers[&id].data_dir.clone();
+    let dir = cluster.controllers.members[&id].data_dir.clone();
     for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
         let p = entry.path();
         let r = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
         r.map_err(|e| format!("wiping {}: {e}", p.display()))?;
     }
     cluster.start_controller(id, false)?;
-    let addr = cluster.controllers[&id].addr.clone();
+    let addr = cluster.controllers.members[&id].addr.clone();
     client.add_member(id, &addr, true).await.map_err(|e| format!("adding controller {id} back: {e}"))?;
     let t = observe::wait_caught_up(client, &addrs, id, within).await?;
     out.rejoined = true;
@@ -322,7 +322,7 @@ async fn replace_member(cluster: &mut Cluster, id: u64, client: &Client, within:
 }
 
 pub fn addrs(cluster: &Cluster) -> Vec<(u64, String)> {
-    cluster.controllers.values().map(|c| (c.id, c.addr.clone())).collect()
+    cluster.controllers.members.values().map(|c| (c.id, c.addr.clone())).collect()
 }
 
 #[cfg(test)]

@@ -175,8 +175,7 @@ pub async fn check_aftermath(cluster: &Cluster, admin: &Client, victim: &str, ag
     let mut problems = Vec::new();
     let started = Instant::now();
     let plan = loop {
-        let planned =
-            admin.list("Plan", "", false).await.ok().and_then(|l| controlplane::demo::show::plan_of(&l.resources)).map(|(p, _)| p);
+        let planned = admin.list("Plan", "", false).await.ok().and_then(|l| devcluster::demo::show::plan_of(&l.resources)).map(|(p, _)| p);
         if let Some(plan) = planned.filter(|p| p.services.iter().any(|s| s.service == HOG)) {
             break Some(plan);
         }

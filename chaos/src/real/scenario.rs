@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
-use controlplane::demo::procs::Binaries;
 use controlplane::resources::NodeStatus;
+use devcluster::Binaries;
 use serde_json::json;
 
 use super::cluster::Cluster;
@@ -56,7 +56,7 @@ fn fleet_resources() -> Vec<proto::Resource> {
         "ModelProfile" => r.name == "resnet50-a100-80gb" || r.name == "mobilenet-a100-80gb",
         _ => false,
     };
-    let mut out: Vec<proto::Resource> = controlplane::demo::scenario::resources().into_iter().filter(keep).collect();
+    let mut out: Vec<proto::Resource> = devcluster::demo::scenario::resources().into_iter().filter(keep).collect();
     out.push(resource(
         "InstanceType",
         "chaos-a100",
@@ -76,7 +76,7 @@ fn service(name: &str, model: &str, slo_ms: f64, rate: f64) -> proto::Resource {
 /// its own assignment does).
 async fn agents_converged(client: &Client, agents: &[String], service: &str) -> bool {
     let (Ok(nodes), Ok(plans)) = (client.list("Node", "", false).await, client.list("Plan", "", false).await) else { return false };
-    let Some((plan, _)) = controlplane::demo::show::plan_of(&plans.resources) else { return false };
+    let Some((plan, _)) = devcluster::demo::show::plan_of(&plans.resources) else { return false };
     if !plan.gpus.iter().any(|g| g.workloads.iter().any(|w| w.service == service)) {
         return false;
     }
@@ -115,7 +115,7 @@ async fn wait_agents(client: &Client, agents: &[String], service: &str, within: 
 /// Waits until every running controller follows the leader and has applied what it committed.
 async fn settle(cluster: &Cluster, client: &Client) -> Result<(), String> {
     let addrs = faults::addrs(cluster);
-    for id in cluster.controllers.keys().copied().filter(|&i| cluster.running(i)) {
+    for id in cluster.controllers.members.keys().copied().filter(|&i| cluster.running(i)) {
         observe::wait_caught_up(client, &addrs, id, PATIENCE).await?;
     }
     Ok(())
@@ -148,7 +148,7 @@ impl Run {
 
     async fn follower(&self, not: u64) -> Result<u64, String> {
         let leader = self.leader().await?;
-        Ok(self.cluster.controllers.keys().copied().find(|&i| i != leader && i != not).expect("three controllers"))
+        Ok(self.cluster.controllers.members.keys().copied().find(|&i| i != leader && i != not).expect("three controllers"))
     }
 
     async fn kill_leader(&mut self, w: &Workload) -> Result<(), String> {
@@ -295,7 +295,7 @@ async fn ci_faults(run: &mut Run, w: &Workload, agents: &[String]) -> Result<Opt
     // The agents lose every controller while a new service changes the plan; the time
     // from the heal to every agent running the new plan is the convergence time.
     let at = Instant::now();
-    let controllers: Vec<u64> = run.cluster.controllers.keys().copied().collect();
+    let controllers: Vec<u64> = run.cluster.controllers.members.keys().copied().collect();
     for a in run.cluster.agents.iter().map(|a| a.index).collect::<Vec<_>>() {
         for &c in &controllers {
             run.cluster.net.cut(Host::Agent(a), Host::Controller(c))?;
@@ -317,7 +317,7 @@ async fn ci_faults(run: &mut Run, w: &Workload, agents: &[String]) -> Result<Opt
 async fn hostile_attacks(run: &mut Run, agents: &[String]) -> Result<(Vec<super::hostile::Attempt>, Vec<String>), String> {
     run.pause_between().await;
     let plans = run.client.list("Plan", "", false).await.map_err(|e| format!("reading the plan: {e}"))?;
-    let (plan, _) = controlplane::demo::show::plan_of(&plans.resources).ok_or("no plan before the attacks")?;
+    let (plan, _) = devcluster::demo::show::plan_of(&plans.resources).ok_or("no plan before the attacks")?;
     let node = plan
         .gpus
         .iter()

@@ -213,8 +213,8 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
     }
     let servers = addrs.values().cloned().collect::<Vec<_>>().join(",");
     println!("gpuplane dev cluster: 3 controllers at {servers}, data in {}", base.display());
-    println!("try:  cargo run -p controlplane --bin gpuctl -- --server {servers} cluster status");
-    println!("      cargo run -p controlplane --bin gpuctl -- --server {servers} get services");
+    println!("try:  cargo run -p gpuctl -- --server {servers} cluster status");
+    println!("      cargo run -p gpuctl -- --server {servers} get services");
     serve_until_signal(nodes).await
 }
 

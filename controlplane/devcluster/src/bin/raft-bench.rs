@@ -1,21 +1,18 @@
 //! Benchmark of the replicated controller: 3 controller processes on loopback with sled.
 //!
-//!   cargo run --release -p controlplane --bin raft-bench -- [--seconds 5] [--kills 20]
+//!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20]
 //!
 //! Prints committed writes per second and write latency (p50, p99) with 1 and 64
 //! concurrent clients, then the leader failover time (SIGKILL of the leader process to the
 //! first successful write), as the median and maximum over `--kills` kills, and how many of
 //! the writes a background client had acknowledged across the kills were lost (must be 0).
 
-use std::collections::BTreeMap;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use controlplane::client::{Client, RetryPolicy};
+use devcluster::Controllers;
 
 #[derive(Parser)]
 struct Args {
@@ -28,68 +25,6 @@ struct Args {
     /// Concurrency levels to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
-}
-
-struct Node {
-    child: Option<Child>,
-    addr: String,
-}
-
-struct Cluster {
-    dir: tempfile::TempDir,
-    bin: PathBuf,
-    nodes: BTreeMap<u64, Node>,
-}
-
-impl Cluster {
-    fn start(bin: PathBuf) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let nodes = (1..=3u64)
-            .map(|id| {
-                let l = TcpListener::bind("127.0.0.1:0").unwrap();
-                (id, Node { child: None, addr: l.local_addr().unwrap().to_string() })
-            })
-            .collect();
-        let mut c = Cluster { dir, bin, nodes };
-        for id in 1..=3 {
-            c.spawn(id);
-        }
-        c
-    }
-
-    fn spawn(&mut self, id: u64) {
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("--insecure").arg("--node-id").arg(id.to_string()).arg("--listen").arg(&self.nodes[&id].addr);
-        cmd.arg("--data-dir").arg(self.dir.path().join(format!("n{id}")));
-        for (pid, n) in &self.nodes {
-            cmd.arg("--peer").arg(format!("{pid}={}", n.addr));
-        }
-        if id == 1 {
-            cmd.arg("--bootstrap");
-        }
-        cmd.env("RUST_LOG", "error").stdout(Stdio::null()).stderr(Stdio::null());
-        self.nodes.get_mut(&id).unwrap().child = Some(cmd.spawn().expect("starting controlplane"));
-    }
-
-    fn kill(&mut self, id: u64) {
-        if let Some(mut child) = self.nodes.get_mut(&id).unwrap().child.take() {
-            let _ = child.kill(); // SIGKILL
-            let _ = child.wait();
-        }
-    }
-
-    fn endpoints(&self) -> Vec<String> {
-        self.nodes.values().map(|n| n.addr.clone()).collect()
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let ids: Vec<u64> = self.nodes.keys().copied().collect();
-        for id in ids {
-            self.kill(id);
-        }
-    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -172,11 +107,13 @@ async fn main() {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.with_file_name("controlplane");
     if !bin.exists() {
-        eprintln!("raft-bench: {} not found; build it first: cargo build --release -p controlplane --bins", bin.display());
+        eprintln!("raft-bench: {} not found; build it first: cargo build --release -p controlplane --bin controlplane", bin.display());
         std::process::exit(2);
     }
-    let mut cluster = Cluster::start(bin);
-    let endpoints = cluster.endpoints();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut cluster = Controllers::three_on_loopback(&bin, dir.path()).with_env("RUST_LOG", "error");
+    cluster.start_all().expect("starting the controllers");
+    let endpoints = cluster.servers();
     let client = Client::new(endpoints.clone());
     leader_of(&client).await;
     seed(&client).await;
@@ -215,9 +152,9 @@ async fn main() {
         let leader = leader_of(&client).await;
         let writer = Client::new(endpoints.clone()).with_retry(fast.clone());
         writer.put(service("failover", 1.0), proto::WriteMode::Unspecified).await.expect("write before kill");
-        let survivors: Vec<String> = cluster.nodes.iter().filter(|(id, _)| **id != leader).map(|(_, n)| n.addr.clone()).collect();
+        let survivors: Vec<String> = cluster.servers().into_iter().filter(|a| a != cluster.addr(leader)).collect();
         let killed_at = Instant::now();
-        cluster.kill(leader);
+        cluster.kill9(leader);
         // When a survivor first names another leader: the election's share of the
         // failover, the rest being the new leader's first commit and the client finding it.
         let elected = tokio::spawn(async move {
@@ -236,11 +173,11 @@ async fn main() {
         writer.put(service("failover", 2.0 + k as f64), proto::WriteMode::Unspecified).await.expect("write after kill");
         times.push(killed_at.elapsed());
         elections.push(elected.await.expect("election watcher"));
-        cluster.spawn(leader);
+        cluster.start(leader, leader == 1).expect("restarting the killed controller");
         // Let the restarted node catch up before the next kill.
-        let restarted = Client::new(vec![cluster.nodes[&leader].addr.clone()]);
+        let restarted = Client::new(vec![cluster.addr(leader).to_string()]);
         loop {
-            if let (Ok(s), Ok(l)) = (restarted.node_status(&cluster.nodes[&leader].addr).await, client.cluster_status().await) {
+            if let (Ok(s), Ok(l)) = (restarted.node_status(cluster.addr(leader)).await, client.cluster_status().await) {
                 if s.leader_id != 0 && s.applied_index >= l.commit_index {
                     break;
                 }

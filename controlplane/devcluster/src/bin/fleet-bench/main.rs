@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use controlplane::client::Client;
-use controlplane::demo::procs::{Binaries, DemoCluster, DemoTimings};
+use devcluster::local::{LocalCluster, LoopTimings};
+use devcluster::Binaries;
 use serde_json::json;
 
 use agents::Observed;
@@ -99,7 +100,7 @@ const SETTLED_BYTES_PER_S: u64 = 256 * 1024;
 
 async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let timings = DemoTimings {
+    let timings = LoopTimings {
         provision_interval_s: 30.0,
         heartbeat_ms: 1000,
         missed_heartbeats: 5,
@@ -107,14 +108,14 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         cooldown_s: 3600.0,
         launch_time_scale: 1.0,
     };
-    let mut cluster = DemoCluster::new(dir.path(), bins, Default::default(), timings).expect("ports for the controllers");
+    let mut cluster = LocalCluster::new(dir.path(), bins, Default::default(), timings).expect("ports for the controllers");
     for id in 1..=3 {
         cluster.start_controller(id).expect("starting a controller");
     }
     let servers = cluster.servers();
     let admin = Client::new(servers.clone());
     // The demo's GPU models, instance types and profiles, and a tenant for the Services.
-    for r in controlplane::demo::scenario::resources().into_iter().filter(|r| r.kind != "Service") {
+    for r in devcluster::demo::scenario::resources().into_iter().filter(|r| r.kind != "Service") {
         while let Err(e) = admin.put(r.clone(), proto::WriteMode::Unspecified).await {
             eprintln!("seeding {} {}: {e}; retrying", r.kind, r.name);
             tokio::time::sleep(Duration::from_millis(500)).await;

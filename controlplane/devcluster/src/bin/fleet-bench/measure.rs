@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
-use controlplane::demo::procs::DemoCluster;
+use devcluster::local::LocalCluster;
 use serde_json::json;
 
 use crate::agents::Observed;
@@ -143,10 +143,10 @@ fn series(text: &str, name: &str) -> Option<f64> {
 }
 
 impl ControllerProbe {
-    pub fn new(cluster: &DemoCluster) -> Self {
+    pub fn new(cluster: &LocalCluster) -> Self {
         ControllerProbe {
             metrics: cluster.metrics_addrs.values().map(|a| a.parse().expect("a socket address")).collect(),
-            pids: cluster.controllers.values().filter_map(|p| p.pid()).collect(),
+            pids: cluster.controllers.pids(),
         }
     }
 
@@ -211,7 +211,7 @@ impl ControllerProbe {
     /// Replaces a follower with an empty controller after the leader compacted its log
     /// (`gpuctl cluster compact`), so that it can only catch up from a snapshot: the path
     /// a new or long-lagging member takes at this fleet size.
-    pub async fn replaced_controller_catch_up(&self, cluster: &mut DemoCluster, admin: &Client, timeout: Duration) -> CatchUp {
+    pub async fn replaced_controller_catch_up(&self, cluster: &mut LocalCluster, admin: &Client, timeout: Duration) -> CatchUp {
         let mut result = CatchUp::default();
         let Some((leader, _)) = self.leader().await else { return result };
         let Some(id) = (2..=self.metrics.len() as u64).find(|&id| id as usize - 1 != leader) else { return result };
@@ -219,17 +219,15 @@ impl ControllerProbe {
             eprintln!("catch-up: removing controller {id}: {e}");
             return result;
         }
-        if let Some(p) = cluster.controllers.get_mut(&id) {
-            p.kill9();
-        }
+        cluster.controllers.kill9(id);
         let data = cluster.dir.join(format!("controller-{id}"));
         if let Err(e) = std::fs::remove_dir_all(&data) {
             eprintln!("catch-up: cannot remove {}: {e}", data.display());
             return result;
         }
-        let leader_address = &cluster.addrs[&(leader as u64 + 1)];
+        let leader_address = cluster.controllers.addr(leader as u64 + 1).to_string();
         let terms_before = self.terms().await;
-        match admin.compact(leader_address).await {
+        match admin.compact(&leader_address).await {
             Ok(c) => {
                 result.snapshot_build_s = Some(c.build_seconds);
                 result.snapshot_mib = Some(c.snapshot_bytes as f64 / (1024.0 * 1024.0));
@@ -262,7 +260,7 @@ impl ControllerProbe {
             );
         }
         let started = Instant::now();
-        let address = cluster.addrs[&id].clone();
+        let address = cluster.controllers.addr(id).to_string();
         while let Err(e) = admin.add_member(id, &address, false).await {
             if started.elapsed() > timeout {
                 eprintln!("catch-up: adding controller {id} back: {e}");

@@ -201,8 +201,8 @@ pub fn manifest_yaml() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::offline::{plan_offline, state_from_resources};
-    use crate::provision::MigStrategy;
+    use controlplane::provision::offline::{plan_offline, state_from_resources};
+    use controlplane::provision::MigStrategy;
 
     #[test]
     fn the_scenario_applies_and_every_service_is_planned_on_the_fleet_with_a_spare_a100() {
@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn the_manifest_round_trips_through_the_parser() {
-        let parsed = crate::manifest::parse("demo.yaml", &manifest_yaml(), crate::manifest::Format::Yaml).unwrap();
+        let parsed = controlplane::manifest::parse("demo.yaml", &manifest_yaml(), controlplane::manifest::Format::Yaml).unwrap();
         assert_eq!(parsed.len(), resources().len());
         assert!(state_from_resources(&parsed).is_ok());
     }

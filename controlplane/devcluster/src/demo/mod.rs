@@ -1,7 +1,6 @@
 //! `gpuctl demo`: a local cluster on simulated GPUs, end to end.
 
 pub mod load;
-pub mod procs;
 pub mod run;
 pub mod scenario;
 pub mod show;

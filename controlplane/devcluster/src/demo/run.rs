@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::load::Load;
-use super::procs::{Binaries, DemoCluster, DemoTimings};
 use super::scenario::{self, AUTOSCALED_SERVICE};
 use super::show::{self, ServiceSlo};
-use crate::client::Client;
-use crate::provision::MigStrategy;
+use crate::local::{LocalCluster, LoopTimings};
+use crate::Binaries;
+use controlplane::client::Client;
+use controlplane::provision::MigStrategy;
 
 /// `gpuctl demo`'s options.
 #[derive(Clone, Debug)]
@@ -81,8 +82,8 @@ where
     }
 }
 
-fn timings() -> DemoTimings {
-    DemoTimings {
+fn timings() -> LoopTimings {
+    LoopTimings {
         provision_interval_s: 5.0,
         heartbeat_ms: 500,
         missed_heartbeats: 4,
@@ -97,7 +98,7 @@ fn timings() -> DemoTimings {
 struct View {
     nodes: Vec<proto::Resource>,
     types: Vec<proto::Resource>,
-    plan: Option<(crate::resources::PlanSpec, u64)>,
+    plan: Option<(controlplane::resources::PlanSpec, u64)>,
     /// The desired version of each node the plan names.
     desired: BTreeMap<String, u64>,
 }
@@ -129,13 +130,13 @@ impl View {
         let applied = |node: &str| {
             self.nodes.iter().find(|n| n.name == node).is_some_and(|n| {
                 let status: serde_json::Value = serde_json::from_str(&n.status_json).unwrap_or_default();
-                crate::resources::NodeStatus::applied_version(&status) >= self.desired.get(node).copied().unwrap_or(u64::MAX)
+                controlplane::resources::NodeStatus::applied_version(&status) >= self.desired.get(node).copied().unwrap_or(u64::MAX)
             })
         };
         if !plan.gpus.iter().all(|g| applied(&g.node)) {
             return false;
         }
-        let endpoints = crate::agents::endpoints::service_endpoints(&self.nodes);
+        let endpoints = controlplane::agents::endpoints::service_endpoints(&self.nodes);
         services.iter().all(|s| endpoints.iter().any(|(svc, node, _)| svc == s && Some(node.as_str()) != excluded))
     }
 
@@ -180,7 +181,7 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
         }
     };
     let t = timings();
-    let mut cluster = DemoCluster::new(&dir, bins, opts.strategy, t.clone())?;
+    let mut cluster = LocalCluster::new(&dir, bins, opts.strategy, t.clone())?;
     let result = script(&opts, &mut cluster, &t).await;
     if opts.keep_running && result.is_ok() {
         cluster.release_all();
@@ -204,7 +205,7 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
     result
 }
 
-async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) -> Result<DemoReport, String> {
+async fn script(opts: &DemoOptions, cluster: &mut LocalCluster, t: &LoopTimings) -> Result<DemoReport, String> {
     let mut report = DemoReport {
         strategy: opts.strategy.flag_name().into(),
         provision_interval_s: t.provision_interval_s,
@@ -274,9 +275,9 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
     let leader = wait_for("a leader", Duration::from_secs(20), || leader_of(&client)).await?;
     let killed_at = Instant::now();
     let kill_s = load.elapsed_s();
-    cluster.controllers.get_mut(&leader).expect("leader process").kill9();
+    cluster.controllers.kill9(leader);
     report.leader_killed = leader;
-    let survivors = Client::new(cluster.servers().into_iter().filter(|a| *a != cluster.addrs[&leader]).collect());
+    let survivors = Client::new(cluster.servers().into_iter().filter(|a| a != cluster.controllers.addr(leader)).collect());
     let new_leader =
         wait_for("a new leader", Duration::from_secs(30), || async { leader_of(&survivors).await.filter(|&l| l != leader) }).await?;
     report.failover_s = killed_at.elapsed().as_secs_f64();
@@ -379,7 +380,7 @@ async fn script(opts: &DemoOptions, cluster: &mut DemoCluster, t: &DemoTimings) 
         let v = view(&client).await?;
         let n = v.nodes.iter().find(|n| n.name == victim)?;
         let status: serde_json::Value = serde_json::from_str(&n.status_json).ok()?;
-        crate::resources::NodeStatus::is_healthy(&status).then_some(())
+        controlplane::resources::NodeStatus::is_healthy(&status).then_some(())
     })
     .await?;
     println!("{victim} reports healthy again and is back in the fleet");

@@ -7,10 +7,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::load::{compliance, Window};
-use crate::resources::{PlanSpec, Spec};
+use controlplane::resources::{PlanSpec, Spec};
 
 fn spec_of(r: &proto::Resource) -> Option<Spec> {
-    let kind: crate::resources::Kind = r.kind.parse().ok()?;
+    let kind: controlplane::resources::Kind = r.kind.parse().ok()?;
     Spec::from_json(kind, &r.spec_json).ok()
 }
 
@@ -62,7 +62,7 @@ pub fn occupied_cost(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto:
             let used = if g.mig_layout.is_empty() {
                 g.workloads.iter().map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum::<f64>() / 100.0
             } else {
-                let gpcs: u32 = g.mig_layout.iter().map(|m| crate::metering::profile_gpcs(&m.profile)).sum();
+                let gpcs: u32 = g.mig_layout.iter().map(|m| controlplane::metering::profile_gpcs(&m.profile)).sum();
                 f64::from(gpcs) / 7.0
             };
             price * used.min(1.0)
@@ -79,7 +79,7 @@ pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto
     for g in &plan.gpus {
         let model = gpus.get(&g.gpu_uuid).map_or("?", |(_, m)| m.as_str());
         let short = g.gpu_uuid.get(..12).unwrap_or(&g.gpu_uuid);
-        let workload = |w: &crate::resources::WorkloadAssignment| {
+        let workload = |w: &controlplane::resources::WorkloadAssignment| {
             let procs = if w.processes > 1 { format!(" x{}", w.processes) } else { String::new() };
             let shadow = if w.shadow_mps_percent > 0.0 { format!(" +{:.1}% shadow", w.shadow_mps_percent) } else { String::new() };
             format!("{} b{} MPS {:.1}%{procs}{shadow}", w.service, w.batch, w.mps_percent)
@@ -91,7 +91,7 @@ pub fn deployment_map(plan: &PlanSpec, nodes: &[proto::Resource], types: &[proto
                 .iter()
                 .enumerate()
                 .map(|(i, m)| {
-                    let size = u8::try_from(crate::metering::profile_gpcs(&m.profile)).unwrap_or(1);
+                    let size = u8::try_from(controlplane::metering::profile_gpcs(&m.profile)).unwrap_or(1);
                     let on: Vec<String> = g.workloads.iter().filter(|w| w.mig_instance == Some(i)).map(workload).collect();
                     let on = if on.is_empty() { "(idle)".to_string() } else { on.join(", ") };
                     format!("[{}-{}] {}: {on}", m.start, m.start + size - 1, m.profile)
@@ -121,7 +121,7 @@ pub struct TenantRow {
 /// metered into its Tenant's status (`loops::metering`; none for a Tenant not listed in
 /// `tenants` or not metered yet) and its services' windows in `slo`.
 pub fn tenant_report(tenants: &[proto::Resource], slo: &[ServiceSlo], tenant_of: &BTreeMap<String, String>) -> Vec<TenantRow> {
-    let metered: BTreeMap<&str, crate::resources::TenantStatus> =
+    let metered: BTreeMap<&str, controlplane::resources::TenantStatus> =
         tenants.iter().map(|r| (r.name.as_str(), serde_json::from_str(&r.status_json).unwrap_or_default())).collect();
     let mut rows: BTreeMap<&str, TenantRow> = BTreeMap::new();
     for tenant in tenant_of.values() {

@@ -1,8 +1,7 @@
-//! Child processes of a local cluster (the demo's and the chaos runner's): controllers and
-//! node agents with their output in a log file, killed when dropped, and the workload
-//! processes an agent started in their own process groups.
+//! Child processes of a local cluster: controllers and node agents with their output in a
+//! log file, killed when dropped, and the workload processes an agent started in their own
+//! process groups.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
@@ -52,18 +51,6 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill9();
     }
-}
-
-/// `count` consecutive loopback ports that are free now, from a base above `from`.
-pub fn free_port_block(from: u16, count: u16) -> Result<u16, String> {
-    let mut base = from;
-    while base.checked_add(count).is_some() {
-        if (0..count).step_by(10).chain([count - 1]).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return Ok(base);
-        }
-        base += count;
-    }
-    Err(format!("no block of {count} free loopback ports above {from}"))
 }
 
 pub fn kill9(pid: &str) {

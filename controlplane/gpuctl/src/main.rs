@@ -317,11 +317,11 @@ async fn run(args: Args) -> Result<(), String> {
         }
         Command::Demo { strategy, keep_running, dir, steady_seconds, report_json, print_manifest } => {
             if print_manifest {
-                print!("{}", controlplane::demo::scenario::manifest_yaml());
+                print!("{}", devcluster::demo::scenario::manifest_yaml());
                 return Ok(());
             }
-            let opts = controlplane::demo::run::DemoOptions { strategy, keep_running, dir, steady_s: steady_seconds, report_json };
-            controlplane::demo::run::run(opts).await.map(|_| ())
+            let opts = devcluster::demo::run::DemoOptions { strategy, keep_running, dir, steady_s: steady_seconds, report_json };
+            devcluster::demo::run::run(opts).await.map(|_| ())
         }
         Command::Plan { files, strategy } => {
             let state = state_from_resources(&read_manifests(&files)?)?;

@@ -13,7 +13,7 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use crate::client::Client;
+use controlplane::client::Client;
 
 /// Latency recorded for a failed request: above every SLO.
 const FAILED_MS: u64 = 60_000;
@@ -123,7 +123,7 @@ async fn refresh_endpoints(client: Client, endpoints: Arc<Mutex<BTreeMap<String,
         // Stale reads are fine (any controller answers, also during an election).
         if let Ok(list) = client.list("Node", "", true).await {
             let mut by_service: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for (service, _node, addr) in crate::agents::endpoints::service_endpoints(&list.resources) {
+            for (service, _node, addr) in controlplane::agents::endpoints::service_endpoints(&list.resources) {
                 by_service.entry(service).or_default().push(addr);
             }
             *endpoints.lock().expect("endpoints lock") = by_service;
