@@ -6,13 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError as CWE, RaftError as RE};
 use proto::admin_client::AdminClient;
 use tracing::Instrument;
 
 use crate::agents::AgentReports;
 use crate::api::ApiError;
-use crate::raft::{ChangeMembers, Node, NodeId, PeerChannels, ProposeError, Proposer, Raft, SmData, SmShared};
+use crate::raft::{consensus, ConsensusError, Node, NodeId, PeerChannels, ProposeError, Proposer, Raft, SmData, SmShared};
 use crate::resources::{ErrorCode, FieldError};
 use crate::state::{CommandOutcome, CommandResult, Request};
 use crate::telemetry::ControllerMetrics;
@@ -84,18 +83,20 @@ impl Controller {
 
     /// The current leader's id and address, if one is known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        let metrics = self.raft.metrics().borrow().clone();
-        let leader = metrics.current_leader?;
-        let addr = metrics.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())?;
-        Some((leader, addr))
+        self.raft_status().leader_with_addr()
     }
 
     pub fn term(&self) -> u64 {
-        self.raft.metrics().borrow().current_term
+        consensus::term(&self.raft)
     }
 
     pub fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().current_leader == Some(self.id)
+        consensus::leader(&self.raft) == Some(self.id)
+    }
+
+    /// This node's view of consensus now.
+    pub fn raft_status(&self) -> crate::raft::RaftStatus {
+        consensus::status(&self.raft)
     }
 
     /// Reads the applied state.
@@ -187,43 +188,34 @@ impl Controller {
     /// Waits until this node has applied everything committed before the call, after
     /// confirming leadership with a quorum (read index). Only the leader can do this.
     pub async fn read_barrier(&self) -> Result<(), ApiError> {
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(RE::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(ApiError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) })
-            }
-            Err(e) => Err(ApiError::Unavailable(format!("cannot confirm leadership: {e}"))),
-        }
+        consensus::read_index(&self.raft).await.map_err(|e| api_error(e, "request"))
     }
 
     pub fn status(&self) -> proto::ClusterStatusResponse {
-        let m = self.raft.metrics().borrow().clone();
-        let leader = self.leader();
-        let membership = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
-        let matched: BTreeMap<NodeId, u64> =
-            m.replication.as_ref().map(|r| r.iter().map(|(id, log)| (*id, log.map_or(0, |l| l.index))).collect()).unwrap_or_default();
-        let members = membership
-            .nodes()
-            .map(|(id, node)| proto::Member {
+        let m = self.raft_status();
+        let leader = m.leader_with_addr();
+        let members = m
+            .members
+            .iter()
+            .map(|(id, addr)| proto::Member {
                 node_id: *id,
-                address: node.addr.clone(),
-                voter: voters.contains(id),
-                matched_index: matched.get(id).copied().unwrap_or(0),
+                address: addr.clone(),
+                voter: m.voters.contains(id),
+                matched_index: m.matched.get(id).copied().flatten().unwrap_or(0),
             })
             .collect();
         proto::ClusterStatusResponse {
             node_id: self.id,
             leader_id: leader.as_ref().map_or(0, |l| l.0),
             leader_address: leader.map(|l| l.1).unwrap_or_default(),
-            term: m.current_term,
+            term: m.term,
             commit_index: self.committed.load(Ordering::Relaxed),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
-            last_log_index: m.last_log_index.unwrap_or(0),
-            state: format!("{:?}", m.state),
+            applied_index: m.applied_index,
+            last_log_index: m.last_log_index,
+            state: m.role,
             members,
-            snapshot_index: m.snapshot.map_or(0, |l| l.index),
-            purged_index: m.purged.map_or(0, |l| l.index),
+            snapshot_index: m.snapshot_index,
+            purged_index: m.purged_index,
         }
     }
 
@@ -233,47 +225,22 @@ impl Controller {
     /// new member catches up by when the log behind it is gone.
     pub async fn compact(&self) -> Result<proto::CompactResponse, ApiError> {
         let started = std::time::Instant::now();
-        let target = self.raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
-        let snapshot_index = |m: &openraft::RaftMetrics<NodeId, Node>| m.snapshot.map_or(0, |l| l.index);
-        let unavailable = |e: &dyn std::fmt::Display| ApiError::Unavailable(format!("compacting the log: {e}"));
-        // A build the policy started earlier may end below `target`; openraft ignores a
-        // trigger while one runs, so trigger again until a snapshot covers `target`.
-        let mut snapshot = snapshot_index(&self.raft.metrics().borrow());
-        while snapshot < target {
-            self.raft.trigger().snapshot().await.map_err(|e| unavailable(&e))?;
-            let left = COMPACT_TIMEOUT.saturating_sub(started.elapsed());
-            let before = snapshot;
-            let m =
-                self.raft.wait(Some(left)).metrics(|m| snapshot_index(m) > before, "a new snapshot").await.map_err(|e| unavailable(&e))?;
-            snapshot = snapshot_index(&m);
-        }
+        let target = self.raft_status().applied_index;
+        let snapshot = consensus::snapshot_covering(&self.raft, target, COMPACT_TIMEOUT).await.map_err(|e| api_error(e, "request"))?;
         let build_seconds = started.elapsed().as_secs_f64();
-        self.raft.trigger().purge_log(snapshot).await.map_err(|e| unavailable(&e))?;
-        let m = self
-            .raft
-            .wait(Some(COMPACT_TIMEOUT))
-            .metrics(|m| m.purged.is_some_and(|p| p.index >= snapshot), "the log purged up to the snapshot")
-            .await
-            .map_err(|e| unavailable(&e))?;
+        let purged_index = consensus::purge_to(&self.raft, snapshot, COMPACT_TIMEOUT).await.map_err(|e| api_error(e, "request"))?;
         tracing::info!(snapshot, build_seconds, "log compacted on request");
         Ok(proto::CompactResponse {
             node_id: self.id,
             snapshot_index: snapshot,
             snapshot_bytes: self.sm.snapshot_bytes.load(Ordering::Relaxed),
             build_seconds,
-            purged_index: m.purged.map_or(0, |l| l.index),
+            purged_index,
         })
     }
 
     pub async fn initialize(&self, members: BTreeMap<NodeId, Node>) -> Result<(), ApiError> {
-        self.raft.initialize(members).await.map_err(|e| match e {
-            RE::APIError(openraft::error::InitializeError::NotAllowed(_)) => ApiError::Field(crate::resources::FieldError::new(
-                crate::resources::ErrorCode::FailedPrecondition,
-                "members",
-                "the cluster is already initialized",
-            )),
-            other => ApiError::Field(crate::resources::FieldError::invalid("members", other.to_string())),
-        })
+        consensus::initialize(&self.raft, members).await.map_err(|e| api_error(e, "members"))
     }
 
     /// Adds node `id` at `addr` (README, "gpuctl", `cluster add`): refuses id 0, an id that is a member
@@ -289,19 +256,19 @@ impl Controller {
         if !self.is_leader() {
             return Err(ApiError::NotLeader { leader: self.leader() });
         }
-        let membership = self.raft.metrics().borrow().membership_config.membership().clone();
-        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let status = self.raft_status();
+        let voters: &BTreeSet<NodeId> = &status.voters;
         let role = |n: &NodeId| if voters.contains(n) { "voter" } else { "learner" };
         let mut existing = None;
-        for (member, node) in membership.nodes() {
-            if *member == id && node.addr != addr {
+        for (member, member_addr) in &status.members {
+            if *member == id && *member_addr != addr {
                 return Err(field_error(
                     ErrorCode::AlreadyExists,
                     "node_id",
-                    format!("node {id} is already a member ({}) at {}; remove it before adding it at {addr}", role(member), node.addr),
+                    format!("node {id} is already a member ({}) at {member_addr}; remove it before adding it at {addr}", role(member)),
                 ));
             }
-            if *member != id && node.addr == addr {
+            if *member != id && *member_addr == addr {
                 return Err(field_error(
                     ErrorCode::AlreadyExists,
                     "address",
@@ -325,12 +292,12 @@ impl Controller {
             Some(false) => self.probe_member(id, &addr).await?,
             None => {
                 self.probe_member(id, &addr).await?;
-                self.raft.add_learner(id, Node::new(addr.clone()), false).await.map_err(membership_error)?;
+                consensus::add_learner(&self.raft, id, &addr).await.map_err(|e| api_error(e, "node_id"))?;
             }
         }
         if promote {
             self.wait_caught_up(id, &addr).await?;
-            self.raft.change_membership(ChangeMembers::AddVoterIds([id].into()), false).await.map_err(membership_error)?;
+            consensus::promote(&self.raft, id).await.map_err(|e| api_error(e, "node_id"))?;
         }
         Ok(())
     }
@@ -376,11 +343,10 @@ impl Controller {
         let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
         loop {
             let (leading, matched, last) = {
-                let m = self.raft.metrics().borrow().clone();
+                let m = self.raft_status();
                 // None until the learner has acknowledged an entry: one that never answered
                 // again after the probe is not caught up, however short the log.
-                let matched = m.replication.as_ref().and_then(|r| r.get(&id).copied().flatten()).map(|l| l.index);
-                (m.current_leader == Some(self.id), matched, m.last_log_index.unwrap_or(0))
+                (m.leader == Some(self.id), m.matched.get(&id).copied().flatten(), m.last_log_index)
             };
             if !leading {
                 return Err(ApiError::Unavailable(format!(
@@ -407,10 +373,7 @@ impl Controller {
     }
 
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
-        let voters: Vec<NodeId> = self.raft.metrics().borrow().membership_config.membership().voter_ids().collect();
-        let change = if voters.contains(&id) { ChangeMembers::RemoveVoters([id].into()) } else { ChangeMembers::RemoveNodes([id].into()) };
-        self.raft.change_membership(change, false).await.map_err(membership_error)?;
-        Ok(())
+        consensus::remove(&self.raft, id).await.map_err(|e| api_error(e, "node_id"))
     }
 }
 
@@ -418,13 +381,14 @@ fn field_error(code: ErrorCode, field: &str, reason: impl Into<String>) -> ApiEr
     ApiError::Field(FieldError::new(code, field, reason))
 }
 
-fn membership_error(e: RE<NodeId, crate::raft::ClientWriteError>) -> ApiError {
+/// A consensus refusal as the API says it; `field` is the request field it is about.
+fn api_error(e: ConsensusError, field: &str) -> ApiError {
     match e {
-        RE::APIError(CWE::ForwardToLeader(f)) => ApiError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) },
-        RE::APIError(CWE::ChangeMembershipError(c)) => {
-            ApiError::Field(crate::resources::FieldError::new(crate::resources::ErrorCode::FailedPrecondition, "node_id", c.to_string()))
-        }
-        other => ApiError::Unavailable(other.to_string()),
+        ConsensusError::NotLeader { leader } => ApiError::NotLeader { leader },
+        ConsensusError::AlreadyInitialized => field_error(ErrorCode::FailedPrecondition, field, "the cluster is already initialized"),
+        ConsensusError::Refused(reason) => field_error(ErrorCode::FailedPrecondition, field, reason),
+        ConsensusError::Invalid(reason) => ApiError::Field(FieldError::invalid(field, reason)),
+        ConsensusError::Unavailable(reason) => ApiError::Unavailable(reason),
     }
 }
 

@@ -1,5 +1,5 @@
 //! gpuplane controller: the replicated cluster state (openraft over sled), its gRPC API,
-//! and the `controlplane` and `gpuctl` binaries.
+//! the client library, and the `controlplane` binary.
 
 // openraft's StorageError and tonic's Status are large by design; we return them the way
 // those libraries do rather than boxing at every boundary.
@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod metering;
 pub mod provision;
 pub mod raft;
+pub mod scrape;
 /// The domain model (its own crate, `model`, so that the agent and tools build the same types).
 pub use model as resources;
 pub mod security;

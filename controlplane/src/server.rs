@@ -19,9 +19,10 @@ use crate::api::{AdminService, AgentService, ResourceService};
 use crate::controller::Controller;
 use crate::loops::{self, LoopSettings};
 use crate::raft::{self, Node, NodeId, PeerChannels, RaftPeerService, RaftSettings, MAX_PEER_MESSAGE};
+use crate::scrape::serve_controller;
 use crate::security::{Api, Gatekeeper, Security};
 use crate::storage::{open_data_dir, MemBackend, Watermark};
-use crate::telemetry::{serve_controller, ControllerMetrics};
+use crate::telemetry::ControllerMetrics;
 
 /// Where a node keeps its state.
 #[derive(Clone, Debug)]
@@ -75,15 +76,7 @@ impl RunningNode {
     /// Resolves with a message when Raft stops on a fatal error (e.g. a storage fault);
     /// the process must then exit rather than serve from a node that can no longer persist.
     pub async fn fatal(&self) -> String {
-        let mut metrics = self.controller.raft.metrics();
-        loop {
-            if let Err(fatal) = &metrics.borrow().running_state {
-                return format!("raft stopped: {fatal}");
-            }
-            if metrics.changed().await.is_err() {
-                return "raft stopped".into();
-            }
-        }
+        raft::consensus::stopped(&self.controller.raft).await
     }
 
     fn stop_relays(&mut self) {

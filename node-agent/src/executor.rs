@@ -6,7 +6,7 @@ use crate::backend::{BackendError, GpuBackend, GpuInfo, MigInstance};
 use crate::desired::{Slot, WorkloadSpec};
 use crate::mps::{MpsControl, MpsError};
 use crate::reconcile::{GpuObserved, NodeObserved, Role, Running, Step};
-use crate::routing::{ActiveProcess, Routers, RoutingError};
+use crate::router::{ActiveProcess, Routers, RoutingError};
 use crate::shadow::{Action, Event};
 use crate::supervisor::template::{launch_command, LaunchParams, Template};
 use crate::supervisor::{Supervisor, SupervisorError};

@@ -9,7 +9,6 @@ pub mod inflight;
 pub mod mps;
 pub mod reconcile;
 pub mod router;
-pub mod routing;
 pub mod runtime;
 pub mod shadow;
 pub mod sim_infer;

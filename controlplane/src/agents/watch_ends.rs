@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use super::relay::Queue;
 use crate::controller::Controller;
+use crate::raft::consensus::LeadershipWatch;
 
 /// The most ends one relay request carries (~300 KB of node names at most); the leader
 /// refuses more.
@@ -107,20 +108,19 @@ impl WatchEnds {
 /// it leads, else to the leader, and the kept ones again to every new leader; runs as long
 /// as the controller.
 pub async fn relay(controller: Controller) {
-    let mut metrics = controller.raft.metrics();
+    let mut leadership = LeadershipWatch::new(&controller.raft);
     let mut leaders = NewLeader::default();
     loop {
         tokio::select! {
             () = controller.watch_ends.queue.pushed() => {}
-            changed = metrics.changed() => {
-                if changed.is_err() {
+            running = leadership.changed() => {
+                if !running {
                     return; // Raft stopped: so does this controller.
                 }
-                let m = metrics.borrow_and_update();
-                if !leaders.is_new(m.current_term, m.current_leader) {
+                let (term, leader) = leadership.current();
+                if !leaders.is_new(term, leader) {
                     continue;
                 }
-                drop(m);
                 controller.watch_ends.resend(Instant::now());
             }
         }

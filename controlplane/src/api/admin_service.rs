@@ -9,7 +9,7 @@ use super::access::require_admin;
 use super::errors::ApiError;
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::controller::Controller;
-use crate::raft::Node;
+use crate::raft::{consensus, Node};
 use crate::resources::{ErrorCode, FieldError};
 use crate::security::caller;
 
@@ -136,10 +136,9 @@ impl Admin for AdminService {
         if target.node_id == c.id {
             return Ok(self.membership_response());
         }
-        c.raft.runtime_config().heartbeat(false);
-        c.raft.runtime_config().elect(false);
         let channel = c.channels.get(&target.address).map_err(Status::internal)?;
-        let lease = Duration::from_millis(c.raft.config().election_timeout_max);
+        consensus::hold_leadership(&c.raft, true);
+        let lease = consensus::leader_lease(&c.raft);
         let deadline = tokio::time::Instant::now() + lease * 10;
         let mut moved = false;
         tokio::time::sleep(lease).await;
@@ -151,8 +150,7 @@ impl Admin for AdminService {
                 break;
             }
         }
-        c.raft.runtime_config().heartbeat(true);
-        c.raft.runtime_config().elect(true);
+        consensus::hold_leadership(&c.raft, false);
         if !moved {
             return Err(Status::unavailable(format!("node {} did not take over leadership in time", target.node_id)));
         }
@@ -169,7 +167,7 @@ impl Admin for AdminService {
         request: Request<proto::ClusterStatusRequest>,
     ) -> Result<Response<proto::ClusterStatusResponse>, Status> {
         require_admin(&caller(&request)?, "TriggerElection")?;
-        self.controller.raft.trigger().elect().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        consensus::elect(&self.controller.raft).await.map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(Response::new(self.controller.status()))
     }
 }

@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::cloud::NodeProvider;
 use crate::controller::Controller;
 use crate::provision::MigStrategy;
+use crate::raft::consensus::LeadershipWatch;
 use crate::tuning::TuningSettings;
 
 /// Settings of the leader-only loops.
@@ -300,10 +301,10 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
         if !settings.enabled {
             return;
         }
-        let mut metrics = controller.raft.metrics();
+        let mut leadership = LeadershipWatch::new(&controller.raft);
         let mut running: Vec<JoinHandle<()>> = Vec::new();
         loop {
-            let leading = metrics.borrow().current_leader == Some(controller.id);
+            let leading = leadership.current().1 == Some(controller.id);
             match (leading, running.is_empty()) {
                 (true, true) => {
                     tracing::info!(
@@ -330,7 +331,7 @@ pub fn spawn(controller: Controller, settings: LoopSettings) -> JoinHandle<()> {
                 }
                 _ => {}
             }
-            if metrics.changed().await.is_err() {
+            if !leadership.changed().await {
                 break;
             }
         }

@@ -4,8 +4,6 @@
 
 mod assign;
 mod input;
-#[cfg(test)]
-mod isolation_tests;
 pub mod offline;
 pub mod pools;
 pub mod quota;

@@ -2,6 +2,7 @@
 //! only these files: the type config, the storage adapters over `KvBackend`, the tonic
 //! network and the Raft peer service.
 
+pub mod consensus;
 mod log_store;
 mod network;
 mod node_wakers;
@@ -12,6 +13,7 @@ mod snapshot_policy;
 mod state_machine;
 mod types;
 
+pub use consensus::{ConsensusError, RaftStatus};
 pub use log_store::LogStore;
 pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use own_runtime::RaftRuntime;

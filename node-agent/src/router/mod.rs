@@ -1,14 +1,17 @@
 //! The per-service router of the node agent (ARCHITECTURE.md "Agent internals"): one local
 //! endpoint, forwarding to the active backend(s), ELSA across partitions of different sizes,
-//! per-second p99 / throughput / arrival-rate windows, and an atomic active-set switch.
+//! per-second p99 / throughput / arrival-rate windows, and an atomic active-set switch;
+//! [`Routers`] holds the node's routers for the executor.
 
 pub mod backend;
 pub mod planned_times;
 pub mod queue;
+pub mod routers;
 pub mod service;
 pub mod window;
 
 pub use backend::{Backend, BackendAddrError, BackendSpec};
 pub use planned_times::PlannedServiceTimes;
+pub use routers::{ActiveProcess, Routers, RoutingError};
 pub use service::{serve, ActiveSet, Router, RouterConfig, RouterError, Swap};
 pub use window::{Window, WindowStats};

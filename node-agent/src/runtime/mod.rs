@@ -16,7 +16,7 @@ use crate::backend::{select_backend, BackendOptions, GpuBackend};
 use crate::config::AgentConfig;
 use crate::executor::Executor;
 use crate::mps::{MpsControl, NvidiaMps, SimMps};
-use crate::routing::Routers;
+use crate::router::Routers;
 use crate::supervisor::Supervisor;
 use crate::telemetry::AgentMetrics;
 use std::collections::BTreeMap;

@@ -3,8 +3,8 @@
 //! active set becomes its ready active processes (one pointer swap); a process to stop is
 //! first taken out of the set and drained, so no request reaches a stopped process.
 
-use crate::router::planned_times::PlannedBatch;
-use crate::router::{serve, Backend, BackendSpec, PlannedServiceTimes, Router, RouterConfig, WindowStats};
+use super::planned_times::PlannedBatch;
+use super::{serve, Backend, BackendSpec, PlannedServiceTimes, Router, RouterConfig, WindowStats};
 use planner::policy::elsa::ElsaConfig;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;

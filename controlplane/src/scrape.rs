@@ -1,25 +1,46 @@
-//! What a scrape reads from a controller, and what `/readyz` decides from it.
+//! A controller's `/metrics`, `/healthz` and `/readyz` (served over plain HTTP on a separate
+//! listener, `metrics_listen`, never on the Raft peer port): what a scrape reads from the
+//! controller. The series and the readiness rule are `telemetry`'s, which knows nothing of
+//! the controller.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use super::metrics::{RaftFigures, ServiceSample, Snapshot};
 use crate::controller::Controller;
 use crate::resources::TenantStatus;
 use crate::resources::{Kind, Spec};
 use crate::state::ClusterState;
+use crate::telemetry::{readiness, serve, RaftFigures, Response, ServiceSample, Snapshot, UNREADY_AFTER_LOOP_FAILURES};
+
+/// Serves `/metrics`, `/healthz` and `/readyz` for `controller` on `listener` until aborted.
+pub async fn serve_controller(listener: tokio::net::TcpListener, controller: Controller) {
+    serve(
+        listener,
+        Arc::new(move |path: &str| match path {
+            "/metrics" => Response::metrics(controller.telemetry.render(&snapshot(&controller))),
+            "/healthz" => Response::text(200, "ok\n"),
+            "/readyz" => match readiness(&snapshot(&controller).raft, &controller.telemetry.failing_loops(UNREADY_AFTER_LOOP_FAILURES)) {
+                Ok(()) => Response::text(200, "ready\n"),
+                Err(reason) => Response::text(503, format!("not ready: {reason}\n")),
+            },
+            _ => Response::text(404, "not found (try /metrics, /healthz, /readyz)\n"),
+        }),
+    )
+    .await
+}
 
 /// The state figures of `controller` now.
 pub fn snapshot(controller: &Controller) -> Snapshot {
-    let m = controller.raft.metrics().borrow().clone();
+    let m = controller.raft_status();
     let raft = RaftFigures {
-        term: m.current_term,
+        term: m.term,
         commit_index: controller.committed.load(Ordering::Relaxed),
         log_appended_bytes: controller.log_bytes.load(Ordering::Relaxed),
-        applied_index: m.last_applied.map_or(0, |l| l.index),
-        last_log_index: m.last_log_index.unwrap_or(0),
-        is_leader: m.current_leader == Some(controller.id),
-        leader: m.current_leader,
+        applied_index: m.applied_index,
+        last_log_index: m.last_log_index,
+        is_leader: m.leader == Some(controller.id),
+        leader: m.leader,
     };
     // Under the lock only an O(1) copy of the state: summing 10,000 hosts' GPUs there
     // would hold up the applies.
@@ -68,43 +89,4 @@ fn plan_cost(cluster: &ClusterState) -> Option<f64> {
         _ => 0.0,
     };
     Some(plan.gpus.iter().map(|g| price(&g.node)).sum())
-}
-
-/// A leader-only loop that failed this many passes in a row makes the leader unready.
-pub const UNREADY_AFTER_LOOP_FAILURES: u32 = 3;
-
-/// Ready: the node knows a leader, has applied everything it knows to be committed, and no
-/// leader-only loop of its has failed [`UNREADY_AFTER_LOOP_FAILURES`] passes in a row.
-/// Otherwise the reason, in one line.
-pub fn readiness(raft: &RaftFigures, failing_loops: &[(&str, u32)]) -> Result<(), String> {
-    if let Some((name, n)) = failing_loops.first() {
-        return Err(format!("the {name} loop failed its last {n} passes (see gpuplane_loop_failures_total and the log)"));
-    }
-    if raft.leader.is_none() {
-        return Err("no leader known".into());
-    }
-    if raft.applied_index < raft.commit_index {
-        return Err(format!("applied index {} behind commit index {}", raft.applied_index, raft.commit_index));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ready_needs_a_leader_and_the_commit_index_applied() {
-        let caught_up = RaftFigures { leader: Some(2), commit_index: 7, applied_index: 7, ..Default::default() };
-        assert_eq!(readiness(&caught_up, &[]), Ok(()));
-        assert_eq!(readiness(&RaftFigures { leader: None, ..caught_up.clone() }, &[]), Err("no leader known".into()));
-        assert_eq!(
-            readiness(&RaftFigures { applied_index: 5, ..caught_up.clone() }, &[]),
-            Err("applied index 5 behind commit index 7".into())
-        );
-        assert_eq!(
-            readiness(&caught_up, &[("provisioner", 4)]),
-            Err("the provisioner loop failed its last 4 passes (see gpuplane_loop_failures_total and the log)".into())
-        );
-    }
 }

@@ -1,0 +1,208 @@
+//! What the controller, its API and its telemetry ask of consensus, in gpuplane's own types:
+//! a status, a read index, initialisation, membership changes and compaction. openraft's
+//! metrics and error types stay here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+
+use super::{ChangeMembers, Node, NodeId, Raft};
+
+/// This node's view of consensus now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RaftStatus {
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    /// Leader, Follower, Candidate or Learner.
+    pub role: String,
+    pub applied_index: u64,
+    pub last_log_index: u64,
+    pub snapshot_index: u64,
+    pub purged_index: u64,
+    /// Every member, voters and learners, with its address.
+    pub members: BTreeMap<NodeId, String>,
+    pub voters: BTreeSet<NodeId>,
+    /// On the leader: the log index each member has matched, `None` until it has
+    /// acknowledged an entry. Empty on the others.
+    pub matched: BTreeMap<NodeId, Option<u64>>,
+}
+
+impl RaftStatus {
+    /// The leader's id and address, if one is known.
+    pub fn leader_with_addr(&self) -> Option<(NodeId, String)> {
+        let id = self.leader?;
+        Some((id, self.members.get(&id)?.clone()))
+    }
+}
+
+/// Why consensus could not do what was asked.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConsensusError {
+    #[error("not the leader")]
+    NotLeader { leader: Option<(NodeId, String)> },
+    #[error("the cluster is already initialized")]
+    AlreadyInitialized,
+    /// A membership change consensus refused (e.g. one already in progress).
+    #[error("{0}")]
+    Refused(String),
+    /// An initial membership consensus cannot start from.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+fn not_leader(f: ForwardToLeader<NodeId, Node>) -> ConsensusError {
+    ConsensusError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
+}
+
+pub fn status(raft: &Raft) -> RaftStatus {
+    let m = raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    RaftStatus {
+        term: m.current_term,
+        leader: m.current_leader,
+        role: format!("{:?}", m.state),
+        applied_index: m.last_applied.map_or(0, |l| l.index),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        snapshot_index: m.snapshot.map_or(0, |l| l.index),
+        purged_index: m.purged.map_or(0, |l| l.index),
+        members: membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
+        voters: membership.voter_ids().collect(),
+        matched: m.replication.as_ref().map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect()).unwrap_or_default(),
+    }
+}
+
+pub fn term(raft: &Raft) -> u64 {
+    raft.metrics().borrow().current_term
+}
+
+pub fn leader(raft: &Raft) -> Option<NodeId> {
+    raft.metrics().borrow().current_leader
+}
+
+/// Waits until this node has applied everything committed before the call, after
+/// confirming leadership with a quorum (read index).
+pub async fn read_index(raft: &Raft) -> Result<(), ConsensusError> {
+    match raft.ensure_linearizable().await {
+        Ok(_) => Ok(()),
+        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
+        Err(e) => Err(ConsensusError::Unavailable(format!("cannot confirm leadership: {e}"))),
+    }
+}
+
+pub async fn initialize(raft: &Raft, members: BTreeMap<NodeId, Node>) -> Result<(), ConsensusError> {
+    raft.initialize(members).await.map_err(|e| match e {
+        RaftError::APIError(InitializeError::NotAllowed(_)) => ConsensusError::AlreadyInitialized,
+        other => ConsensusError::Invalid(other.to_string()),
+    })
+}
+
+fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> ConsensusError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => ConsensusError::Refused(c.to_string()),
+        other => ConsensusError::Unavailable(other.to_string()),
+    }
+}
+
+/// Adds node `id` at `addr` as a learner (it receives the log but does not vote).
+pub async fn add_learner(raft: &Raft, id: NodeId, addr: &str) -> Result<(), ConsensusError> {
+    raft.add_learner(id, Node::new(addr.to_string()), false).await.map(|_| ()).map_err(membership_error)
+}
+
+/// Makes learner `id` a voter.
+pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), ConsensusError> {
+    raft.change_membership(ChangeMembers::AddVoterIds([id].into()), false).await.map(|_| ()).map_err(membership_error)
+}
+
+/// Removes member `id`, voter or learner.
+pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), ConsensusError> {
+    let voter = raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == id);
+    let change = if voter { ChangeMembers::RemoveVoters([id].into()) } else { ChangeMembers::RemoveNodes([id].into()) };
+    raft.change_membership(change, false).await.map(|_| ()).map_err(membership_error)
+}
+
+/// Builds snapshots until one covers log index `target`, within `timeout`; its index.
+pub async fn snapshot_covering(raft: &Raft, target: u64, timeout: Duration) -> Result<u64, ConsensusError> {
+    let started = std::time::Instant::now();
+    let unavailable = |e: &dyn std::fmt::Display| ConsensusError::Unavailable(format!("compacting the log: {e}"));
+    let snapshot_index = |m: &openraft::RaftMetrics<NodeId, Node>| m.snapshot.map_or(0, |l| l.index);
+    // A build the policy started earlier may end below `target`; openraft ignores a trigger
+    // while one runs, so trigger again until a snapshot covers `target`.
+    let mut snapshot = snapshot_index(&raft.metrics().borrow());
+    while snapshot < target {
+        raft.trigger().snapshot().await.map_err(|e| unavailable(&e))?;
+        let left = timeout.saturating_sub(started.elapsed());
+        let before = snapshot;
+        let m = raft.wait(Some(left)).metrics(|m| snapshot_index(m) > before, "a new snapshot").await.map_err(|e| unavailable(&e))?;
+        snapshot = snapshot_index(&m);
+    }
+    Ok(snapshot)
+}
+
+/// Purges this node's log up to `index` (covered by a snapshot), within `timeout`; the
+/// purged index.
+pub async fn purge_to(raft: &Raft, index: u64, timeout: Duration) -> Result<u64, ConsensusError> {
+    let unavailable = |e: &dyn std::fmt::Display| ConsensusError::Unavailable(format!("compacting the log: {e}"));
+    raft.trigger().purge_log(index).await.map_err(|e| unavailable(&e))?;
+    let m = raft
+        .wait(Some(timeout))
+        .metrics(|m| m.purged.is_some_and(|p| p.index >= index), "the log purged up to the snapshot")
+        .await
+        .map_err(|e| unavailable(&e))?;
+    Ok(m.purged.map_or(0, |l| l.index))
+}
+
+/// Follows who leads in which term.
+pub struct LeadershipWatch(tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, Node>>);
+
+impl LeadershipWatch {
+    pub fn new(raft: &Raft) -> Self {
+        LeadershipWatch(raft.metrics())
+    }
+
+    /// The term and its leader, if known, now.
+    pub fn current(&mut self) -> (u64, Option<NodeId>) {
+        let m = self.0.borrow_and_update();
+        (m.current_term, m.current_leader)
+    }
+
+    /// Waits for consensus to change in any way (then read [`Self::current`]); `false` once
+    /// Raft has stopped.
+    pub async fn changed(&mut self) -> bool {
+        self.0.changed().await.is_ok()
+    }
+}
+
+/// Resolves with a message when Raft stops, on a fatal error (e.g. a storage fault) or not.
+pub async fn stopped(raft: &Raft) -> String {
+    let mut metrics = raft.metrics();
+    loop {
+        if let Err(fatal) = &metrics.borrow().running_state {
+            return format!("raft stopped: {fatal}");
+        }
+        if metrics.changed().await.is_err() {
+            return "raft stopped".into();
+        }
+    }
+}
+
+/// Holds (or resumes) this leader's heartbeats and its own elections, for a leader
+/// transfer: openraft 0.9 has no transfer primitive, so the leader falls silent until the
+/// followers' lease ([`leader_lease`]) expires and the target is asked to elect itself.
+pub fn hold_leadership(raft: &Raft, hold: bool) {
+    raft.runtime_config().heartbeat(!hold);
+    raft.runtime_config().elect(!hold);
+}
+
+/// How long followers keep following a silent leader.
+pub fn leader_lease(raft: &Raft) -> Duration {
+    Duration::from_millis(raft.config().election_timeout_max)
+}
+
+/// Makes this node start an election now.
+pub async fn elect(raft: &Raft) -> Result<(), ConsensusError> {
+    raft.trigger().elect().await.map_err(|e| ConsensusError::Unavailable(e.to_string()))
+}
