@@ -115,6 +115,10 @@ pub struct LoopsConfig {
     pub cooldown_s: Option<f64>,
     /// HetSev's λ per second of launch latency (default 0.001).
     pub lambda_per_s: Option<f64>,
+    /// The throughput saturation autoscaling services are sized to, in (0, 1] (default 0.8,
+    /// HetSev's; lower leaves headroom for bursts and interference, `fleet-sim` shows the
+    /// trade).
+    pub target_saturation: Option<f64>,
     /// Run the GSLICE tuner (default true).
     pub tuner: Option<bool>,
     /// Seconds between tuning passes (default 5).
@@ -193,6 +197,11 @@ impl LoopsConfig {
             scale_window_s: non_negative("scale_window_s", self.scale_window_s, d.scale_window_s)?,
             cooldown_s: non_negative("cooldown_s", self.cooldown_s, d.cooldown_s)?,
             lambda_per_s: non_negative("lambda_per_s", self.lambda_per_s, d.lambda_per_s)?,
+            target_saturation: match self.target_saturation {
+                Some(x) if !(x > 0.0 && x <= 1.0) => return Err(format!("loops.target_saturation: must be in (0, 1], got {x}")),
+                Some(x) => x,
+                None => d.target_saturation,
+            },
             tuner: self.tuner.unwrap_or(d.tuner),
             tune_interval: seconds("tune_interval_s", self.tune_interval_s, d.tune_interval)?,
             metering_interval: seconds("metering_interval_s", self.metering_interval_s, d.metering_interval)?,
@@ -396,6 +405,14 @@ heartbeat_interval_ms = 50
         assert_eq!(loops("[loops]\nreport_budget_per_s = 500").unwrap().report_budget_per_s, 500);
         let err = loops("[loops]\nreport_budget_per_s = 0").unwrap_err();
         assert_eq!(err, "loops.report_budget_per_s: must be at least 1");
+    }
+
+    #[test]
+    fn the_target_saturation_defaults_to_hetsevs_and_is_a_fraction() {
+        assert_eq!(loops("[loops]\ntarget_saturation = 0.7").unwrap().target_saturation, 0.7);
+        assert_eq!(loops("").unwrap().target_saturation, 0.8, "HetSev's by default");
+        assert_eq!(loops("[loops]\ntarget_saturation = 1.5").unwrap_err(), "loops.target_saturation: must be in (0, 1], got 1.5");
+        assert!(loops("[loops]\ntarget_saturation = 0").unwrap_err().starts_with("loops.target_saturation: "));
     }
 
     #[test]

@@ -22,9 +22,6 @@ use crate::provision::{fleet, plan_services, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command};
 
-/// HetSev's saturation threshold (Sec. 4.1, "based on experience"): capacity is provisioned
-/// so that load is 80% of it.
-const TARGET_SATURATION: f64 = 0.8;
 /// Provisioned rates move only for a change of more than this fraction (no churn).
 const MIN_CHANGE: f64 = 0.05;
 /// Samples kept per service at most: the window and cool-down of a one-second heartbeat
@@ -166,7 +163,8 @@ impl Autoscaler {
         Autoscaler {
             heartbeat: settings.heartbeat_interval,
             policy: AutoscaleConfig {
-                saturation_threshold: TARGET_SATURATION,
+                // HetSev's 80% (Sec. 4.1, "based on experience") unless configured.
+                saturation_threshold: settings.target_saturation,
                 window_s: settings.scale_window_s,
                 cooldown_s: settings.cooldown_s,
                 lambda_per_s: settings.lambda_per_s,

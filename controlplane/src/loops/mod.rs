@@ -51,6 +51,8 @@ pub struct LoopSettings {
     pub cooldown_s: f64,
     /// HetSev's λ: weight of the launch latency against the price, per second.
     pub lambda_per_s: f64,
+    /// The throughput saturation services are sized to (HetSev's 80%).
+    pub target_saturation: f64,
     /// Run the GSLICE tuner on the MPS-only GPUs of the committed plan.
     pub tuner: bool,
     /// How often the tuner feeds the reported windows to GSLICE's Algorithm 1.
@@ -81,6 +83,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("scale_window_s", &self.scale_window_s)
             .field("cooldown_s", &self.cooldown_s)
             .field("lambda_per_s", &self.lambda_per_s)
+            .field("target_saturation", &self.target_saturation)
             .field("tuner", &self.tuner)
             .field("tune_interval", &self.tune_interval)
             .field("tuning", &self.tuning)
@@ -110,6 +113,7 @@ impl Default for LoopSettings {
             scale_window_s: 60.0,
             cooldown_s: 300.0,
             lambda_per_s: 0.001,
+            target_saturation: 0.8,
             tuner: true,
             tune_interval: Duration::from_secs(5),
             tuning: TuningSettings::default(),

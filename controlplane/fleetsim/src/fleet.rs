@@ -1,0 +1,129 @@
+//! The instances a policy runs, what they cost, and which of them serve.
+
+use std::collections::BTreeMap;
+
+use controlplane::provision::scaling::launches_for;
+use controlplane::resources::InstanceTypeSpec;
+
+/// HetSev's λ per second of launch latency (README, `[loops] lambda_per_s`).
+pub const LAMBDA_PER_S: f64 = 0.001;
+/// Seconds from a host's death to its replacement being asked for (the failure detector's
+/// missed heartbeats).
+pub const DETECT_S: u32 = 5;
+
+#[derive(Clone, Debug, PartialEq)]
+struct Instance {
+    instance_type: String,
+    gpu_model: String,
+    gpus: u32,
+    /// Serves from this second on.
+    ready_at: u32,
+}
+
+/// One policy's fleet: instances billed from their launch to their termination.
+#[derive(Clone, Debug)]
+pub struct Fleet {
+    types: BTreeMap<String, InstanceTypeSpec>,
+    instances: Vec<Instance>,
+    pub cost: f64,
+    pub gpu_hours: f64,
+    /// Launches after the start (the initial fleet is already running).
+    pub launches: u32,
+}
+
+impl Fleet {
+    pub fn new(types: &BTreeMap<String, InstanceTypeSpec>) -> Self {
+        Fleet { types: types.clone(), instances: Vec::new(), cost: 0.0, gpu_hours: 0.0, launches: 0 }
+    }
+
+    /// Adds instances for `gpus` more GPUs per model, the cheapest way (HetSev's objective,
+    /// as the autoscaler launches): `initial` ones serve at once (the fleet a run starts
+    /// with), others after their type's launch latency from `now`.
+    pub fn add_gpus(&mut self, gpus: &BTreeMap<String, u32>, now: u32, initial: bool) {
+        self.add_with(gpus, now, initial, &self.types.clone());
+    }
+
+    /// As [`Self::add_gpus`], choosing only among `types`.
+    pub fn add_with(&mut self, gpus: &BTreeMap<String, u32>, now: u32, initial: bool, types: &BTreeMap<String, InstanceTypeSpec>) {
+        for launch in launches_for(gpus, types, &BTreeMap::new(), LAMBDA_PER_S) {
+            for _ in 0..launch.count {
+                self.launch(&launch.instance_type, now, initial);
+            }
+        }
+    }
+
+    /// Launches one instance of `instance_type`.
+    pub fn launch(&mut self, instance_type: &str, now: u32, initial: bool) {
+        let t = &self.types[instance_type];
+        let ready_at = if initial { now } else { now + t.launch_latency_s.ceil() as u32 };
+        if !initial {
+            self.launches += 1;
+        }
+        self.instances.push(Instance { instance_type: instance_type.into(), gpu_model: t.gpu_model.clone(), gpus: t.gpu_count, ready_at });
+    }
+
+    /// GPUs of `model` serving at `now`, and all of them (launching included).
+    pub fn gpus(&self, model: &str, now: u32) -> (u32, u32) {
+        self.instances
+            .iter()
+            .filter(|i| i.gpu_model == model)
+            .fold((0, 0), |(ready, all), i| (ready + if i.ready_at <= now { i.gpus } else { 0 }, all + i.gpus))
+    }
+
+    /// Instances of `instance_type`, launching included.
+    pub fn count(&self, instance_type: &str) -> usize {
+        self.instances.iter().filter(|i| i.instance_type == instance_type).count()
+    }
+
+    /// Terminates the most expensive instance of `model` holding at most `surplus` GPUs;
+    /// its GPUs, or 0 if none fits.
+    pub fn terminate_within(&mut self, model: &str, surplus: u32) -> u32 {
+        let pick = self
+            .instances
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| i.gpu_model == model && i.gpus <= surplus)
+            .max_by(|(_, a), (_, b)| self.types[&a.instance_type].price_per_hour.total_cmp(&self.types[&b.instance_type].price_per_hour))
+            .map(|(n, _)| n);
+        pick.map_or(0, |n| self.instances.remove(n).gpus)
+    }
+
+    /// Terminates one instance of `instance_type` (the newest).
+    pub fn terminate_one(&mut self, instance_type: &str) -> bool {
+        match self.instances.iter().rposition(|i| i.instance_type == instance_type) {
+            Some(n) => {
+                self.instances.remove(n);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A host failure at `now`: one serving instance of the GPU model with the most GPUs
+    /// dies, and a replacement of its type is launched once the failure is detected.
+    /// Returns the model hit.
+    pub fn fail_one(&mut self, now: u32) -> Option<String> {
+        let mut by_model: BTreeMap<&str, u32> = BTreeMap::new();
+        for i in self.instances.iter().filter(|i| i.ready_at <= now) {
+            *by_model.entry(&i.gpu_model).or_default() += i.gpus;
+        }
+        let model = by_model.into_iter().max_by_key(|&(m, n)| (n, std::cmp::Reverse(m)))?.0.to_string();
+        let n = self.instances.iter().position(|i| i.gpu_model == model && i.ready_at <= now)?;
+        let dead = self.instances.remove(n);
+        self.launch(&dead.instance_type, now + DETECT_S, false);
+        Some(model)
+    }
+
+    /// Bills one second.
+    pub fn bill_second(&mut self) {
+        for i in &self.instances {
+            self.cost += self.types[&i.instance_type].price_per_hour / 3600.0;
+            self.gpu_hours += f64::from(i.gpus) / 3600.0;
+        }
+    }
+
+    /// Cost per hour of everything running now.
+    pub fn cost_per_hour(&self) -> f64 {
+        self.instances.iter().map(|i| self.types[&i.instance_type].price_per_hour).sum()
+    }
+}

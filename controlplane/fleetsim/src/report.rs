@@ -1,0 +1,86 @@
+//! What a run reports: per policy its cost, GPU-hours, SLO attainment, reconfigurations and
+//! launches; a table for the terminal and JSON for tools.
+
+use serde::Serialize;
+
+/// A point of a policy's timeline (for the plots).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Sample {
+    pub t_s: u32,
+    pub cost_per_hour: f64,
+    pub demand_rps: f64,
+    pub capacity_rps: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyReport {
+    pub name: String,
+    pub cost: f64,
+    pub gpu_hours: f64,
+    /// Service-seconds with load, and those whose p99 met the SLO.
+    pub windows: u64,
+    pub windows_met: u64,
+    pub reconfigurations: u32,
+    pub launches: u32,
+    /// (service, windows, windows met).
+    #[serde(skip)]
+    pub per_service: Vec<(String, u64, u64)>,
+    #[serde(skip)]
+    pub samples: Vec<Sample>,
+}
+
+impl PolicyReport {
+    pub fn attainment(&self) -> f64 {
+        if self.windows == 0 {
+            1.0
+        } else {
+            self.windows_met as f64 / self.windows as f64
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Report {
+    pub services: usize,
+    pub seconds: u32,
+    pub policies: Vec<PolicyReport>,
+    /// Wall-clock seconds the simulation took.
+    pub wall_s: f64,
+}
+
+impl Report {
+    /// The terminal table, with gpuplane's saving against each baseline.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{} services, {:.1} simulated hours, {:.1} s of wall clock\n{:<22} {:>10} {:>10} {:>12} {:>9} {:>8} {:>16}\n",
+            self.services,
+            f64::from(self.seconds) / 3600.0,
+            self.wall_s,
+            "policy",
+            "cost",
+            "GPU-hours",
+            "SLO met",
+            "reconfig",
+            "launches",
+            "gpuplane saves"
+        );
+        let ours = self.policies.iter().find(|p| p.name == "gpuplane").map(|p| p.cost);
+        for p in &self.policies {
+            let saving = match ours {
+                Some(c) if p.name != "gpuplane" && p.cost > 0.0 => format!("{:.1}%", 100.0 * (1.0 - c / p.cost)),
+                _ => "-".into(),
+            };
+            out.push_str(&format!(
+                "{:<22} {:>10.2} {:>10.1} {:>11.3}% {:>9} {:>8} {:>16}\n",
+                p.name,
+                p.cost,
+                p.gpu_hours,
+                100.0 * p.attainment(),
+                p.reconfigurations,
+                p.launches,
+                saving
+            ));
+        }
+        out
+    }
+}
