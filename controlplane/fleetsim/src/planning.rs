@@ -31,7 +31,7 @@ pub struct Planned {
     /// GPUs the plan uses, per GPU model.
     pub gpus: BTreeMap<String, u32>,
     /// Services whose workloads differ from the previous plan's (reconfigurations).
-    pub changed: usize,
+    pub changed: BTreeSet<String>,
 }
 
 /// The provisioner over one scenario's state, keeping its previous plan.
@@ -62,8 +62,12 @@ impl Provisioner {
         self.previous = Some(pools);
         let planned = outcome(&plan);
         let placement = placements(&plan);
-        let changed = placement.iter().filter(|(s, p)| self.last.get(*s) != Some(p)).count()
-            + self.last.keys().filter(|s| !placement.contains_key(*s)).count();
+        let changed = placement
+            .iter()
+            .filter(|(s, p)| self.last.get(*s) != Some(p))
+            .map(|(s, _)| s.clone())
+            .chain(self.last.keys().filter(|s| !placement.contains_key(*s)).cloned())
+            .collect();
         self.last = placement;
         Planned { changed, ..planned }
     }
@@ -115,5 +119,5 @@ fn outcome(plan: &Plan) -> Planned {
             *share /= total;
         }
     }
-    Planned { services, gpus, changed: 0 }
+    Planned { services, gpus, changed: BTreeSet::new() }
 }

@@ -30,19 +30,23 @@ pub fn autoscale_config() -> AutoscaleConfig {
     AutoscaleConfig { saturation_threshold: TARGET, window_s: 60.0, cooldown_s: 300.0, lambda_per_s: LAMBDA_PER_S, min_instances: 1 }
 }
 
-/// gpuplane's settings in a run: its autoscaler's (`[loops]` in the controller's config)
-/// and how often it decides.
+/// gpuplane's settings in a run: its autoscaler's (`[loops]` in the controller's config),
+/// how often it decides, and what a reconfiguration costs on the agents.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuplaneSettings {
     pub autoscale: AutoscaleConfig,
     /// Simulated seconds between the autoscaler's decisions (the controller decides every
     /// heartbeat, 1 s).
     pub decide_every_s: u32,
+    /// Seconds from a re-plan to a changed workload serving in its new configuration: the
+    /// agent starts the new process (its model loaded) before it stops and drains the old
+    /// one, so until then the old configuration serves.
+    pub reconfigure_s: u32,
 }
 
 impl Default for GpuplaneSettings {
     fn default() -> Self {
-        GpuplaneSettings { autoscale: autoscale_config(), decide_every_s: 2 }
+        GpuplaneSettings { autoscale: autoscale_config(), decide_every_s: 2, reconfigure_s: 10 }
     }
 }
 
@@ -362,6 +366,9 @@ pub struct Gpuplane {
     surplus_since: BTreeMap<String, u32>,
     reconfigurations: u32,
     available: BTreeMap<String, f64>,
+    /// Per service being reconfigured: until when, and what serves meanwhile (its previous
+    /// configuration).
+    switching: BTreeMap<usize, (u32, Serving)>,
 }
 
 impl Gpuplane {
@@ -384,6 +391,7 @@ impl Gpuplane {
             surplus_since: BTreeMap::new(),
             reconfigurations: 0,
             available: BTreeMap::new(),
+            switching: BTreeMap::new(),
         }
     }
 
@@ -438,16 +446,27 @@ impl Policy for Gpuplane {
         // second): here, at once.
         if moved {
             let rates = self.services.iter().zip(&self.provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();
-            self.planned = self.provisioner.plan(&rates);
-            self.reconfigurations += self.planned.changed as u32;
+            let planned = self.provisioner.plan(&rates);
+            for (i, s) in self.services.iter().enumerate() {
+                if planned.changed.contains(&s.name) {
+                    let before = self.switching.get(&i).map_or_else(|| self.serving(i, t), |(_, old)| *old);
+                    self.switching.insert(i, (t + self.settings.reconfigure_s, before));
+                }
+            }
+            self.reconfigurations += planned.changed.len() as u32;
+            self.planned = planned;
         }
         if deciding {
             self.fit_fleet(t);
         }
         self.available = availability(&self.fleet, &self.planned.gpus, t);
+        self.switching.retain(|_, (until, _)| *until > t);
     }
     fn serving(&self, i: usize, _t: u32) -> Serving {
-        planned_serving(&self.planned, &self.available, &self.services[i])
+        match self.switching.get(&i) {
+            Some((_, old)) => *old,
+            None => planned_serving(&self.planned, &self.available, &self.services[i]),
+        }
     }
     fn fleet(&mut self) -> &mut Fleet {
         &mut self.fleet

@@ -114,10 +114,46 @@ impl Scenario {
     }
 }
 
+/// Times of host failures at `per_day` across the fleet (a Poisson process from `seed`),
+/// at most `max` of them, within `seconds`.
+pub fn failure_times(per_day: f64, seconds: u32, seed: u64, max: usize) -> Vec<u32> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xFA11_0000);
+    let mut out = Vec::new();
+    let mut t = 0.0f64;
+    if per_day <= 0.0 {
+        return out;
+    }
+    while out.len() < max {
+        // Exponential gaps with mean 86,400 / per_day seconds.
+        t += -(1.0 - rng.random::<f64>()).ln() * 86_400.0 / per_day;
+        if t >= f64::from(seconds) {
+            break;
+        }
+        out.push(t as u32);
+    }
+    out
+}
+
 fn default_shape(base_rps: f64, phase: f64) -> Diurnal {
     Diurnal { base_rps, amplitude: 0.5, phase, noise: 0.05, bursts_per_day: 2.0, burst_factor: 1.5, burst_s: 300 }
 }
 
 fn resource(kind: &str, name: &str, tenant: &str, spec: serde_json::Value) -> proto::Resource {
     proto::Resource { kind: kind.into(), name: name.into(), tenant: tenant.into(), spec_json: spec.to_string(), ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_come_at_the_rate_from_the_seed_and_are_bounded() {
+        let week = 7 * 86_400;
+        let times = failure_times(10.0, week, 3, 10_000);
+        assert_eq!(times, failure_times(10.0, week, 3, 10_000));
+        assert!((40..=100).contains(&times.len()), "about 70 in a week, got {}", times.len());
+        assert!(times.windows(2).all(|w| w[0] <= w[1]) && times.iter().all(|&t| t < week));
+        assert_eq!(failure_times(10.0, week, 3, 5).len(), 5);
+        assert!(failure_times(0.0, week, 3, 5).is_empty());
+    }
 }

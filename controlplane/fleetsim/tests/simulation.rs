@@ -86,6 +86,12 @@ fn a_load_step_is_met_by_launches_that_serve_after_their_launch_latency() {
     // HetSev's window (60 s) passes before the service is sized up and the launch asked for:
     // nothing launched can serve before 600 + 60 + 120 s.
     let before = capacity_at(ours, 599);
+    // The first re-plan comes after the window, and the changed workload serves in its new
+    // configuration only once its process has started (`reconfigure_s`, 10 s): until then
+    // the old configuration serves, whatever the plan says.
+    for t in 600..(600 + 60 + 10) {
+        assert_eq!(capacity_at(ours, t), before, "t={t}");
+    }
     for t in 600..(600 + 60 + A100_LAUNCH_S) {
         assert!(capacity_at(ours, t) < 3000.0, "t={t}: {} before any launch serves", capacity_at(ours, t));
     }

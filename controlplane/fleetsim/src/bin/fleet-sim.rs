@@ -37,6 +37,13 @@ struct Args {
     /// A host failure at this simulated second (repeatable).
     #[arg(long = "fail-at")]
     fail_at: Vec<u32>,
+    /// Host failures per simulated day across the fleet, at random times from the seed.
+    #[arg(long, default_value_t = 0.0)]
+    failures_per_day: f64,
+    /// gpuplane: seconds a changed workload takes to serve in its new configuration (the
+    /// old one serves meanwhile).
+    #[arg(long, default_value_t = 10)]
+    reconfigure_s: u32,
     /// Instance type of the homogeneous-autoscaling baseline.
     #[arg(long, default_value = "a100-1x")]
     homogeneous_type: String,
@@ -96,7 +103,15 @@ fn run(args: Args) -> Result<(), String> {
     if scenario.services.is_empty() || scenario.services.len() > MAX_SERVICES {
         return Err(format!("a scenario needs 1 to {MAX_SERVICES} services with a rate, this one has {}", scenario.services.len()));
     }
+    if !(args.failures_per_day >= 0.0 && args.failures_per_day <= 1000.0) {
+        return Err(format!("--failures-per-day must be in [0, 1000], got {}", args.failures_per_day));
+    }
+    if args.reconfigure_s > 3600 {
+        return Err(format!("--reconfigure-s must be at most 3600, got {}", args.reconfigure_s));
+    }
     scenario.failures_at_s = args.fail_at.clone();
+    let left = MAX_FAILURES - scenario.failures_at_s.len();
+    scenario.failures_at_s.extend(fleetsim::scenario::failure_times(args.failures_per_day, seconds, args.seed, left));
     let traffic = match &args.trace {
         Some(path) => {
             let known = scenario.services.iter().map(|s| s.name.clone()).collect();
@@ -108,6 +123,7 @@ fn run(args: Args) -> Result<(), String> {
     options.gpuplane.autoscale.window_s = args.scale_window_s;
     options.gpuplane.autoscale.cooldown_s = args.cooldown_s;
     options.gpuplane.autoscale.saturation_threshold = args.target_saturation;
+    options.gpuplane.reconfigure_s = args.reconfigure_s;
     if !(args.target_saturation > 0.0 && args.target_saturation <= 1.0) {
         return Err(format!("--target-saturation must be in (0, 1], got {}", args.target_saturation));
     }
