@@ -73,16 +73,22 @@ impl Provisioner {
     }
 }
 
-/// Per service, its workloads as (GPU slot, instance, batch, share) strings: what an agent
-/// would have to change.
+/// Per service, what its processes run on: each workload with its GPU's model and MIG
+/// layout (sorted; slots are left out, as the node assignment places a planned GPU on the
+/// physical GPU that already runs the same thing, whatever its slot). A service whose list
+/// changes is reconfigured on its agents; one whose neighbours alone changed is not, unless
+/// the layout of a GPU it shares did.
 fn placements(plan: &Plan) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for g in &plan.gpus {
         for w in &g.workloads {
             out.entry(w.service.clone())
                 .or_default()
-                .push(format!("{}/{:?}/{}/{:.1}/{}", g.slot, w.mig_instance, w.batch_size, w.mps_percent, w.processes));
+                .push(format!("{}/{:?}/{:?}/{}/{:.1}/{}", g.gpu_type, g.sharing, w.mig_instance, w.batch_size, w.mps_percent, w.processes));
         }
+    }
+    for list in out.values_mut() {
+        list.sort();
     }
     out
 }

@@ -229,7 +229,7 @@ pub(super) fn guarded(plan: impl FnOnce() -> Plan) -> Result<Plan, String> {
 /// Plans the services of one pool together. Should the strategy fail, each service is
 /// planned alone to find the ones it fails on; those are refused with the failure named and
 /// the others are planned together again.
-fn plan_isolated(input: &PlanningInput, pool: Pool, services: &[usize]) -> Plan {
+pub(super) fn plan_isolated(input: &PlanningInput, pool: Pool, services: &[usize]) -> Plan {
     let failure = match guarded(|| pool.plan(&pool_input(input, pool, services))) {
         Ok(plan) => return plan,
         Err(failure) => failure,
