@@ -64,13 +64,7 @@ impl Scenario {
             });
             shapes.insert(r.name.clone(), default_shape(base, 0.0));
         }
-        let instance_types = state
-            .list(Kind::InstanceType)
-            .filter_map(|r| match &r.spec {
-                Spec::InstanceType(t) => Some((r.name.clone(), t.clone())),
-                _ => None,
-            })
-            .collect();
+        let instance_types = controlplane::provision::instance_types(&state);
         Ok(Scenario { state, services, instance_types, shapes, failures_at_s: Vec::new() })
     }
 

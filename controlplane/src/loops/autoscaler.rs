@@ -18,7 +18,7 @@ use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launch_room, launches_for, shortfall};
-use crate::provision::{fleet, plan_services, MigStrategy};
+use crate::provision::{fleet, instance_types, plan_services, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command};
 
@@ -65,13 +65,7 @@ impl FleetView {
         for g in fleet(cluster) {
             *available.entry(g.model).or_default() += 1;
         }
-        let types = cluster
-            .list(Kind::InstanceType)
-            .filter_map(|r| match &r.spec {
-                Spec::InstanceType(s) => Some((r.name.clone(), s.clone())),
-                _ => None,
-            })
-            .collect();
+        let types = instance_types(cluster);
         let autoscaled = cluster
             .list(Kind::Node)
             .filter(|n| matches!(&n.spec, Spec::Node(s) if s.labels.get(AUTOSCALED_LABEL).is_some_and(|v| v == "true")))

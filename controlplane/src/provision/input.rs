@@ -1,6 +1,8 @@
 //! The planner's input from the committed resources. Pure.
 
-use crate::resources::{BatchDistribution as BatchDistributionSpec, GpuModelSpec, Kind, ServiceStatus, Spec};
+use std::collections::BTreeMap;
+
+use crate::resources::{BatchDistribution as BatchDistributionSpec, GpuModelSpec, InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::ClusterState;
 use planner::input::{BatchDistribution, GpuType, PlanningInput, ServiceDemand, UtilPoint};
 use planner::mig::GpuModel;
@@ -18,6 +20,17 @@ pub fn gpu_price(cluster: &ClusterState, model: &str) -> Option<f64> {
             _ => None,
         })
         .reduce(f64::min)
+}
+
+/// Every InstanceType, by name.
+pub fn instance_types(cluster: &ClusterState) -> BTreeMap<String, InstanceTypeSpec> {
+    cluster
+        .list(Kind::InstanceType)
+        .filter_map(|r| match &r.spec {
+            Spec::InstanceType(t) => Some((r.name.clone(), t.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// GPU types from the GpuModel resources (priced per GPU-hour by the cheapest instance

@@ -11,7 +11,7 @@ mod replan;
 pub mod scaling;
 
 pub use assign::{assign_to_nodes, FleetGpu};
-pub use input::{gpu_price, planning_input};
+pub use input::{gpu_price, instance_types, planning_input};
 pub use pools::{plan_pools, ServiceRules};
 pub use replan::{plan_pools_from, PoolPlans};
 
