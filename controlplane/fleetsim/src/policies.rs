@@ -3,13 +3,13 @@
 //! one instance type, and gpuplane (HetSev's controller per service, the provisioner's
 //! incremental re-planning, launches of the cheapest instance types).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use controlplane::provision::MigStrategy;
 use controlplane::resources::InstanceTypeSpec;
 use planner::policy::hetsev::{
-    decide, decide_rate, AutoscaleConfig, InstanceType, LoadSample, ModelProfile, RateDecision, RateRange, RunningInstance, ScaleDecision,
-    ScaleInput,
+    decide, decide_rate, record_sample, AutoscaleConfig, InstanceType, LoadSample, ModelProfile, RateDecision, RateRange, RunningInstance,
+    ScaleDecision, ScaleInput,
 };
 
 use crate::fleet::{Fleet, LAMBDA_PER_S};
@@ -209,7 +209,7 @@ struct Replicas {
     slo_ms: f64,
     model: String,
     running: Vec<RunningInstance>,
-    samples: Vec<LoadSample>,
+    samples: VecDeque<LoadSample>,
     next_id: u64,
 }
 
@@ -225,7 +225,7 @@ impl HomogeneousAutoscale {
                 gpu_memory_gb: 0.0,
             });
             let mut r =
-                Replicas { profile, slo_ms: s.slo_ms, model: s.model.clone(), running: Vec::new(), samples: Vec::new(), next_id: 0 };
+                Replicas { profile, slo_ms: s.slo_ms, model: s.model.clone(), running: Vec::new(), samples: VecDeque::new(), next_id: 0 };
             if let Some(p) = profile {
                 for _ in 0..((rate / TARGET) / p.throughput_rps).ceil().max(1.0) as u32 {
                     fleet.launch(instance_type, 0, true);
@@ -266,10 +266,8 @@ impl Policy for HomogeneousAutoscale {
             let serving = self.serving_replicas(&self.services[i], t);
             let r = &mut self.services[i];
             let Some(profile) = r.profile else { continue };
-            push_sample(
-                &mut r.samples,
-                LoadSample { t_s: f64::from(t), arrival_rate: arrival, capacity: serving as f64 * profile.throughput_rps },
-            );
+            let sample = LoadSample { t_s: f64::from(t), arrival_rate: arrival, capacity: serving as f64 * profile.throughput_rps };
+            record_sample(&mut r.samples, sample, f64::from(t) - config.cooldown_s.max(config.window_s));
             if !t.is_multiple_of(DECIDE_EVERY_S) {
                 continue;
             }
@@ -280,7 +278,7 @@ impl Policy for HomogeneousAutoscale {
                 slo_ms: r.slo_ms,
                 instance_types: vec![it],
                 instances: r.running.clone(),
-                samples: r.samples.clone(),
+                samples: r.samples.iter().copied().collect(),
                 residual_gpus: None,
                 now_s: f64::from(t),
             };
@@ -336,20 +334,6 @@ impl Policy for HomogeneousAutoscale {
     }
 }
 
-/// Appends a sample, keeping the last `cool-down / DECIDE_EVERY_S`-ish worth (HetSev reads
-/// at most the window and the cool-down back) and merging repeats.
-fn push_sample(samples: &mut Vec<LoadSample>, s: LoadSample) {
-    if samples.last().is_some_and(|l| l.arrival_rate == s.arrival_rate && l.capacity == s.capacity) {
-        return;
-    }
-    samples.push(s);
-    let from = s.t_s - autoscale_config().cooldown_s.max(autoscale_config().window_s);
-    let keep = samples.iter().rposition(|x| x.t_s <= from).unwrap_or(0);
-    if keep > 0 {
-        samples.drain(..keep);
-    }
-}
-
 /// (d) gpuplane: each service's provisioned rate from HetSev's controller
 /// (`decide_rate`), the provisioner re-planning incrementally when a rate moved, instances
 /// launched for the plan's shortfall (cheapest by HetSev's objective) and terminated once
@@ -360,7 +344,7 @@ pub struct Gpuplane {
     planned: Planned,
     services: Vec<SimService>,
     provisioned: Vec<f64>,
-    samples: Vec<Vec<LoadSample>>,
+    samples: Vec<VecDeque<LoadSample>>,
     settings: GpuplaneSettings,
     /// Per GPU model: since when the fleet has had a terminable surplus.
     surplus_since: BTreeMap<String, u32>,
@@ -385,7 +369,7 @@ impl Gpuplane {
             provisioner,
             planned,
             services: scenario.services.clone(),
-            samples: vec![Vec::new(); provisioned.len()],
+            samples: vec![VecDeque::new(); provisioned.len()],
             provisioned,
             settings,
             surplus_since: BTreeMap::new(),
@@ -430,13 +414,15 @@ impl Policy for Gpuplane {
         let deciding = t.is_multiple_of(self.settings.decide_every_s.max(1));
         let mut moved = false;
         for (i, s) in self.services.iter().enumerate() {
-            push_sample(&mut self.samples[i], LoadSample { t_s: f64::from(t), arrival_rate: arrivals[i], capacity: self.provisioned[i] });
+            let sample = LoadSample { t_s: f64::from(t), arrival_rate: arrivals[i], capacity: self.provisioned[i] };
+            // Over this run's window and cool-down (not the defaults).
+            record_sample(&mut self.samples[i], sample, f64::from(t) - config.cooldown_s.max(config.window_s));
             if !deciding {
                 continue;
             }
             let range = RateRange { provisioned_rps: self.provisioned[i], min_rps: 1.0, max_rps: 100.0 * s.base_rps.max(1.0) };
             if let Ok(RateDecision::Raise { to_rps } | RateDecision::Lower { to_rps }) =
-                decide_rate(&self.samples[i], range, f64::from(t), config, MIN_CHANGE)
+                decide_rate(self.samples[i].make_contiguous(), range, f64::from(t), config, MIN_CHANGE)
             {
                 self.provisioned[i] = to_rps;
                 moved = true;

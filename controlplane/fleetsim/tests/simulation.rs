@@ -132,3 +132,21 @@ fn the_same_seed_gives_the_same_report() {
     let other = Options { seed: 6, ..Options::default() };
     assert_ne!(one, strip(fleetsim::run(&scenario, &traffic, &other).unwrap()), "the noise follows the seed");
 }
+
+#[test]
+fn gpuplane_sizes_down_after_the_cool_down_the_run_is_given() {
+    let scenario = one_service();
+    let mut rates = vec![3000.0; 300];
+    // A load that keeps moving a little: its history holds a sample per second.
+    rates.extend((0..1500).map(|i| 300.0 + f64::from(i % 2) * 10.0));
+    let mut options = every_second();
+    options.gpuplane.autoscale.cooldown_s = 600.0;
+    let report = fleetsim::run(&scenario, &traffic(rates), &options).unwrap();
+    let ours = policy(&report, "gpuplane");
+    let high = capacity_at(ours, 299);
+    // Not before the 600 s cool-down (HetSev's default would be 300 s)...
+    assert_eq!(capacity_at(ours, 300 + 599), high);
+    // ...and then, once the reconfiguration (10 s) has happened, sized for 300 req/s.
+    let low = capacity_at(ours, 300 + 600 + 10 + 2);
+    assert!(low < high / 2.0, "{high} -> {low}");
+}

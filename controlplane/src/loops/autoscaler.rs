@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use tokio::time::Instant;
 
-use planner::policy::hetsev::{decide_rate, AutoscaleConfig, LoadSample, RateDecision, RateRange};
+use planner::policy::hetsev::{decide_rate, record_sample, AutoscaleConfig, LoadSample, RateDecision, RateRange};
 
 use super::provisioner::{drain, Drained, FleetFingerprints};
 use super::runner::{Pass, ProviderCall, Reconciler, Settled, Write};
@@ -24,10 +24,6 @@ use crate::state::{ClusterState, Command};
 
 /// Provisioned rates move only for a change of more than this fraction (no churn).
 const MIN_CHANGE: f64 = 0.05;
-/// Samples kept per service at most: the window and cool-down of a one-second heartbeat
-/// need at most a few hundred distinct ones (equal neighbours are not kept).
-const MAX_SAMPLES: usize = 4096;
-
 #[derive(Debug, Clone, PartialEq)]
 struct Pending {
     instance_type: String,
@@ -189,11 +185,13 @@ impl Autoscaler {
     fn resizes(&mut self, arrivals: &BTreeMap<String, f64>, services: &[(String, f64, f64, f64)], t: f64) -> Vec<Resize> {
         let mut out = Vec::new();
         let horizon = self.policy.window_s.max(self.policy.cooldown_s);
-        self.history.retain(|name, _| services.iter().any(|(s, ..)| s == name));
+        // Histories of services no longer autoscaled go (one pass over each, not one per pair).
+        let names: BTreeSet<&str> = services.iter().map(|(s, ..)| s.as_str()).collect();
+        self.history.retain(|name, _| names.contains(name.as_str()));
         for (name, min, max, current) in services {
             let Some(&arrival) = arrivals.get(name) else { continue };
             let samples = self.history.entry(name.clone()).or_default();
-            record(samples, LoadSample { t_s: t, arrival_rate: arrival, capacity: *current }, t - horizon);
+            record_sample(samples, LoadSample { t_s: t, arrival_rate: arrival, capacity: *current }, t - horizon);
             let range = RateRange { provisioned_rps: *current, min_rps: *min, max_rps: *max };
             match decide_rate(samples.make_contiguous(), range, t, &self.policy, MIN_CHANGE) {
                 Ok(RateDecision::Raise { to_rps } | RateDecision::Lower { to_rps }) => {
@@ -330,19 +328,6 @@ impl Reconciler for Autoscaler {
 
     fn settled(&mut self, _controller: &Controller, settled: Settled) {
         self.record(settled);
-    }
-}
-
-/// Appends `sample` to a service's history: merged into the newest when it repeats its
-/// values (samples are sample-and-hold), and samples no longer in effect at `from` dropped.
-fn record(samples: &mut VecDeque<LoadSample>, sample: LoadSample, from: f64) {
-    let repeats = samples.back().is_some_and(|s| s.arrival_rate == sample.arrival_rate && s.capacity == sample.capacity);
-    if !repeats {
-        samples.push_back(sample);
-    }
-    // The newest sample at or before `from` is still in effect; those before it are not.
-    while samples.len() > 1 && (samples[1].t_s <= from || samples.len() > MAX_SAMPLES) {
-        samples.pop_front();
     }
 }
 
@@ -486,25 +471,6 @@ mod tests {
         assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 13), &|| false)).is_empty());
         assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 42), &|| false)).is_empty(), "the cool-down counts from 13");
         assert_eq!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 43), &|| false)), vec![25.0]);
-    }
-
-    #[test]
-    fn a_history_keeps_what_is_in_effect_over_the_horizon_and_merges_repeats() {
-        let sample = |t: f64, w: f64| LoadSample { t_s: t, arrival_rate: w, capacity: 100.0 };
-        let mut h = VecDeque::new();
-        for (t, w) in [(0.0, 10.0), (1.0, 10.0), (2.0, 10.0), (3.0, 20.0), (4.0, 20.0), (5.0, 30.0)] {
-            record(&mut h, sample(t, w), t - 2.5);
-        }
-        // At 5 the horizon starts at 2.5: the sample of 0 (held through 2) is in effect there.
-        let kept: Vec<(f64, f64)> = h.iter().map(|s| (s.t_s, s.arrival_rate)).collect();
-        assert_eq!(kept, vec![(0.0, 10.0), (3.0, 20.0), (5.0, 30.0)]);
-        record(&mut h, sample(6.0, 30.0), 3.5);
-        assert_eq!(h.iter().map(|s| s.t_s).collect::<Vec<_>>(), vec![3.0, 5.0]);
-        // Bounded whatever the horizon.
-        for i in 0..2 * MAX_SAMPLES {
-            record(&mut h, sample(7.0 + i as f64, i as f64), f64::NEG_INFINITY);
-        }
-        assert_eq!(h.len(), MAX_SAMPLES);
     }
 
     fn a2_fleet(planned: u32, available: u32, autoscaled: &[&str], plan_nodes: &[&str]) -> FleetView {

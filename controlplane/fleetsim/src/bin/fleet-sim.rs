@@ -83,6 +83,9 @@ fn run(args: Args) -> Result<(), String> {
     if args.fail_at.len() > MAX_FAILURES {
         return Err(format!("at most {MAX_FAILURES} --fail-at, got {}", args.fail_at.len()));
     }
+    if args.file.is_none() && !(1..=MAX_SERVICES).contains(&args.services) {
+        return Err(format!("--services must be in 1..={MAX_SERVICES}, got {}", args.services));
+    }
     if args.tenants == 0 || args.tenants > args.services.max(1) {
         return Err(format!("--tenants must be in 1..={} (the services), got {}", args.services, args.tenants));
     }

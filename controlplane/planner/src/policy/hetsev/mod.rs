@@ -24,7 +24,7 @@ pub use autoscale::{
     decide, decide_with, launch_objective, AutoscaleConfig, CapacityModel, HoldReason, InstanceType, LoadSample, ModelProfile,
     ProfiledCapacity, RunningInstance, ScaleDecision, ScaleInput, TypeRejection,
 };
-pub use rate::{decide_rate, RateDecision, RateRange};
+pub use rate::{decide_rate, record_sample, RateDecision, RateRange, MAX_SAMPLES};
 
 /// A bad parameter, naming the offending field (with its index path) and why it was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

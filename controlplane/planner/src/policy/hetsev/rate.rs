@@ -23,6 +23,26 @@
 use super::autoscale::{in_effect_from, suffix_start, validate_config, validate_samples};
 use super::{finite, non_negative, positive, AutoscaleConfig, HetSevError, HoldReason, LoadSample};
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// Samples [`record_sample`] keeps at most: the window and cool-down of a one-second tick
+/// need a few hundred distinct ones (equal neighbours are merged).
+pub const MAX_SAMPLES: usize = 4096;
+
+/// Appends `sample` to a load history: merged into the newest when it repeats its values
+/// (samples are sample-and-hold), samples no longer in effect at `from` dropped (`from`:
+/// now minus the longer of the window and the cool-down), and never more than
+/// [`MAX_SAMPLES`].
+pub fn record_sample(samples: &mut VecDeque<LoadSample>, sample: LoadSample, from: f64) {
+    let repeats = samples.back().is_some_and(|s| s.arrival_rate == sample.arrival_rate && s.capacity == sample.capacity);
+    if !repeats {
+        samples.push_back(sample);
+    }
+    // The newest sample at or before `from` is still in effect; those before it are not.
+    while samples.len() > 1 && (samples[1].t_s <= from || samples.len() > MAX_SAMPLES) {
+        samples.pop_front();
+    }
+}
 
 /// What one service's capacity is, and may be.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -192,5 +212,24 @@ mod tests {
         assert_eq!(field(decide_rate(&s, range(50.0), -1.0, &cfg(), 0.05)), "samples[0].t_s");
         let bad = AutoscaleConfig { saturation_threshold: 1.5, ..cfg() };
         assert_eq!(field(decide_rate(&s, range(50.0), 1.0, &bad, 0.05)), "config.saturation_threshold");
+    }
+
+    #[test]
+    fn a_history_keeps_what_is_in_effect_over_the_horizon_and_merges_repeats() {
+        let sample = |t: f64, w: f64| LoadSample { t_s: t, arrival_rate: w, capacity: 100.0 };
+        let mut h = VecDeque::new();
+        for (t, w) in [(0.0, 10.0), (1.0, 10.0), (2.0, 10.0), (3.0, 20.0), (4.0, 20.0), (5.0, 30.0)] {
+            record_sample(&mut h, sample(t, w), t - 2.5);
+        }
+        // At 5 the horizon starts at 2.5: the sample of 0 (held through 2) is in effect there.
+        let kept: Vec<(f64, f64)> = h.iter().map(|s| (s.t_s, s.arrival_rate)).collect();
+        assert_eq!(kept, vec![(0.0, 10.0), (3.0, 20.0), (5.0, 30.0)]);
+        record_sample(&mut h, sample(6.0, 30.0), 3.5);
+        assert_eq!(h.iter().map(|s| s.t_s).collect::<Vec<_>>(), vec![3.0, 5.0]);
+        // Bounded whatever the horizon.
+        for i in 0..2 * MAX_SAMPLES {
+            record_sample(&mut h, sample(7.0 + i as f64, i as f64), f64::NEG_INFINITY);
+        }
+        assert_eq!(h.len(), MAX_SAMPLES);
     }
 }
