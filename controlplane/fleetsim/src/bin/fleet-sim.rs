@@ -76,6 +76,9 @@ fn main() -> ExitCode {
 
 /// Services a run simulates at most: each holds a rate per simulated second.
 const MAX_SERVICES: usize = 2000;
+/// Services times simulated seconds at most: the rates held (8 bytes each), 1.4 GB at this
+/// bound (2,000 services for a day, or 200 for 10 days).
+const MAX_SERVICE_SECONDS: u64 = 2000 * 86_400;
 /// Host failures a run injects at most.
 const MAX_FAILURES: usize = 1000;
 
@@ -105,6 +108,13 @@ fn run(args: Args) -> Result<(), String> {
     };
     if scenario.services.is_empty() || scenario.services.len() > MAX_SERVICES {
         return Err(format!("a scenario needs 1 to {MAX_SERVICES} services with a rate, this one has {}", scenario.services.len()));
+    }
+    if scenario.services.len() as u64 * u64::from(seconds) > MAX_SERVICE_SECONDS {
+        return Err(format!(
+            "{} services for {} simulated hours is over the bound of {MAX_SERVICE_SECONDS} service-seconds (2,000 services for a day); shorten --hours",
+            scenario.services.len(),
+            args.hours
+        ));
     }
     if !(args.failures_per_day >= 0.0 && args.failures_per_day <= 1000.0) {
         return Err(format!("--failures-per-day must be in [0, 1000], got {}", args.failures_per_day));
