@@ -47,6 +47,14 @@ impl FieldError {
     pub fn new(code: ErrorCode, field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self { code, field: field.into(), reason: reason.into() }
     }
+
+    /// The same error, for `field`: hot paths validate with a placeholder field and name it
+    /// only on failure, where formatting every value's path up front would cost an
+    /// allocation per checked value (agents' reports, thousands a second).
+    pub fn at(mut self, field: impl Into<String>) -> Self {
+        self.field = field.into();
+        self
+    }
 }
 
 /// A resource as stored in the state machine.

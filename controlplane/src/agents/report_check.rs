@@ -57,26 +57,25 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
 
     bounded_list("gpus", report.gpus.len(), MAX_GPUS_PER_NODE)?;
     for (i, gpu) in report.gpus.iter().enumerate() {
-        let f = |rest: &str| format!("gpus[{i}].{rest}");
         if !own_gpus.contains(gpu.gpu_uuid.as_str()) {
             return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
-                f("gpu_uuid"),
+                format!("gpus[{i}].gpu_uuid"),
                 format!("GPU {:?} is not one of this node's GPUs", truncated(&gpu.gpu_uuid)),
             )));
         }
-        bounded_list(&f("instances"), gpu.instances.len(), usize::from(MAX_MIG_SLICES))?;
+        named(bounded_list("", gpu.instances.len(), usize::from(MAX_MIG_SLICES)), || format!("gpus[{i}].instances"))?;
         for (j, inst) in gpu.instances.iter().enumerate() {
-            bounded_text(&format!("gpus[{i}].instances[{j}].profile"), &inst.profile, MAX_NAME_LEN)?;
+            named(bounded_text("", &inst.profile, MAX_NAME_LEN), || format!("gpus[{i}].instances[{j}].profile"))?;
         }
-        bounded_list(&f("workloads"), gpu.workloads.len(), MAX_REPORTED_WORKLOADS_PER_GPU)?;
+        named(bounded_list("", gpu.workloads.len(), MAX_REPORTED_WORKLOADS_PER_GPU), || format!("gpus[{i}].workloads"))?;
         for (j, w) in gpu.workloads.iter().enumerate() {
             let wf = |rest: &str| format!("gpus[{i}].workloads[{j}].{rest}");
             // A workload the plan no longer wants may still be draining: observed state is
             // what runs, so it is bounded and well-formed but not matched against the plan.
-            validate_name(&wf("service"), &w.service)?;
-            non_negative(&wf("mps_percent"), w.mps_percent, 100.0)?;
-            bounded_text(&wf("state"), &w.state, 32)?;
-            bounded_text(&wf("process"), &w.process, MAX_NAME_LEN * 2)?;
+            named(validate_name("", &w.service), || wf("service"))?;
+            named(non_negative("", w.mps_percent, 100.0), || wf("mps_percent"))?;
+            named(bounded_text("", &w.state, 32), || wf("state"))?;
+            named(bounded_text("", &w.process, MAX_NAME_LEN * 2), || wf("process"))?;
         }
     }
 
@@ -84,7 +83,7 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
     let mut seen = BTreeSet::new();
     for (i, m) in report.metrics.iter().enumerate() {
         let f = |rest: &str| format!("metrics[{i}].{rest}");
-        validate_name(&f("service"), &m.service)?;
+        named(validate_name("", &m.service), || f("service"))?;
         if !planned.contains(m.service.as_str()) && behind {
             stale.push(i);
             continue;
@@ -98,14 +97,14 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
         if !seen.insert(m.service.as_str()) {
             return Err(FieldError::invalid(f("service"), format!("service {:?} is reported twice", m.service)).into());
         }
-        non_negative(&f("p99_ms"), m.p99_ms, MAX_REPORTED_LATENCY_MS)?;
-        non_negative(&f("throughput_rps"), m.throughput_rps, MAX_REQUEST_RATE)?;
-        non_negative(&f("arrival_rps"), m.arrival_rps, MAX_REQUEST_RATE)?;
+        named(non_negative("", m.p99_ms, MAX_REPORTED_LATENCY_MS), || f("p99_ms"))?;
+        named(non_negative("", m.throughput_rps, MAX_REQUEST_RATE), || f("throughput_rps"))?;
+        named(non_negative("", m.arrival_rps, MAX_REQUEST_RATE), || f("arrival_rps"))?;
         if m.failed > MAX_REPORTED_FAILED {
             return Err(FieldError::invalid(f("failed"), format!("must be <= {MAX_REPORTED_FAILED} (got {})", m.failed)).into());
         }
         if !m.endpoint.is_empty() {
-            bounded_text(&f("endpoint"), &m.endpoint, MAX_ADDRESS_LEN)?;
+            named(bounded_text("", &m.endpoint, MAX_ADDRESS_LEN), || f("endpoint"))?;
             let host = host_of(&m.endpoint);
             if host.is_none() {
                 return Err(FieldError::invalid(f("endpoint"), format!("{:?} is not host:port", m.endpoint)).into());
@@ -119,6 +118,11 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
         }
     }
     Ok(stale)
+}
+
+/// `checked`, its error (if any) naming `field`: the path is formatted only for a refusal.
+fn named(checked: Result<(), FieldError>, field: impl FnOnce() -> String) -> Result<(), FieldError> {
+    checked.map_err(|e| e.at(field()))
 }
 
 /// At most 64 characters of a value an error quotes back.

@@ -107,6 +107,33 @@ impl AgentService {
         }
         self.controller.reports.record(req, Instant::now());
     }
+
+    /// Checks and answers one agent report (see `Agent::report`).
+    async fn answer_report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
+        let forwarded = was_forwarded(&request);
+        let caller = caller(&request)?;
+        let mut req = request.into_inner();
+        validate_name("node", &req.node).map_err(ApiError::from)?;
+        check_node(&caller, &req.node)?;
+        let leading = self.controller.is_leader();
+        if forwarded && !leading {
+            // The sender's view of the leader is stale: let the agent retry.
+            return Err(not_leader_status(self.controller.leader()));
+        }
+        let Checked::Answered(answer, windows) = self.check(&mut req, leading)? else {
+            return to_leader(&self.controller, forwarded, self.controller.leader(), |ch| async move {
+                AgentClient::new(ch).report(forwarded_request(req, &caller)).await
+            })
+            .await;
+        };
+        if leading {
+            self.keep_counted(req, windows);
+        } else {
+            // Answered here from this controller's state; the leader gets it in a batch.
+            self.controller.report_relay.submit(req).map_err(Status::unavailable)?;
+        }
+        Ok(Response::new(answer))
+    }
 }
 
 /// An agent acts for its own node only; admins and controllers for any.
@@ -204,29 +231,10 @@ impl Agent for AgentService {
     }
 
     async fn report(&self, request: Request<proto::ReportRequest>) -> Result<Response<proto::ReportResponse>, Status> {
-        let forwarded = was_forwarded(&request);
-        let caller = caller(&request)?;
-        let mut req = request.into_inner();
-        validate_name("node", &req.node).map_err(ApiError::from)?;
-        check_node(&caller, &req.node)?;
-        let leading = self.controller.is_leader();
-        if forwarded && !leading {
-            // The sender's view of the leader is stale: let the agent retry.
-            return Err(not_leader_status(self.controller.leader()));
-        }
-        let Checked::Answered(answer, windows) = self.check(&mut req, leading)? else {
-            return to_leader(&self.controller, forwarded, self.controller.leader(), |ch| async move {
-                AgentClient::new(ch).report(forwarded_request(req, &caller)).await
-            })
-            .await;
-        };
-        if leading {
-            self.keep_counted(req, windows);
-        } else {
-            // Answered here from this controller's state; the leader gets it in a batch.
-            self.controller.report_relay.submit(req).map_err(Status::unavailable)?;
-        }
-        Ok(Response::new(answer))
+        let started = std::time::Instant::now();
+        let answer = self.answer_report(request).await;
+        self.controller.telemetry.observe_report(started.elapsed());
+        answer
     }
 
     async fn report_batch(&self, request: Request<proto::ReportBatchRequest>) -> Result<Response<proto::ReportBatchResponse>, Status> {

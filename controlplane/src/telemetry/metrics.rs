@@ -68,6 +68,7 @@ struct Inner {
     is_leader: Gauge,
     planning_seconds: Histogram,
     proposal_seconds: Histogram,
+    report_seconds: Histogram,
     proposals: Family<Labels, Counter>,
     loop_pass_seconds: HistogramFamily,
     loop_failures: Family<Labels, Counter>,
@@ -106,6 +107,8 @@ impl Default for ControllerMetrics {
             is_leader: Gauge::default(),
             planning_seconds: seconds_buckets(),
             proposal_seconds: seconds_buckets(),
+            // From 0.1 ms: most reports are answered in well under the 0.5 ms of the others.
+            report_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             proposals: Family::default(),
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
             loop_failures: Family::default(),
@@ -144,6 +147,11 @@ impl Default for ControllerMetrics {
             "raft_proposal_duration_seconds",
             "Client writes proposed by this node (leader): time from proposal to applied result",
             inner.proposal_seconds.clone(),
+        );
+        r.register(
+            "agent_report_duration_seconds",
+            "Agent reports answered by this controller: time in the handler, from the decoded request to the answer (the checks, the state read, the hand-off to the relay or the status writer)",
+            inner.report_seconds.clone(),
         );
         r.register(
             "raft_proposals",
@@ -254,7 +262,11 @@ impl ControllerMetrics {
         }
     }
 
-    /// Counts an agent report refused for `reason` (see `agents::report_check`).
+    /// Records the time one agent report spent in its handler, answered or refused.
+    pub fn observe_report(&self, elapsed: Duration) {
+        self.inner.report_seconds.observe(elapsed.as_secs_f64());
+    }
+
     /// A report's window of `service` of `tenant`, met or not (leader only).
     pub fn observe_slo_window(&self, tenant: &str, service: &str, met: bool) {
         let l = labels(&[("tenant", tenant), ("service", service)]);
@@ -264,11 +276,11 @@ impl ControllerMetrics {
         }
     }
 
+    /// Counts an agent report refused for `reason` (see `agents::report_check`).
     pub fn observe_report_refused(&self, reason: &str) {
         self.inner.reports_refused.get_or_create(&labels(&[("reason", reason)])).inc();
     }
 
-    /// Forgets every loop's failure streak (the loops stopped: leadership moved).
     /// What the committed plan gives each (tenant, service), as the leader's metering last
     /// found it; empty when this controller stops leading.
     pub fn set_service_usage(&self, usage: &std::collections::BTreeMap<(String, String), crate::metering::Occupied>) {
@@ -283,6 +295,7 @@ impl ControllerMetrics {
         }
     }
 
+    /// Forgets every loop's failure streak (the loops stopped: leadership moved).
     pub fn reset_loop_outcomes(&self) {
         self.inner.loop_failure_streaks.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }

@@ -36,7 +36,9 @@ impl Response {
     }
 }
 
-/// Serves `handler(path)` for every GET or HEAD until the task is aborted.
+/// Serves `handler(path)` for every GET or HEAD until the task is aborted. The handler runs
+/// on tokio's blocking pool: rendering a 10,000-host leader's series takes tens of
+/// milliseconds, which on an async worker would hold up the agents' reports queued behind it.
 pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response + Send + Sync>) {
     loop {
         let stream = match listener.accept().await {
@@ -51,17 +53,23 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response 
         let handler = handler.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let r = if matches!(*req.method(), Method::GET | Method::HEAD) {
-                    handler(req.uri().path())
-                } else {
-                    Response::text(405, "only GET and HEAD\n")
-                };
-                let answer = hyper::Response::builder()
-                    .status(r.status)
-                    .header(CONTENT_TYPE, r.content_type)
-                    .body(Full::new(Bytes::from(r.body)))
-                    .expect("a valid status and header");
-                async move { Ok::<_, Infallible>(answer) }
+                let (handler, path) = (handler.clone(), req.uri().path().to_string());
+                let allowed = matches!(*req.method(), Method::GET | Method::HEAD);
+                async move {
+                    let r = if allowed {
+                        tokio::task::spawn_blocking(move || handler(&path))
+                            .await
+                            .unwrap_or_else(|e| Response::text(500, format!("the handler failed: {e}\n")))
+                    } else {
+                        Response::text(405, "only GET and HEAD\n")
+                    };
+                    let answer = hyper::Response::builder()
+                        .status(r.status)
+                        .header(CONTENT_TYPE, r.content_type)
+                        .body(Full::new(Bytes::from(r.body)))
+                        .expect("a valid status and header");
+                    Ok::<_, Infallible>(answer)
+                }
             });
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
