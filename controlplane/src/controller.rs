@@ -216,6 +216,7 @@ impl Controller {
             members,
             snapshot_index: m.snapshot_index,
             purged_index: m.purged_index,
+            log_appended_bytes: self.log_bytes.load(Ordering::Relaxed),
         }
     }
 

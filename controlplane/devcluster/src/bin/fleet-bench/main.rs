@@ -29,6 +29,10 @@ use serde_json::json;
 use agents::Observed;
 use measure::{percentile, ControllerProbe, Row};
 
+/// mimalloc, not glibc's malloc: see the dependency's comment in Cargo.toml.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 struct Args {
     /// Run one fleet size (default: 100, 1,000 and 10,000).
@@ -230,6 +234,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     // Each controller's, then this process's.
     let cores: Vec<f64> = cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect();
     let planning = probe.planning().await;
+    let report_handler_p99_ms = probe.report_handler_p99_ms().await;
     let row = Row {
         agents: n,
         services,
@@ -245,6 +250,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         provision_pass_s: planning,
         report_p50_ms: percentile(&reports, 50.0),
         report_p99_ms: percentile(&reports, 99.0),
+        report_handler_p99_ms,
         reports: reports.len(),
         reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),
         leader_changes: end_terms.iter().max().copied().unwrap_or(0).saturating_sub(start_terms.iter().max().copied().unwrap_or(0)),
