@@ -276,6 +276,11 @@ impl<B: KvBackend> LogStore<B> {
         self.read_json(Tree::Meta, LAST_PURGED)
     }
 
+    /// The index up to which the log was purged (0: never), as stored.
+    pub fn purged_index(&self) -> anyhow::Result<u64> {
+        Ok(self.last_purged().map_err(|e| anyhow::anyhow!("reading the Raft log: {e}"))?.map_or(0, |l| l.index))
+    }
+
     fn last_index(&self) -> Result<u64, StorageError> {
         let from_logs = self.backend.last(Tree::Logs).map_err(io_read)?.map(|(k, _)| decode_key(&k)).transpose()?;
         let purged = self.last_purged()?.map(|l| l.index);

@@ -102,6 +102,37 @@ pub struct RaftHandle {
     pub proposer: Proposer,
 }
 
+/// The state is rebuilt from the snapshot and the log after it, so a log purged past the
+/// snapshot cannot rebuild it. sled keeps a snapshot in a file of its own that it never
+/// syncs (README, "sled's own files"), and after a power loss shortly after one was taken
+/// sled reads it back as absent: starting then would serve a state without everything the
+/// purged entries wrote.
+fn check_rebuildable(purged_index: u64, snapshot_index: u64) -> anyhow::Result<()> {
+    if purged_index > snapshot_index {
+        anyhow::bail!(
+            "the Raft log was purged up to index {purged_index} but the stored snapshot {}: the \
+             snapshot is lost or damaged (a power loss soon after it was taken?), so this \
+             controller's state cannot be rebuilt; refusing to start (files left untouched). \
+             Replace this controller: remove it from the cluster, wipe its data dir and add it back",
+            if snapshot_index == 0 { "is missing".to_string() } else { format!("ends at index {snapshot_index}") }
+        );
+    }
+    Ok(())
+}
+
+/// The log and the state machine of `backend`, checked to rebuild the state together.
+fn open_stores<B: KvBackend>(
+    backend: Arc<B>,
+    watermark: Watermark,
+    snapshot_off_runtime: bool,
+) -> anyhow::Result<(LogStore<B>, StateMachineStore<B>)> {
+    let log_store = LogStore::open(backend.clone(), watermark)?;
+    let sm = StateMachineStore::open(backend, snapshot_off_runtime)?;
+    let snapshot_index = sm.shared().data.read().expect("state lock").last_applied.map_or(0, |l| l.index);
+    check_rebuildable(log_store.purged_index()?, snapshot_index)?;
+    Ok((log_store, sm))
+}
+
 /// Starts the Raft node `id` over `backend`. Fails (without touching the data) when the
 /// stored log is shorter than the watermark says it was.
 pub async fn start<B: KvBackend>(
@@ -112,13 +143,39 @@ pub async fn start<B: KvBackend>(
     channels: PeerChannels,
 ) -> anyhow::Result<RaftHandle> {
     let config = Arc::new(settings.openraft_config().map_err(|e| anyhow::anyhow!("raft settings: {e}"))?);
-    let log_store = LogStore::open(backend.clone(), watermark)?.purging_in_background(settings.snapshot_off_runtime);
+    let (log_store, sm) = open_stores(backend, watermark, settings.snapshot_off_runtime)?;
+    let log_store = log_store.purging_in_background(settings.snapshot_off_runtime);
     let committed = log_store.committed_index();
     let appended_bytes = log_store.appended_bytes();
-    let sm = StateMachineStore::open(backend, settings.snapshot_off_runtime)?;
     let state = sm.shared();
     let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
     tokio::spawn(snapshot_policy::run(id, raft.clone(), appended_bytes.clone(), state.snapshot_bytes.clone(), settings.snapshot_every));
     let proposer = Proposer::start(raft.clone());
     Ok(RaftHandle { raft, state, committed, appended_bytes, proposer })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::open_data_dir;
+    use openraft::storage::RaftLogStorage;
+
+    #[tokio::test]
+    async fn a_log_purged_past_its_snapshot_refuses_the_start_and_names_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(open_data_dir(dir.path(), 1).unwrap());
+        {
+            let (mut log, _) = open_stores(backend.clone(), Watermark::disabled(), false).unwrap();
+            let id = |i| openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), i);
+            log.append_durably((1..=10).map(|i| Entry { log_id: id(i), payload: openraft::EntryPayload::Blank })).unwrap();
+            // Purged up to 5 with no snapshot left to cover it: what a lost snapshot file
+            // leaves (see the state machine's test).
+            log.purge(id(5)).await.unwrap();
+        }
+        let err = open_stores(backend, Watermark::disabled(), false).err().expect("must refuse").to_string();
+        assert!(err.contains("purged up to index 5 but the stored snapshot is missing"), "{err}");
+        assert!(err.contains("Replace this controller"), "{err}");
+        assert!(check_rebuildable(5, 5).is_ok() && check_rebuildable(0, 0).is_ok());
+        assert!(check_rebuildable(6, 5).unwrap_err().to_string().contains("the stored snapshot ends at index 5"));
+    }
 }

@@ -11,8 +11,9 @@ use super::{KvBackend, SledBackend, Tree};
 /// Version of the on-disk layout. Bump it on any incompatible change of keys or encodings.
 /// 2: openraft's `single-term-leader` ids (one leader per term); the votes and log ids of
 /// version 1 were leader ids of another order. 3: a log entry holds a list of requests
-/// (group commit, `state::Proposal`), where it held one.
-pub const FORMAT_VERSION: u32 = 3;
+/// (group commit, `state::Proposal`), where it held one. 4: sled's segments are 8 MiB
+/// (`sled_backend::SEGMENT_BYTES`), which sled cannot open with another size.
+pub const FORMAT_VERSION: u32 = 4;
 const MARKER: &str = "gpuplane-controller-data";
 const FORMAT_FILE: &str = "FORMAT";
 const SLED_DIR: &str = "sled";
@@ -184,11 +185,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         drop(open_data_dir(tmp.path(), 1).unwrap());
         let marker = tmp.path().join(FORMAT_FILE);
-        // Data dirs of versions 1 (leader ids before single-term-leader) and 2 (one request
-        // per log entry) name both versions.
-        for old in [1, 2] {
+        // Data dirs of versions 1 (leader ids before single-term-leader), 2 (one request
+        // per log entry) and 3 (sled's default segments) name both versions.
+        for old in [1, 2, 3] {
             fs::write(&marker, format!("{MARKER}\nformat_version={old}\nnode_id=1\n")).unwrap();
-            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 3"));
+            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 4"));
         }
         fs::write(&marker, format!("{MARKER}\nformat_version={}\nnode_id=1\n", FORMAT_VERSION + 1)).unwrap();
         assert_refused(tmp.path(), 1, &format!("format version {}", FORMAT_VERSION + 1));
