@@ -51,6 +51,8 @@ pub struct Controller {
     pub report_relay: crate::agents::report_relay::ReportRelay,
     /// Writes the agents' observed state to their Nodes (leader only).
     pub status_writer: crate::agents::StatusWriter,
+    /// What the provisioner's latest plan needs, for the autoscaler (leader only).
+    pub planned_demand: crate::provision::PlannedDemand,
     /// How often agents are told to report, by fleet size.
     pub report_pace: crate::agents::ReportPace,
     /// This node's Prometheus series (`/metrics`).

@@ -216,6 +216,7 @@ where
         slo_tally: Default::default(),
         report_relay: Default::default(),
         status_writer: Default::default(),
+        planned_demand: Default::default(),
         report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),
         proposer: handle.proposer.clone(),

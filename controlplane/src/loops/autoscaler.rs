@@ -18,7 +18,7 @@ use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launch_room, launches_for, shortfall};
-use crate::provision::{fleet, instance_types, plan_services, MigStrategy};
+use crate::provision::{fleet, instance_types, plan_services, GpuDemand, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command};
 
@@ -51,12 +51,19 @@ struct FleetView {
 }
 
 impl FleetView {
-    /// O(fleet) and a planning pass: run off the workers, on a copy of the state.
-    fn of(cluster: &ClusterState, strategy: MigStrategy) -> Self {
-        let mut planned: BTreeMap<String, u32> = BTreeMap::new();
-        for g in &plan_services(cluster, strategy).gpus {
-            *planned.entry(g.gpu_type.clone()).or_default() += 1;
-        }
+    /// O(fleet), and a planning pass unless the provisioner's `demand` is given: run off
+    /// the workers, on a copy of the state.
+    fn of(cluster: &ClusterState, strategy: MigStrategy, demand: Option<&GpuDemand>) -> Self {
+        let planned = match demand {
+            Some(d) => d.as_ref().clone(),
+            None => {
+                let mut planned: BTreeMap<String, u32> = BTreeMap::new();
+                for g in &plan_services(cluster, strategy).gpus {
+                    *planned.entry(g.gpu_type.clone()).or_default() += 1;
+                }
+                planned
+            }
+        };
         let mut available: BTreeMap<String, u32> = BTreeMap::new();
         for g in fleet(cluster) {
             *available.entry(g.model).or_default() += 1;
@@ -109,6 +116,10 @@ pub(crate) struct Autoscaler {
     terminated: Vec<String>,
     signals: Option<tokio::sync::broadcast::Receiver<crate::raft::WatchSignal>>,
     seen: FleetFingerprints,
+    /// The provisioner's plans' needs (`provision::PlannedDemand`), published in this
+    /// leadership; until the first, the fleet view plans the services itself.
+    demand: Option<tokio::sync::watch::Receiver<Option<GpuDemand>>>,
+    latest_demand: Option<GpuDemand>,
     fleet: Option<FleetView>,
     /// This pass's decisions, in the order of its writes and calls, for [`Reconciler::settled`].
     resizing: Vec<Resize>,
@@ -134,12 +145,16 @@ pub(crate) struct ScaleView {
     /// The state, when the fleet view is to be made again: `true` when its inputs changed
     /// (else only the plan did). `None`: the view stands.
     refresh: Option<(ClusterState, bool)>,
+    /// The provisioner's latest demand, when it published one in this leadership.
+    demand: Option<GpuDemand>,
 }
 
 impl Autoscaler {
     pub(crate) fn new(controller: &Controller, settings: &LoopSettings, now: Instant) -> Self {
         let signals = settings.provider.is_some().then(|| controller.sm.subscribe());
-        Autoscaler::with(settings, controller.id, signals, now)
+        let mut a = Autoscaler::with(settings, controller.id, signals, now);
+        a.demand = settings.provider.is_some().then(|| controller.planned_demand.subscribe());
+        a
     }
 
     /// `signals`: the state's changes, which tell when the fleet view is to be made again
@@ -171,6 +186,8 @@ impl Autoscaler {
             terminated: Vec::new(),
             signals,
             seen: FleetFingerprints::default(),
+            demand: None,
+            latest_demand: None,
             fleet: None,
             resizing: Vec::new(),
             deleting: Vec::new(),
@@ -291,11 +308,18 @@ impl Reconciler for Autoscaler {
         });
         // The fleet view is made again only when what it is made of changed: at 10,000
         // hosts it is a planning pass over 80,000 GPUs.
+        // A new demand from the provisioner makes the view again as new inputs do.
+        let new_demand = self.demand.as_mut().is_some_and(|d| d.has_changed().unwrap_or(false));
+        if new_demand {
+            self.latest_demand = self.demand.as_mut().and_then(|d| d.borrow_and_update().clone());
+        }
+        let demand = self.latest_demand.clone();
         let refresh = self.signals.as_mut().and_then(|signals| {
             let Drained { inputs, plan } = drain(signals, &mut self.seen);
+            let inputs = inputs || new_demand;
             (self.fleet.is_none() || inputs || plan).then(|| (controller.read(|d| d.cluster.resources_only()), inputs))
         });
-        ScaleView { arrivals, services, refresh }
+        ScaleView { arrivals, services, refresh, demand }
     }
 
     fn pass(&mut self, view: ScaleView, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
@@ -319,7 +343,7 @@ impl Reconciler for Autoscaler {
             let previous = self.fleet.take().filter(|_| !inputs_changed);
             self.fleet = Some(match previous {
                 Some(v) => FleetView { plan_nodes: plan_nodes(&cluster), ..v },
-                None => FleetView::of(&cluster, self.strategy),
+                None => FleetView::of(&cluster, self.strategy, view.demand.as_ref()),
             });
         }
         self.nodes(now, t, &mut pass);
@@ -438,6 +462,7 @@ mod tests {
             arrivals: [("web".to_string(), arrival)].into(),
             services: vec![("web".into(), 10.0, 1000.0, provisioned)],
             refresh: None,
+            demand: None,
         }
     }
 
@@ -504,10 +529,28 @@ mod tests {
     }
 
     #[test]
+    fn the_fleet_view_takes_the_provisioners_demand_and_plans_itself_only_without_one() {
+        let t0 = Instant::now();
+        let mut a = Autoscaler::with(&settings(true), 7, None, t0);
+        let demand: GpuDemand = std::sync::Arc::new([("A100-80GB".to_string(), 4)].into());
+        // No service in the state: planned itself, the view would need nothing.
+        let refresh = |demand: Option<GpuDemand>| ScaleView {
+            arrivals: BTreeMap::new(),
+            services: Vec::new(),
+            refresh: Some((ClusterState::default(), true)),
+            demand,
+        };
+        a.pass(refresh(Some(demand.clone())), at(t0, 0), &|| false);
+        assert_eq!(a.fleet.as_ref().map(|f| &f.planned), Some(demand.as_ref()));
+        a.pass(refresh(None), at(t0, 1), &|| false);
+        assert_eq!(a.fleet.as_ref().map(|f| f.planned.is_empty()), Some(true), "without a demand it plans the state's services");
+    }
+
+    #[test]
     fn the_shortfall_is_launched_once_and_an_idle_launched_node_goes_after_the_cool_down() {
         let t0 = Instant::now();
         let mut a = Autoscaler::with(&settings(true), 7, None, t0);
-        let quiet = || ScaleView { arrivals: BTreeMap::new(), services: Vec::new(), refresh: None };
+        let quiet = || ScaleView { arrivals: BTreeMap::new(), services: Vec::new(), refresh: None, demand: None };
         // The plan needs 4 GPUs, the fleet has 1: two 2-GPU nodes.
         a.fleet = Some(a2_fleet(4, 1, &[], &[]));
         let pass = a.pass(quiet(), at(t0, 0), &|| false);

@@ -7,7 +7,7 @@
 //! them on every pass. When the inputs change the plan is recomputed as before and tuning
 //! starts again from the new plan.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
@@ -54,6 +54,8 @@ pub(crate) struct Provisioner {
     /// proposed a plan.
     planned: bool,
     proposed: bool,
+    /// What this pass's plan needs, published for the autoscaler once the pass settles.
+    demand: Option<BTreeMap<String, u32>>,
 }
 
 /// What a pass reads: the state (an O(1) copy) and the committed plan's version.
@@ -75,6 +77,7 @@ impl Provisioner {
             trigger: None,
             planned: false,
             proposed: false,
+            demand: None,
         }
     }
 
@@ -126,7 +129,7 @@ impl Reconciler for Provisioner {
 
     fn pass(&mut self, view: Committed, _now: tokio::time::Instant, cancelled: &dyn Fn() -> bool) -> Pass {
         let Committed { cluster, plan_version } = view;
-        (self.planned, self.proposed) = (false, false);
+        (self.planned, self.proposed, self.demand) = (false, false, None);
         // Taken: a pass that stops plans in full next time.
         let previous = self.memory.take();
         let mut inputs = gather(&cluster);
@@ -143,6 +146,7 @@ impl Reconciler for Provisioner {
             return Pass::default();
         };
         self.planned = true;
+        self.demand = Some(pools.gpus_by_model());
         self.memory = Some(pools);
         // The patch from the committed plan, so the proposal carries only what moved.
         let change = PlanChange::between(inputs.current.as_ref().map(|c| (plan_version, c)), plan);
@@ -162,6 +166,9 @@ impl Reconciler for Provisioner {
     fn settled(&mut self, controller: &Controller, settled: Settled) {
         if self.planned {
             controller.telemetry.observe_planning(settled.pass_time);
+        }
+        if let Some(demand) = self.demand.take() {
+            controller.planned_demand.publish(demand);
         }
         match settled.writes.into_iter().next() {
             Some(Ok(_)) => tracing::info!("committed a new plan"),

@@ -34,6 +34,18 @@ pub struct PoolPlans {
     pub incremental: bool,
 }
 
+impl PoolPlans {
+    /// GPUs of each model these plans use: what the services need before the plan meets
+    /// the fleet (the pools' GPUs are the merged plan's).
+    pub fn gpus_by_model(&self) -> BTreeMap<String, u32> {
+        let mut out: BTreeMap<String, u32> = BTreeMap::new();
+        for g in self.plans.values().flat_map(|p| &p.gpus) {
+            *out.entry(g.gpu_type.clone()).or_default() += 1;
+        }
+        out
+    }
+}
+
 /// Plans every service, from `previous` when only a few services' rates or SLOs changed.
 /// `stop` is asked before each pool and each service re-planned: `None` when it said to.
 pub fn plan_pools_from(
