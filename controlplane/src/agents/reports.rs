@@ -89,6 +89,22 @@ impl AgentReports {
         self.inner.lock().expect("reports lock").latest.get(node).cloned()
     }
 
+    /// Each service's arrival rate summed over the nodes' latest reports: one pass under the
+    /// lock, without copying the reports (the autoscaler's view, every second).
+    pub fn arrivals_by_service(&self) -> BTreeMap<String, f64> {
+        let inner = self.inner.lock().expect("reports lock");
+        let mut out: BTreeMap<String, f64> = BTreeMap::new();
+        for m in inner.latest.values().flat_map(|r| &r.report.metrics) {
+            match out.get_mut(m.service.as_str()) {
+                Some(sum) => *sum += m.arrival_rps,
+                None => {
+                    out.insert(m.service.clone(), m.arrival_rps);
+                }
+            }
+        }
+        out
+    }
+
     /// Every node's latest report, in node order.
     pub fn all(&self) -> BTreeMap<String, Arc<NodeReport>> {
         self.inner.lock().expect("reports lock").latest.iter().map(|(n, r)| (n.clone(), r.clone())).collect()
@@ -120,6 +136,24 @@ mod tests {
 
     fn report(node: &str, watch_session: u64) -> proto::ReportRequest {
         proto::ReportRequest { node: node.into(), watch_session, ..Default::default() }
+    }
+
+    #[test]
+    fn arrivals_are_summed_per_service_over_every_nodes_latest_report() {
+        let reports = AgentReports::default();
+        let t0 = Instant::now();
+        let with = |node: &str, rates: &[(&str, f64)]| proto::ReportRequest {
+            metrics: rates
+                .iter()
+                .map(|(s, r)| proto::ServiceMetrics { service: s.to_string(), arrival_rps: *r, ..Default::default() })
+                .collect(),
+            ..report(node, 1)
+        };
+        reports.record(with("a", &[("web", 10.0), ("ocr", 1.0)]), t0);
+        reports.record(with("b", &[("web", 5.0)]), t0);
+        // Only a node's latest report counts.
+        reports.record(with("b", &[("web", 7.0)]), t0 + Duration::from_secs(1));
+        assert_eq!(reports.arrivals_by_service(), [("ocr".to_string(), 1.0), ("web".to_string(), 17.0)].into());
     }
 
     #[test]
