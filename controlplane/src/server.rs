@@ -54,8 +54,8 @@ pub struct NodeOptions {
 
 /// See `serve`: how often an idle connection is pinged, and how long the ping may go
 /// unanswered before the connection is closed.
-const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct RunningNode {
     pub controller: Controller,

@@ -7,9 +7,33 @@ use controlplane::resources::InstanceTypeSpec;
 
 /// HetSev's λ per second of launch latency (README, `[loops] lambda_per_s`).
 pub const LAMBDA_PER_S: f64 = 0.001;
-/// Seconds from a host's death to its replacement being asked for (the failure detector's
-/// missed heartbeats).
-pub const DETECT_S: u32 = 5;
+/// Seconds from a host's death until the failure detector marks it unhealthy, when the
+/// provisioner plans around it and its replacement is asked for, in a fleet of `hosts`.
+/// Decided by the detector's own rule (`failure_detector::overdue`, with the patience its
+/// passes use under the default settings), checked once a heartbeat as its passes run, on
+/// what a dead host leaves the leader: its last report, at the death at the latest, and its
+/// desired-state stream's end once the connection's keep-alive goes unanswered.
+pub fn detection_s(hosts: usize) -> u32 {
+    use controlplane::agents::report_pace::OverdueTimeout;
+    use controlplane::loops::failure_detector::{overdue, Patience};
+    use controlplane::loops::LoopSettings;
+    use controlplane::server::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+    let settings = LoopSettings::default();
+    let interval = settings.report_pace().interval(hosts);
+    let report_timeout = OverdueTimeout::new(settings.missed_heartbeats, interval, 0.0).at(interval, 0.0);
+    let patience = Patience { report_timeout, watch_grace: settings.watch_grace };
+    // An origin for the detector's instants; only their differences count.
+    let died = tokio::time::Instant::now();
+    let host = vec!["dead".to_string()];
+    let heard = controlplane::agents::Heard {
+        reported: [(host[0].clone(), died)].into(),
+        watch_ended: [(host[0].clone(), died + KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT)].into(),
+    };
+    (1..)
+        .map(|pass| (pass, died + settings.heartbeat_interval * pass))
+        .find(|&(_, at)| !overdue(&host, &heard, died, at, patience).is_empty())
+        .map_or(u32::MAX, |(pass, _)| pass * settings.heartbeat_interval.as_secs().max(1) as u32)
+}
 
 #[derive(Clone, Debug, PartialEq)]
 struct Instance {
@@ -110,7 +134,8 @@ impl Fleet {
         let model = by_model.into_iter().max_by_key(|&(m, n)| (n, std::cmp::Reverse(m)))?.0.to_string();
         let n = self.instances.iter().position(|i| i.gpu_model == model && i.ready_at <= now)?;
         let dead = self.instances.remove(n);
-        self.launch(&dead.instance_type, now + DETECT_S, false);
+        let hosts = self.instances.len() + 1;
+        self.launch(&dead.instance_type, now + detection_s(hosts), false);
         Some(model)
     }
 
@@ -125,5 +150,19 @@ impl Fleet {
     /// Cost per hour of everything running now.
     pub fn cost_per_hour(&self) -> f64 {
         self.instances.iter().map(|i| self.types[&i.instance_type].price_per_hour).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::detection_s;
+
+    #[test]
+    fn a_dead_host_is_detected_by_its_streams_end_at_any_fleet_size() {
+        // The keep-alive's 1 + 2 s, then the 2 s grace, seen at the next 1 s pass; the
+        // report timeout alone (5 missed reports) would take 6 s here and 26 s at 10,000
+        // hosts, which report every 5 s.
+        assert_eq!(detection_s(10), 6);
+        assert_eq!(detection_s(10_000), 6);
     }
 }
