@@ -99,6 +99,7 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
         }
     }
     let reconfigurations = policy.reconfigurations();
+    let replanning = policy.replanning();
     let name = policy.name().to_string();
     let fleet = policy.fleet();
     PolicyReport {
@@ -109,6 +110,7 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
         windows_met: met.iter().sum(),
         reconfigurations,
         launches: fleet.launches,
+        replanning,
         per_service: scenario.services.iter().enumerate().map(|(i, s)| (s.name.clone(), windows[i], met[i])).collect(),
         samples,
     }

@@ -32,6 +32,8 @@ pub struct Planned {
     pub gpus: BTreeMap<String, u32>,
     /// Services whose workloads differ from the previous plan's (reconfigurations).
     pub changed: BTreeSet<String>,
+    /// Planned from the previous plan (minimal re-planning), not every service again.
+    pub incremental: bool,
 }
 
 /// The provisioner over one scenario's state, keeping its previous plan.
@@ -59,6 +61,7 @@ impl Provisioner {
         }
         let (plan, pools) = plan_within_limits(&self.input, &self.rules, self.strategy, self.previous.as_ref(), &|| false, None)
             .expect("a plan that is never stopped");
+        let incremental = pools.incremental;
         self.previous = Some(pools);
         let planned = outcome(&plan);
         let placement = placements(&plan);
@@ -69,7 +72,7 @@ impl Provisioner {
             .chain(self.last.keys().filter(|s| !placement.contains_key(*s)).cloned())
             .collect();
         self.last = placement;
-        Planned { changed, ..planned }
+        Planned { changed, incremental, ..planned }
     }
 }
 
@@ -125,5 +128,5 @@ fn outcome(plan: &Plan) -> Planned {
             *share /= total;
         }
     }
-    Planned { services, gpus, changed: BTreeSet::new() }
+    Planned { services, gpus, changed: BTreeSet::new(), incremental: false }
 }

@@ -3,7 +3,7 @@
 //! one instance type, and gpuplane (HetSev's controller per service, the provisioner's
 //! incremental re-planning, launches of the cheapest instance types).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use controlplane::provision::MigStrategy;
 use controlplane::resources::InstanceTypeSpec;
@@ -14,6 +14,7 @@ use planner::policy::hetsev::{
 
 use crate::fleet::{Fleet, LAMBDA_PER_S};
 use crate::planning::{Planned, Provisioner};
+use crate::report::Replanning;
 use crate::scenario::{Scenario, SimService};
 use crate::serving::{colocated_slowdown, whole_gpu, Serving};
 
@@ -62,6 +63,10 @@ pub trait Policy {
     /// Workload changes the agents would carry out (none for a fleet sized once).
     fn reconfigurations(&self) -> u32 {
         0
+    }
+    /// Where the reconfigurations come from, for a policy that re-plans.
+    fn replanning(&self) -> Option<Replanning> {
+        None
     }
 }
 
@@ -349,6 +354,7 @@ pub struct Gpuplane {
     /// Per GPU model: since when the fleet has had a terminable surplus.
     surplus_since: BTreeMap<String, u32>,
     reconfigurations: u32,
+    replanning: Replanning,
     available: BTreeMap<String, f64>,
     /// Per service being reconfigured: until when, and what serves meanwhile (its previous
     /// configuration).
@@ -374,6 +380,7 @@ impl Gpuplane {
             settings,
             surplus_since: BTreeMap::new(),
             reconfigurations: 0,
+            replanning: Replanning::default(),
             available: BTreeMap::new(),
             switching: BTreeMap::new(),
         }
@@ -412,7 +419,7 @@ impl Policy for Gpuplane {
     fn step(&mut self, t: u32, arrivals: &[f64]) {
         let config = &self.settings.autoscale;
         let deciding = t.is_multiple_of(self.settings.decide_every_s.max(1));
-        let mut moved = false;
+        let mut resized = BTreeSet::new();
         for (i, s) in self.services.iter().enumerate() {
             let sample = LoadSample { t_s: f64::from(t), arrival_rate: arrivals[i], capacity: self.provisioned[i] };
             // Over this run's window and cool-down (not the defaults).
@@ -425,14 +432,21 @@ impl Policy for Gpuplane {
                 decide_rate(self.samples[i].make_contiguous(), range, f64::from(t), config, MIN_CHANGE)
             {
                 self.provisioned[i] = to_rps;
-                moved = true;
+                resized.insert(s.name.as_str());
             }
         }
         // The provisioner wakes on the status write and plans within its debounce (about a
         // second): here, at once.
-        if moved {
+        if !resized.is_empty() {
             let rates = self.services.iter().zip(&self.provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();
             let planned = self.provisioner.plan(&rates);
+            let r = &mut self.replanning;
+            r.replans += 1;
+            r.full_replans += u32::from(!planned.incremental);
+            let others = planned.changed.iter().filter(|s| !resized.contains(s.as_str())).count() as u32;
+            r.of_resized += planned.changed.len() as u32 - others;
+            r.of_others += others;
+            r.of_others_in_full += if planned.incremental { 0 } else { others };
             for (i, s) in self.services.iter().enumerate() {
                 if planned.changed.contains(&s.name) {
                     let before = self.switching.get(&i).map_or_else(|| self.serving(i, t), |(_, old)| *old);
@@ -459,5 +473,8 @@ impl Policy for Gpuplane {
     }
     fn reconfigurations(&self) -> u32 {
         self.reconfigurations
+    }
+    fn replanning(&self) -> Option<Replanning> {
+        Some(self.replanning)
     }
 }

@@ -22,6 +22,9 @@ pub struct PolicyReport {
     pub windows_met: u64,
     pub reconfigurations: u32,
     pub launches: u32,
+    /// Where a re-planning policy's reconfigurations come from (gpuplane's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replanning: Option<Replanning>,
     /// (service, windows, windows met).
     #[serde(skip)]
     pub per_service: Vec<(String, u64, u64)>,
@@ -37,6 +40,20 @@ impl PolicyReport {
             self.windows_met as f64 / self.windows as f64
         }
     }
+}
+
+/// Re-plans and the reconfigurations they caused, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Replanning {
+    pub replans: u32,
+    /// Re-plans that planned every service again rather than the few whose rate moved.
+    pub full_replans: u32,
+    /// Reconfigurations of the services whose rate moved.
+    pub of_resized: u32,
+    /// Reconfigurations of services whose rate did not move (moved by the plan around them).
+    pub of_others: u32,
+    /// Of those, in full re-plans.
+    pub of_others_in_full: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -80,6 +97,14 @@ impl Report {
                 p.launches,
                 saving
             ));
+        }
+        for p in &self.policies {
+            if let Some(r) = p.replanning {
+                out.push_str(&format!(
+                    "{}: {} re-plans, {} of them of every service; reconfigured: {} resized services, {} others ({} of them in the full re-plans)\n",
+                    p.name, r.replans, r.full_replans, r.of_resized, r.of_others, r.of_others_in_full
+                ));
+            }
         }
         out
     }

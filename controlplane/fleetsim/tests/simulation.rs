@@ -99,6 +99,12 @@ fn a_load_step_is_met_by_launches_that_serve_after_their_launch_latency() {
     let after = capacity_at(ours, 600 + 60 + A100_LAUNCH_S + 2 * 2);
     assert!(after >= 3000.0 / 0.8 * 0.95 && after > before, "{before} -> {after}");
     assert!(ours.windows_met < ours.windows, "the step costs some windows");
+    // Every reconfiguration is told apart: of the service resized, or of another.
+    let r = ours.replanning.expect("gpuplane re-plans");
+    assert!(r.replans >= 1 && r.of_resized >= 1, "{r:?}");
+    assert_eq!(r.of_resized + r.of_others, ours.reconfigurations, "{r:?}");
+    assert!(r.full_replans <= r.replans && r.of_others_in_full <= r.of_others, "{r:?}");
+    assert!(report.policies.iter().filter(|p| p.name != "gpuplane").all(|p| p.replanning.is_none()));
 }
 
 #[test]
