@@ -36,10 +36,17 @@ impl Response {
     }
 }
 
+/// Handlers running at once; further requests wait for one to finish (without a thread).
+/// The listener takes anyone's connections: unbounded, a flood of scrapes would have each
+/// taken a thread of the blocking pool (up to 512) to render the same page.
+pub const MAX_RUNNING_HANDLERS: usize = 2;
+
 /// Serves `handler(path)` for every GET or HEAD until the task is aborted. The handler runs
-/// on tokio's blocking pool: rendering a 10,000-host leader's series takes tens of
-/// milliseconds, which on an async worker would hold up the agents' reports queued behind it.
+/// on tokio's blocking pool, at most [`MAX_RUNNING_HANDLERS`] at once: rendering a
+/// 10,000-host leader's series takes tens of milliseconds, which on an async worker would
+/// hold up the agents' reports queued behind it.
 pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response + Send + Sync>) {
+    let running = Arc::new(tokio::sync::Semaphore::new(MAX_RUNNING_HANDLERS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -50,16 +57,21 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response 
                 continue;
             }
         };
-        let handler = handler.clone();
+        let (handler, running) = (handler.clone(), running.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let (handler, path) = (handler.clone(), req.uri().path().to_string());
+                let (handler, running, path) = (handler.clone(), running.clone(), req.uri().path().to_string());
                 let allowed = matches!(*req.method(), Method::GET | Method::HEAD);
                 async move {
                     let r = if allowed {
-                        tokio::task::spawn_blocking(move || handler(&path))
-                            .await
-                            .unwrap_or_else(|e| Response::text(500, format!("the handler failed: {e}\n")))
+                        // Never closed, so acquiring cannot fail.
+                        let permit = running.acquire_owned().await.ok();
+                        tokio::task::spawn_blocking(move || {
+                            let _permit = permit;
+                            handler(&path)
+                        })
+                        .await
+                        .unwrap_or_else(|e| Response::text(500, format!("the handler failed: {e}\n")))
                     } else {
                         Response::text(405, "only GET and HEAD\n")
                     };
@@ -88,4 +100,33 @@ pub async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16
     let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(bad)?;
     Ok((status, body.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_requests_run_at_most_the_bound_of_handlers_at_once_and_all_are_answered() {
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (n, m) = (now.clone(), most.clone());
+        let handler = Arc::new(move |_: &str| {
+            let running = n.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(running, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            n.fetch_sub(1, Ordering::SeqCst);
+            Response::text(200, "ok\n")
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, handler));
+        let gets: Vec<_> = (0..8).map(|_| tokio::spawn(get(addr, "/metrics"))).collect();
+        for g in gets {
+            assert_eq!(g.await.unwrap().unwrap(), (200, "ok\n".to_string()));
+        }
+        server.abort();
+        let most = most.load(Ordering::SeqCst);
+        assert!((1..=MAX_RUNNING_HANDLERS).contains(&most), "{most} handlers ran at once");
+    }
 }
