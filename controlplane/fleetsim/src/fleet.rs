@@ -29,10 +29,13 @@ pub fn detection_s(hosts: usize) -> u32 {
         reported: [(host[0].clone(), died)].into(),
         watch_ended: [(host[0].clone(), died + KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT)].into(),
     };
-    (1..)
-        .map(|pass| (pass, died + settings.heartbeat_interval * pass))
-        .find(|&(_, at)| !overdue(&host, &heard, died, at, patience).is_empty())
-        .map_or(u32::MAX, |(pass, _)| pass * settings.heartbeat_interval.as_secs().max(1) as u32)
+    // The report timeout marks it by the pass after it at the latest.
+    let last_pass = 1 + (report_timeout.as_secs_f64() / settings.heartbeat_interval.as_secs_f64()).ceil() as u32;
+    let marked_at = (1..=last_pass)
+        .map(|pass| died + settings.heartbeat_interval * pass)
+        .find(|&at| !overdue(&host, &heard, died, at, patience).is_empty())
+        .expect("overdue once the report timeout has passed");
+    marked_at.duration_since(died).as_secs_f64().ceil() as u32
 }
 
 #[derive(Clone, Debug, PartialEq)]
