@@ -82,6 +82,15 @@ const MAX_SERVICE_SECONDS: u64 = 2000 * 86_400;
 /// Host failures a run injects at most.
 const MAX_FAILURES: usize = 1000;
 
+fn within_service_seconds(services: usize, seconds: u32, hours: f64) -> Result<(), String> {
+    if services as u64 * u64::from(seconds) > MAX_SERVICE_SECONDS {
+        return Err(format!(
+            "{services} services for {hours} simulated hours is over the bound of {MAX_SERVICE_SECONDS} service-seconds (2,000 services for a day); shorten --hours"
+        ));
+    }
+    Ok(())
+}
+
 fn run(args: Args) -> Result<(), String> {
     if args.fail_at.len() > MAX_FAILURES {
         return Err(format!("at most {MAX_FAILURES} --fail-at, got {}", args.fail_at.len()));
@@ -95,7 +104,26 @@ fn run(args: Args) -> Result<(), String> {
     if !(args.hours > 0.0 && args.hours <= 24.0 * 7.0) {
         return Err(format!("--hours must be in (0, 168], got {}", args.hours));
     }
+    if !(args.failures_per_day >= 0.0 && args.failures_per_day <= 1000.0) {
+        return Err(format!("--failures-per-day must be in [0, 1000], got {}", args.failures_per_day));
+    }
+    if args.reconfigure_s > 3600 {
+        return Err(format!("--reconfigure-s must be at most 3600, got {}", args.reconfigure_s));
+    }
+    if !(args.target_saturation > 0.0 && args.target_saturation <= 1.0) {
+        return Err(format!("--target-saturation must be in (0, 1], got {}", args.target_saturation));
+    }
+    if !(args.scale_window_s > 0.0 && args.scale_window_s <= 86_400.0) {
+        return Err(format!("--scale-window-s must be in (0, 86400], got {}", args.scale_window_s));
+    }
+    if !(args.cooldown_s >= 0.0 && args.cooldown_s <= 86_400.0) {
+        return Err(format!("--cooldown-s must be in [0, 86400], got {}", args.cooldown_s));
+    }
     let seconds = (args.hours * 3600.0).round() as u32;
+    // The built-in scenario's size is known before it is built; a manifest's after.
+    if args.file.is_none() {
+        within_service_seconds(args.services, seconds, args.hours)?;
+    }
     let mut scenario = match &args.file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -109,19 +137,7 @@ fn run(args: Args) -> Result<(), String> {
     if scenario.services.is_empty() || scenario.services.len() > MAX_SERVICES {
         return Err(format!("a scenario needs 1 to {MAX_SERVICES} services with a rate, this one has {}", scenario.services.len()));
     }
-    if scenario.services.len() as u64 * u64::from(seconds) > MAX_SERVICE_SECONDS {
-        return Err(format!(
-            "{} services for {} simulated hours is over the bound of {MAX_SERVICE_SECONDS} service-seconds (2,000 services for a day); shorten --hours",
-            scenario.services.len(),
-            args.hours
-        ));
-    }
-    if !(args.failures_per_day >= 0.0 && args.failures_per_day <= 1000.0) {
-        return Err(format!("--failures-per-day must be in [0, 1000], got {}", args.failures_per_day));
-    }
-    if args.reconfigure_s > 3600 {
-        return Err(format!("--reconfigure-s must be at most 3600, got {}", args.reconfigure_s));
-    }
+    within_service_seconds(scenario.services.len(), seconds, args.hours)?;
     scenario.failures_at_s = args.fail_at.clone();
     let left = MAX_FAILURES - scenario.failures_at_s.len();
     scenario.failures_at_s.extend(fleetsim::scenario::failure_times(args.failures_per_day, seconds, args.seed, left));
@@ -137,15 +153,6 @@ fn run(args: Args) -> Result<(), String> {
     options.gpuplane.autoscale.cooldown_s = args.cooldown_s;
     options.gpuplane.autoscale.saturation_threshold = args.target_saturation;
     options.gpuplane.reconfigure_s = args.reconfigure_s;
-    if !(args.target_saturation > 0.0 && args.target_saturation <= 1.0) {
-        return Err(format!("--target-saturation must be in (0, 1], got {}", args.target_saturation));
-    }
-    if !(args.scale_window_s > 0.0 && args.scale_window_s <= 86_400.0) {
-        return Err(format!("--scale-window-s must be in (0, 86400], got {}", args.scale_window_s));
-    }
-    if !(args.cooldown_s >= 0.0 && args.cooldown_s <= 86_400.0) {
-        return Err(format!("--cooldown-s must be in [0, 86400], got {}", args.cooldown_s));
-    }
     let report = fleetsim::run(&scenario, &traffic, &options)?;
     print!("{}", report.table());
     if let Some(path) = &args.report_json {
