@@ -335,34 +335,48 @@ mod tests {
     use crate::storage::open_data_dir;
 
     /// Files sled wrote beside its log for items too large for it (README, "sled's own
-    /// files"), with their sizes.
+    /// files"), with their sizes: files its flush never syncs.
     fn blobs(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
         let Ok(entries) = std::fs::read_dir(dir.join("sled").join("blobs")) else { return Vec::new() };
         entries.map(|e| e.unwrap().path()).map(|p| (p.clone(), p.metadata().unwrap().len())).filter(|(_, len)| *len > 0).collect()
     }
 
-    /// Why `raft::open_stores` checks the snapshot against the purged log: entries stay in
-    /// sled's log, which its flush syncs, but a snapshot of a few MB is a file of its own
-    /// that sled never syncs, and a damaged one reads back as no snapshot at all.
+    /// A leaf of sled's tree holds up to 17 values; stored whole, 40 entries of 300 KB made
+    /// 7 leaves of 2.4-3 MB, each a file sled never syncs. Nor may the snapshot be one.
     #[test]
-    fn entries_stay_in_the_flushed_log_and_a_damaged_snapshot_file_reads_back_as_none() {
+    fn no_entry_or_snapshot_is_in_a_file_sled_never_syncs() {
         let dir = tempfile::tempdir().unwrap();
         let meta = SnapshotMeta { snapshot_id: "s1".into(), ..Default::default() };
+        let entry = |i: u64| (0..300 << 10).map(|b: u64| (b * 31 + i) as u8).collect::<Vec<u8>>();
         {
             let backend = open_data_dir(dir.path(), 1).unwrap();
-            // Larger than any log entry can be (MAX_APPEND_BYTES bounds a message).
-            backend.insert(Tree::Logs, &1u64.to_be_bytes(), vec![1u8; 1 << 20]).unwrap();
-            backend.flush().unwrap();
-            assert!(blobs(dir.path()).is_empty(), "a 1 MiB entry is written in sled's log");
+            for i in 1..=40u64 {
+                backend.insert(Tree::Logs, &i.to_be_bytes(), entry(i)).unwrap();
+                backend.flush().unwrap();
+            }
             save_snapshot(&backend, &meta, &vec![b' '; 3 << 20]).unwrap();
-            assert_eq!(load_snapshot(&backend).unwrap().map(|(m, d)| (m.snapshot_id, d.len())), Some(("s1".into(), 3 << 20)));
         }
         let files = blobs(dir.path());
-        assert_eq!(files.len(), 1, "a snapshot of a few MB is a file of its own: {files:?}");
-        // What a power loss can leave of a file that was never synced.
-        std::fs::OpenOptions::new().write(true).open(&files[0].0).unwrap().set_len(0).unwrap();
+        assert!(files.is_empty(), "{} of sled's unsynced files: {files:?}", files.len());
         let backend = open_data_dir(dir.path(), 1).unwrap();
-        assert!(load_snapshot(&backend).unwrap().is_none(), "sled reads a damaged page back as absent, without an error");
-        assert_eq!(backend.get(Tree::Logs, &1u64.to_be_bytes()).unwrap().map(|v| v.len()), Some(1 << 20));
+        for i in 1..=40u64 {
+            assert!(backend.get(Tree::Logs, &i.to_be_bytes()).unwrap() == Some(entry(i)), "entry {i}");
+        }
+        assert_eq!(load_snapshot(&backend).unwrap().map(|(m, d)| (m.snapshot_id, d.len())), Some(("s1".into(), 3 << 20)));
+    }
+
+    /// Where sled read a damaged snapshot back as none, the node now stops with a message.
+    #[test]
+    fn a_damaged_snapshot_is_an_error_not_an_absent_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = SnapshotMeta { snapshot_id: "s1".into(), ..Default::default() };
+        save_snapshot(&open_data_dir(dir.path(), 1).unwrap(), &meta, &vec![b' '; 1 << 20]).unwrap();
+        let generation = std::fs::read_dir(dir.path().join("snapshot")).unwrap().next().unwrap().unwrap().path();
+        for file in std::fs::read_dir(generation).unwrap() {
+            // What a power loss can leave of a file that was never synced.
+            std::fs::OpenOptions::new().write(true).open(file.unwrap().path()).unwrap().set_len(0).unwrap();
+        }
+        let e = load_snapshot(&open_data_dir(dir.path(), 1).unwrap()).unwrap_err();
+        assert!(e.contains("is damaged"), "{e}");
     }
 }

@@ -1,6 +1,6 @@
-//! The controller's data directory: a `FORMAT` marker file and the sled database. A
-//! directory that is not ours, of another format version, of another node, or damaged is
-//! refused with a message that says which; it is never reset or rewritten.
+//! The controller's data directory: a `FORMAT` marker file, the sled database and the
+//! snapshot's files. A directory that is not ours, of another format version, of another
+//! node, or damaged is refused with a message that says which; it is never reset or rewritten.
 
 use std::fs;
 use std::io::Write;
@@ -12,11 +12,15 @@ use super::{KvBackend, SledBackend, Tree};
 /// 2: openraft's `single-term-leader` ids (one leader per term); the votes and log ids of
 /// version 1 were leader ids of another order. 3: a log entry holds a list of requests
 /// (group commit, `state::Proposal`), where it held one. 4: sled's segments are 8 MiB
-/// (`sled_backend::SEGMENT_BYTES`), which sled cannot open with another size.
-pub const FORMAT_VERSION: u32 = 4;
+/// (`sled_backend::SEGMENT_BYTES`), which sled cannot open with another size. 5: values are
+/// stored in parts (`sled_backend::PART_BYTES`) and the snapshot in files of our own
+/// (`file_tree`), so that nothing acknowledged is in a file sled never syncs.
+pub const FORMAT_VERSION: u32 = 5;
 const MARKER: &str = "gpuplane-controller-data";
 const FORMAT_FILE: &str = "FORMAT";
 const SLED_DIR: &str = "sled";
+/// The snapshot's files (`file_tree`).
+const SNAPSHOT_DIR: &str = "snapshot";
 pub(crate) const META_FORMAT_KEY: &[u8] = b"format_version";
 pub(crate) const META_NODE_KEY: &[u8] = b"node_id";
 
@@ -42,7 +46,7 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     };
     if fresh {
         fs::create_dir_all(dir).map_err(io)?;
-        let backend = SledBackend::open(&dir.join(SLED_DIR)).map_err(|e| refused(dir, e.to_string()))?;
+        let backend = SledBackend::open(&dir.join(SLED_DIR), &dir.join(SNAPSHOT_DIR)).map_err(|e| refused(dir, e.to_string()))?;
         backend
             .insert_batch(
                 Tree::Meta,
@@ -80,7 +84,8 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     if !sled_dir.join("db").is_file() || !sled_dir.join("conf").is_file() {
         return Err(refused(dir, "database files are missing"));
     }
-    let backend = SledBackend::open(&sled_dir).map_err(|e| refused(dir, format!("database cannot be opened: {e}")))?;
+    let backend =
+        SledBackend::open(&sled_dir, &dir.join(SNAPSHOT_DIR)).map_err(|e| refused(dir, format!("database cannot be opened: {e}")))?;
     let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, DataDirError> {
         backend.get(Tree::Meta, key).map_err(|e| refused(dir, format!("database unreadable: {e}")))
     };
@@ -186,10 +191,11 @@ mod tests {
         drop(open_data_dir(tmp.path(), 1).unwrap());
         let marker = tmp.path().join(FORMAT_FILE);
         // Data dirs of versions 1 (leader ids before single-term-leader), 2 (one request
-        // per log entry) and 3 (sled's default segments) name both versions.
-        for old in [1, 2, 3] {
+        // per log entry), 3 (sled's default segments) and 4 (whole values in sled, the
+        // snapshot in it too) name both versions.
+        for old in [1, 2, 3, 4] {
             fs::write(&marker, format!("{MARKER}\nformat_version={old}\nnode_id=1\n")).unwrap();
-            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 4"));
+            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 5"));
         }
         fs::write(&marker, format!("{MARKER}\nformat_version={}\nnode_id=1\n", FORMAT_VERSION + 1)).unwrap();
         assert_refused(tmp.path(), 1, &format!("format version {}", FORMAT_VERSION + 1));

@@ -1,11 +1,13 @@
 //! Durable storage behind small traits: a key-value backend (`KvBackend`) with a sled
-//! implementation for production and an in-memory one for tests and simulation, plus the
+//! implementation for production (the snapshot in synced files of our own) and an in-memory one for tests and simulation, plus the
 //! data-directory format check. openraft's storage traits are implemented once, on top of
 //! `KvBackend`, in `crate::raft`.
 
 mod backend;
 mod data_dir;
+mod file_tree;
 mod memory;
+mod part_keys;
 mod sled_backend;
 mod watermark;
 

@@ -1,22 +1,33 @@
 use std::path::Path;
 
 use super::backend::{KvPair, KvPairs};
+use super::file_tree::FileTree;
+use super::part_keys;
 use super::{BackendError, KvBackend, Tree};
 
-/// sled-backed storage. sled acknowledges writes before they reach the disk, so nothing
+/// sled-backed storage for the Raft log and its metadata; the snapshot is in synced files of
+/// our own (`FileTree`). sled acknowledges writes before they reach the disk, so nothing
 /// here is durable until `flush`; the Raft log store flushes before it acknowledges a vote
 /// or an append.
+///
+/// Every value is stored in parts of at most [`PART_BYTES`] (`part_keys`), so that no item
+/// sled writes is ever one of the files its flush does not sync: see [`SEGMENT_BYTES`].
+/// Writers of one key do not race (the log store is a single writer): a write removes the
+/// parts a longer old value had, found just before it.
 pub struct SledBackend {
     db: sled::Db,
-    trees: [sled::Tree; 3],
+    trees: [sled::Tree; 2],
+    snapshot: FileTree,
 }
 
 impl SledBackend {
-    pub fn open(path: &Path) -> Result<Self, BackendError> {
+    /// Opens the database at `path` and the snapshot's files in `snapshot_dir`.
+    pub fn open(path: &Path, snapshot_dir: &Path) -> Result<Self, BackendError> {
         let db = Self::open_db(path).map_err(|e| BackendError::new("open", Tree::Meta, format!("{}: {e}", path.display())))?;
         let open = |t: Tree| db.open_tree(t.name()).map_err(|e| BackendError::new("open", t, e));
-        let trees = [open(Tree::Logs)?, open(Tree::Meta)?, open(Tree::Snapshot)?];
-        Ok(Self { db, trees })
+        let trees = [open(Tree::Logs)?, open(Tree::Meta)?];
+        let snapshot = FileTree::open(snapshot_dir, Tree::Snapshot)?;
+        Ok(Self { db, trees, snapshot })
     }
 
     /// Opens the database, waiting up to [`LOCK_WAIT`] for its file lock: after a `Db` is
@@ -62,9 +73,65 @@ impl SledBackend {
         match tree {
             Tree::Logs => &self.trees[0],
             Tree::Meta => &self.trees[1],
-            Tree::Snapshot => &self.trees[2],
+            Tree::Snapshot => unreachable!("the snapshot is in files"),
         }
     }
+
+    /// The value at `key` from its parts (`None` if it has none).
+    fn get_parts(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        let mut value: Option<Vec<u8>> = None;
+        for (n, item) in self.tree(tree).scan_prefix(part_keys::prefix(key)).enumerate() {
+            let (stored, part) = item.map_err(|e| BackendError::new("get", tree, e))?;
+            let (of, found) = part_keys::decode(&stored).map_err(|e| BackendError::new("get", tree, e))?;
+            check_part(tree, key, n, &of, found)?;
+            value.get_or_insert_with(Vec::new).extend_from_slice(&part);
+        }
+        Ok(value)
+    }
+}
+
+/// Most bytes of a value in one sled item. A tree page (a leaf holds up to 17 items before
+/// sled splits it) then stays well under a quarter of [`SEGMENT_BYTES`]; a log entry of a
+/// few hundred KB is a handful of parts.
+pub(crate) const PART_BYTES: usize = 64 * 1024;
+
+/// That part `n` of `key` was found as part `found` of `of`: a value's parts are numbered
+/// from 0 without gaps.
+fn check_part(tree: Tree, key: &[u8], n: usize, of: &[u8], found: u32) -> Result<(), BackendError> {
+    if of != key || found as usize != n {
+        return Err(BackendError::new(
+            "get",
+            tree,
+            format!("the database is damaged: value {key:?} lacks part {n} (found part {found} of {of:?})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Whole values from the parts `stored` yields in order, up to `limit` values.
+fn assemble(
+    tree: Tree,
+    stored: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+    limit: usize,
+) -> Result<KvPairs, BackendError> {
+    let mut out: KvPairs = Vec::new();
+    let mut parts = 0;
+    for item in stored {
+        let (stored, part) = item.map_err(|e| BackendError::new("scan", tree, e))?;
+        let (key, n) = part_keys::decode(&stored).map_err(|e| BackendError::new("scan", tree, e))?;
+        if let Some((last, value)) = out.last_mut().filter(|(last, _)| *last == key) {
+            check_part(tree, last, parts, &key, n)?;
+            value.extend_from_slice(&part);
+            parts += 1;
+        } else if out.len() == limit {
+            break;
+        } else {
+            check_part(tree, &key, 0, &key, n)?;
+            out.push((key, part.to_vec()));
+            parts = 1;
+        }
+    }
+    Ok(out)
 }
 
 /// How long opening waits for a lock that a just-dropped handle of this process may hold.
@@ -75,57 +142,149 @@ impl SledBackend {
 const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// sled's segment (its IO buffer): 8 MiB, where its default is 512 KiB. sled writes an item
-/// larger than a quarter of a segment (a tree page holding one of our values) to a file of
-/// its own, which its `flush` never syncs: with the default, every log entry over ~128 KiB
-/// (a plan patch of 256 GPUs, 64 nodes' statuses) was acknowledged before it was on disk,
-/// and creating those files was 9% of a follower's samples in a fleet-wide re-plan at 10,000
-/// hosts (perf). With 8 MiB segments an entry up to ~2 MiB is in the log and flushed with it.
-/// A snapshot is still such a file: see `raft::open_stores` and README, "sled's own files".
+/// larger than a quarter of a segment to a file of its own ("blob"), which its `flush` never
+/// syncs, and reads a damaged one back as absent. An item is a tree page: a leaf holds up to
+/// 17 values, so with whole log entries of a few hundred KB (a plan patch of 256 GPUs, 64
+/// nodes' statuses) most leaves of the log were such files and those entries were
+/// acknowledged before they were on disk; creating the files was also 9% of a follower's
+/// samples in a fleet-wide re-plan at 10,000 hosts (perf). Values are therefore stored in
+/// parts of [`PART_BYTES`], so every leaf stays in the log, which `flush` syncs.
 pub(crate) const SEGMENT_BYTES: usize = 8 * 1024 * 1024;
 
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl KvBackend for SledBackend {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-        self.tree(tree).get(key).map(|v| v.map(|v| v.to_vec())).map_err(|e| BackendError::new("get", tree, e))
+        match tree {
+            Tree::Snapshot => self.snapshot.get(key),
+            _ => self.get_parts(tree, key),
+        }
     }
 
     fn insert_batch(&self, tree: Tree, items: KvPairs) -> Result<(), BackendError> {
-        let mut batch = sled::Batch::default();
-        for (k, v) in items {
-            batch.insert(k, v);
+        if tree == Tree::Snapshot {
+            return self.snapshot.insert_batch(items);
         }
-        self.tree(tree).apply_batch(batch).map_err(|e| BackendError::new("insert", tree, e))
+        let t = self.tree(tree);
+        // One batch: sled applies it atomically, the removals first (a later write to a key
+        // in a batch replaces an earlier one).
+        let mut batch = sled::Batch::default();
+        // A key written twice in one batch: the last value, as for any write after another.
+        let items: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = items.into_iter().collect();
+        for (k, v) in items {
+            // Parts are numbered without gaps, so an old value has parts beyond the new one's
+            // only if it has the first of them: one point lookup, as a new log entry has none.
+            let parts = v.len().div_ceil(PART_BYTES).max(1) as u32;
+            if t.contains_key(part_keys::part(&k, parts)).map_err(|e| BackendError::new("get", tree, e))? {
+                for old in t.range(part_keys::part(&k, parts)..part_keys::prefix_end(&k)).keys() {
+                    batch.remove(old.map_err(|e| BackendError::new("scan", tree, e))?);
+                }
+            }
+            if v.is_empty() {
+                batch.insert(part_keys::part(&k, 0), Vec::new());
+            }
+            for (n, part) in v.chunks(PART_BYTES).enumerate() {
+                batch.insert(part_keys::part(&k, n as u32), part);
+            }
+        }
+        t.apply_batch(batch).map_err(|e| BackendError::new("insert", tree, e))
     }
 
     fn remove_range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>) -> Result<(), BackendError> {
+        if tree == Tree::Snapshot {
+            return self.snapshot.remove_range(from, to);
+        }
         let t = self.tree(tree);
         let mut batch = sled::Batch::default();
+        let (from, to) = (part_keys::prefix(from), to.map(part_keys::prefix));
         let iter = match to {
             Some(to) => t.range(from..to),
             None => t.range(from..),
         };
-        for item in iter {
-            let (k, _) = item.map_err(|e| BackendError::new("scan", tree, e))?;
-            batch.remove(k);
+        for item in iter.keys() {
+            batch.remove(item.map_err(|e| BackendError::new("scan", tree, e))?);
         }
         t.apply_batch(batch).map_err(|e| BackendError::new("remove", tree, e))
     }
 
     fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<KvPairs, BackendError> {
+        if tree == Tree::Snapshot {
+            return self.snapshot.range(from, to, limit);
+        }
         let t = self.tree(tree);
-        let iter = match to {
-            Some(to) => t.range(from..to),
-            None => t.range(from..),
-        };
-        iter.take(limit).map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(|e| BackendError::new("scan", tree, e))).collect()
+        let (from, to) = (part_keys::prefix(from), to.map(part_keys::prefix));
+        match to {
+            Some(to) => assemble(tree, t.range(from..to), limit),
+            None => assemble(tree, t.range(from..), limit),
+        }
     }
 
     fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError> {
-        self.tree(tree).last().map(|o| o.map(|(k, v)| (k.to_vec(), v.to_vec()))).map_err(|e| BackendError::new("last", tree, e))
+        if tree == Tree::Snapshot {
+            return self.snapshot.last();
+        }
+        let Some((stored, _)) = self.tree(tree).last().map_err(|e| BackendError::new("last", tree, e))? else { return Ok(None) };
+        let (key, _) = part_keys::decode(&stored).map_err(|e| BackendError::new("last", tree, e))?;
+        Ok(self.get_parts(tree, &key)?.map(|v| (key, v)))
     }
 
+    /// The snapshot's files are synced as they are written; this flushes sled.
     fn flush(&self) -> Result<(), BackendError> {
         self.db.flush().map(|_| ()).map_err(|e| BackendError::new("flush", Tree::Meta, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::MemBackend;
+
+    /// Random writes and reads on sled (values in parts) and on the in-memory backend (the
+    /// reference) give the same answers: keys with zero bytes and keys that are prefixes of
+    /// others, values of zero, one, around one and several parts, values that shrink.
+    #[test]
+    fn values_in_parts_read_as_the_reference_backend_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let sled = SledBackend::open(&dir.path().join("sled"), &dir.path().join("snapshot")).unwrap();
+        let reference = MemBackend::new();
+        let keys: [&[u8]; 8] = [b"", &[0], &[0, 0], &[0, 1], &[1], &[1, 0], b"vote", &[0xFF, 0]];
+        let sizes = [0, 1, PART_BYTES - 1, PART_BYTES, PART_BYTES + 1, 3 * PART_BYTES + 7];
+        let mut seed = 7u64;
+        let mut next = |n: usize| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as usize % n
+        };
+        for (tree, steps) in [(Tree::Logs, 400), (Tree::Meta, 200), (Tree::Snapshot, 60)] {
+            for step in 0..steps {
+                let (a, b) = (keys[next(keys.len())], keys[next(keys.len())]);
+                let (from, to) = if a <= b { (a, b) } else { (b, a) };
+                let to = (next(3) > 0).then_some(to);
+                match next(4) {
+                    0 | 1 => {
+                        let items: KvPairs = (0..1 + next(3))
+                            .map(|i| (keys[next(keys.len())].to_vec(), vec![(step + i) as u8; sizes[next(sizes.len())]]))
+                            .collect();
+                        sled.insert_batch(tree, items.clone()).unwrap();
+                        reference.insert_batch(tree, items).unwrap();
+                    }
+                    2 => {
+                        sled.remove_range(tree, from, to).unwrap();
+                        reference.remove_range(tree, from, to).unwrap();
+                    }
+                    _ => {
+                        let limit = next(4);
+                        assert_eq!(
+                            sled.range(tree, from, to, limit).unwrap(),
+                            reference.range(tree, from, to, limit).unwrap(),
+                            "{tree:?} step {step}"
+                        );
+                    }
+                }
+                assert_eq!(sled.last(tree).unwrap(), reference.last(tree).unwrap(), "{tree:?} step {step}");
+                for k in keys {
+                    assert_eq!(sled.get(tree, k).unwrap(), reference.get(tree, k).unwrap(), "{tree:?} step {step} key {k:?}");
+                }
+            }
+        }
     }
 }
