@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use controlplane::provision::scaling::launches_for;
+use controlplane::provision::FleetGpu;
 use controlplane::resources::InstanceTypeSpec;
 
 /// HetSev's λ per second of launch latency (README, `[loops] lambda_per_s`).
@@ -40,6 +41,10 @@ pub fn detection_s(hosts: usize) -> u32 {
 
 #[derive(Clone, Debug, PartialEq)]
 struct Instance {
+    /// Unique in the fleet's life: its host's name is `host-<id>`.
+    id: u64,
+    /// Launched by the autoscaler (the node assignment fills such hosts last).
+    autoscaled: bool,
     instance_type: String,
     gpu_model: String,
     gpus: u32,
@@ -56,16 +61,48 @@ pub struct Fleet {
     pub gpu_hours: f64,
     /// Launches after the start (the initial fleet is already running).
     pub launches: u32,
+    next_id: u64,
+    /// Hosts that died, until the failure detector marks them: the controllers still
+    /// place work on them meanwhile.
+    undetected: Vec<(Instance, u32)>,
 }
 
 impl Fleet {
     pub fn new(types: &BTreeMap<String, InstanceTypeSpec>) -> Self {
-        Fleet { types: types.clone(), instances: Vec::new(), cost: 0.0, gpu_hours: 0.0, launches: 0 }
+        Fleet { types: types.clone(), instances: Vec::new(), cost: 0.0, gpu_hours: 0.0, launches: 0, next_id: 0, undetected: Vec::new() }
     }
 
-    /// Adds instances for `gpus` more GPUs per model, the cheapest way (HetSev's objective,
-    /// as the autoscaler launches): `initial` ones serve at once (the fleet a run starts
-    /// with), others after their type's launch latency from `now`.
+    /// The hosts the node assignment places work on at `now`, in launch order (as the
+    /// Nodes are listed): those that have registered (launched and ready) and dead ones
+    /// not yet marked unhealthy (the controllers still place work on them).
+    fn placeable_hosts(&mut self, now: u32) -> Vec<&Instance> {
+        self.undetected.retain(|(_, detected_at)| *detected_at > now);
+        let mut hosts: Vec<&Instance> =
+            self.instances.iter().filter(|i| i.ready_at <= now).chain(self.undetected.iter().map(|(i, _)| i)).collect();
+        hosts.sort_by_key(|i| i.id);
+        hosts
+    }
+
+    /// Which hosts [`Fleet::placeable`] has (cheap, to see whether they changed).
+    pub fn placeable_ids(&mut self, now: u32) -> Vec<u64> {
+        self.placeable_hosts(now).iter().map(|i| i.id).collect()
+    }
+
+    /// The GPUs of the hosts the node assignment places work on at `now`.
+    pub fn placeable(&mut self, now: u32) -> Vec<FleetGpu> {
+        self.placeable_hosts(now)
+            .into_iter()
+            .flat_map(|i| {
+                (0..i.gpus).map(move |k| FleetGpu {
+                    node: format!("host-{}", i.id),
+                    uuid: format!("GPU-{}-{k}", i.id),
+                    model: i.gpu_model.clone(),
+                    autoscaled: i.autoscaled,
+                })
+            })
+            .collect()
+    }
+
     pub fn add_gpus(&mut self, gpus: &BTreeMap<String, u32>, now: u32, initial: bool) {
         self.add_with(gpus, now, initial, &self.types.clone());
     }
@@ -86,7 +123,15 @@ impl Fleet {
         if !initial {
             self.launches += 1;
         }
-        self.instances.push(Instance { instance_type: instance_type.into(), gpu_model: t.gpu_model.clone(), gpus: t.gpu_count, ready_at });
+        self.next_id += 1;
+        self.instances.push(Instance {
+            id: self.next_id,
+            autoscaled: !initial,
+            instance_type: instance_type.into(),
+            gpu_model: t.gpu_model.clone(),
+            gpus: t.gpu_count,
+            ready_at,
+        });
     }
 
     /// GPUs of `model` serving at `now`, and all of them (launching included).
@@ -138,7 +183,9 @@ impl Fleet {
         let n = self.instances.iter().position(|i| i.gpu_model == model && i.ready_at <= now)?;
         let dead = self.instances.remove(n);
         let hosts = self.instances.len() + 1;
-        self.launch(&dead.instance_type, now + detection_s(hosts), false);
+        let detected_at = now + detection_s(hosts);
+        self.launch(&dead.instance_type, detected_at, false);
+        self.undetected.push((dead, detected_at));
         Some(model)
     }
 

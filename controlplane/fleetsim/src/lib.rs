@@ -4,6 +4,7 @@
 //! * [`scenario`]: the fleet and services (manifests, or the built-in scenario);
 //! * [`traffic`]: offered load per service and second (a seeded diurnal generator or a CSV);
 //! * [`planning`]: the provisioner (pools, strategies, incremental re-planning);
+//! * [`placement`]: the node assignment and the GSLICE tuner on the placed plan;
 //! * [`policies`]: whole GPUs for the peak, ParvaGPU for the peak, homogeneous autoscaling,
 //!   and gpuplane (HetSev's controller per service, the provisioner, the cheapest launches);
 //! * [`fleet`]: instances, their launch latencies, failures and what they cost;
@@ -11,6 +12,7 @@
 //! * [`report`] and [`plot`]: the table, the JSON and the SVG plots.
 
 pub mod fleet;
+pub mod placement;
 pub mod planning;
 pub mod plot;
 pub mod policies;
@@ -71,6 +73,7 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
     let n = scenario.services.len();
     let (mut windows, mut met) = (vec![0u64; n], vec![0u64; n]);
     let mut arrivals = vec![0.0; n];
+    let mut p99_ms = vec![0.0; n];
     let mut samples = Vec::new();
     let mut failures = scenario.failures_at_s.clone();
     failures.sort_unstable();
@@ -84,14 +87,17 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
         for (i, s) in scenario.services.iter().enumerate() {
             let load = rates[i][t as usize];
             let serving = policy.serving(i, t);
+            p99_ms[i] = 0.0;
             if load > 0.0 {
                 windows[i] += 1;
-                met[i] += u64::from(serving::window_met(load, &serving, s.slo_ms, &mut rng));
+                p99_ms[i] = serving::window_p99(load, &serving, &mut rng);
+                met[i] += u64::from(p99_ms[i] <= s.slo_ms);
             }
             arrivals[i] = load;
             demand += load;
             capacity += serving.capacity_rps;
         }
+        policy.observe(t, &arrivals, &p99_ms);
         policy.fleet().bill_second();
         if t.is_multiple_of(options.sample_every_s.max(1)) {
             let fleet = policy.fleet();

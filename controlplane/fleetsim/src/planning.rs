@@ -30,8 +30,6 @@ pub struct Planned {
     pub services: BTreeMap<String, Served>,
     /// GPUs the plan uses, per GPU model.
     pub gpus: BTreeMap<String, u32>,
-    /// Services whose workloads differ from the previous plan's (reconfigurations).
-    pub changed: BTreeSet<String>,
     /// Planned from the previous plan (minimal re-planning), not every service again.
     pub incremental: bool,
 }
@@ -42,17 +40,17 @@ pub struct Provisioner {
     rules: ServiceRules,
     strategy: MigStrategy,
     previous: Option<PoolPlans>,
-    last: BTreeMap<String, Vec<String>>,
 }
 
 impl Provisioner {
     pub fn new(state: &ClusterState, strategy: MigStrategy) -> Self {
-        Provisioner { input: planning_input(state), rules: service_rules(state), strategy, previous: None, last: BTreeMap::new() }
+        Provisioner { input: planning_input(state), rules: service_rules(state), strategy, previous: None }
     }
 
     /// Plans every service for `rates` (services absent keep their manifest's rate),
-    /// incrementally from the previous plan.
-    pub fn plan(&mut self, rates: &BTreeMap<String, f64>) -> Planned {
+    /// incrementally from the previous plan; what each service gets, and the plan (for the
+    /// node assignment).
+    pub fn plan(&mut self, rates: &BTreeMap<String, f64>) -> (Planned, Plan) {
         for s in &mut self.input.services {
             if let Some(&r) = rates.get(&s.name) {
                 // The planner needs a positive rate; a service with no load keeps a trickle.
@@ -63,37 +61,8 @@ impl Provisioner {
             .expect("a plan that is never stopped");
         let incremental = pools.incremental;
         self.previous = Some(pools);
-        let planned = outcome(&plan);
-        let placement = placements(&plan);
-        let changed = placement
-            .iter()
-            .filter(|(s, p)| self.last.get(*s) != Some(p))
-            .map(|(s, _)| s.clone())
-            .chain(self.last.keys().filter(|s| !placement.contains_key(*s)).cloned())
-            .collect();
-        self.last = placement;
-        Planned { changed, incremental, ..planned }
+        (Planned { incremental, ..outcome(&plan) }, plan)
     }
-}
-
-/// Per service, what its processes run on: each workload with its GPU's model and MIG
-/// layout (sorted; slots are left out, as the node assignment places a planned GPU on the
-/// physical GPU that already runs the same thing, whatever its slot). A service whose list
-/// changes is reconfigured on its agents; one whose neighbours alone changed is not, unless
-/// the layout of a GPU it shares did.
-fn placements(plan: &Plan) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for g in &plan.gpus {
-        for w in &g.workloads {
-            out.entry(w.service.clone())
-                .or_default()
-                .push(format!("{}/{:?}/{:?}/{}/{:.1}/{}", g.gpu_type, g.sharing, w.mig_instance, w.batch_size, w.mps_percent, w.processes));
-        }
-    }
-    for list in out.values_mut() {
-        list.sort();
-    }
-    out
 }
 
 fn outcome(plan: &Plan) -> Planned {
@@ -128,5 +97,5 @@ fn outcome(plan: &Plan) -> Planned {
             *share /= total;
         }
     }
-    Planned { services, gpus, changed: BTreeSet::new(), incremental: false }
+    Planned { services, gpus, incremental: false }
 }

@@ -7,12 +7,15 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use controlplane::provision::MigStrategy;
 use controlplane::resources::InstanceTypeSpec;
+use controlplane::tuning::Measurement;
+use planner::plan::Plan;
 use planner::policy::hetsev::{
     decide, decide_rate, record_sample, AutoscaleConfig, InstanceType, LoadSample, ModelProfile, RateDecision, RateRange, RunningInstance,
     ScaleDecision, ScaleInput,
 };
 
 use crate::fleet::{Fleet, LAMBDA_PER_S};
+use crate::placement::Placement;
 use crate::planning::{Planned, Provisioner};
 use crate::report::Replanning;
 use crate::scenario::{Scenario, SimService};
@@ -23,6 +26,8 @@ pub const TARGET: f64 = 0.8;
 /// How often the homogeneous baseline decides, simulated seconds (Kubernetes' HPA syncs
 /// every 15 s, KServe's KPA every 2 s).
 pub const DECIDE_EVERY_S: u32 = 10;
+/// The p99 an overloaded window reports, as a multiple of the SLO.
+const OVERLOADED_P99: f64 = 10.0;
 /// Provisioned rates move only for a change of more than this fraction (as the autoscaler).
 const MIN_CHANGE: f64 = 0.05;
 
@@ -60,6 +65,9 @@ pub trait Policy {
     /// What service `i` runs on during second `t`.
     fn serving(&self, i: usize, t: u32) -> Serving;
     fn fleet(&mut self) -> &mut Fleet;
+    /// What second `t` was: each service's offered load and its window's p99 (ms; 0 without
+    /// load, infinite when overloaded), as the routers report them.
+    fn observe(&mut self, _t: u32, _loads: &[f64], _p99_ms: &[f64]) {}
     /// Workload changes the agents would carry out (none for a fleet sized once).
     fn reconfigurations(&self) -> u32 {
         0
@@ -173,7 +181,7 @@ impl ParvaGpuPeak {
     pub fn new(scenario: &Scenario, peaks: &[f64]) -> Self {
         let mut provisioner = Provisioner::new(&scenario.state, MigStrategy::Parvagpu);
         let rates = scenario.services.iter().zip(peaks).map(|(s, p)| (s.name.clone(), p / TARGET)).collect();
-        let planned = provisioner.plan(&rates);
+        let (planned, _) = provisioner.plan(&rates);
         let mut fleet = Fleet::new(&scenario.instance_types);
         fleet.add_gpus(&planned.gpus, 0, true);
         ParvaGpuPeak { fleet, planned, services: scenario.services.clone(), available: BTreeMap::new() }
@@ -347,6 +355,16 @@ pub struct Gpuplane {
     fleet: Fleet,
     provisioner: Provisioner,
     planned: Planned,
+    /// The plan `planned` came from, and where it is placed (and tuned).
+    plan: Plan,
+    placement: Placement,
+    /// The hosts it was placed on.
+    placed_on: Vec<u64>,
+    slos_ms: BTreeMap<String, f64>,
+    /// Each service's last window, as its routers report it (the tuner's input).
+    windows: BTreeMap<String, Measurement>,
+    /// Seconds between the tuner's passes (`[loops] tune_interval`, its default).
+    tune_every_s: u32,
     services: Vec<SimService>,
     provisioned: Vec<f64>,
     samples: Vec<VecDeque<LoadSample>>,
@@ -367,13 +385,21 @@ impl Gpuplane {
         let target = settings.autoscale.saturation_threshold;
         let provisioned: Vec<f64> = initial.iter().map(|r| (r / target).max(1.0)).collect();
         let rates = scenario.services.iter().zip(&provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();
-        let planned = provisioner.plan(&rates);
+        let (planned, plan) = provisioner.plan(&rates);
         let mut fleet = Fleet::new(&scenario.instance_types);
         fleet.add_gpus(&planned.gpus, 0, true);
+        let mut placement = Placement::default();
+        placement.assign(&plan, &fleet.placeable(0));
         Gpuplane {
+            placed_on: fleet.placeable_ids(0),
             fleet,
             provisioner,
             planned,
+            plan,
+            placement,
+            slos_ms: scenario.services.iter().map(|s| (s.name.clone(), s.slo_ms)).collect(),
+            windows: BTreeMap::new(),
+            tune_every_s: (controlplane::loops::LoopSettings::default().tune_interval.as_secs() as u32).max(1),
             services: scenario.services.clone(),
             samples: vec![VecDeque::new(); provisioned.len()],
             provisioned,
@@ -384,6 +410,25 @@ impl Gpuplane {
             available: BTreeMap::new(),
             switching: BTreeMap::new(),
         }
+    }
+
+    /// Places `plan` on the hosts there are at `t`; the services reconfigured.
+    fn place(&mut self, plan: &Plan, t: u32) -> BTreeSet<String> {
+        self.placed_on = self.fleet.placeable_ids(t);
+        let gpus = self.fleet.placeable(t);
+        self.placement.assign(plan, &gpus)
+    }
+
+    /// `changed` services serve in their old configuration until their new processes
+    /// serve (`reconfigure_s`).
+    fn reconfigure(&mut self, changed: &BTreeSet<String>, t: u32) {
+        for (i, s) in self.services.iter().enumerate() {
+            if changed.contains(&s.name) {
+                let before = self.switching.get(&i).map_or_else(|| self.serving(i, t), |(_, old)| *old);
+                self.switching.insert(i, (t + self.settings.reconfigure_s, before));
+            }
+        }
+        self.reconfigurations += changed.len() as u32;
     }
 
     /// Launches for the plan's shortfall; terminates what has been surplus for the cool-down.
@@ -432,29 +477,35 @@ impl Policy for Gpuplane {
                 decide_rate(self.samples[i].make_contiguous(), range, f64::from(t), config, MIN_CHANGE)
             {
                 self.provisioned[i] = to_rps;
-                resized.insert(s.name.as_str());
+                resized.insert(s.name.clone());
             }
         }
         // The provisioner wakes on the status write and plans within its debounce (about a
-        // second): here, at once.
+        // second): here, at once. It places the plan on the hosts there are.
         if !resized.is_empty() {
             let rates = self.services.iter().zip(&self.provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();
-            let planned = self.provisioner.plan(&rates);
+            let (planned, plan) = self.provisioner.plan(&rates);
+            let changed = self.place(&plan, t);
             let r = &mut self.replanning;
             r.replans += 1;
             r.full_replans += u32::from(!planned.incremental);
-            let others = planned.changed.iter().filter(|s| !resized.contains(s.as_str())).count() as u32;
-            r.of_resized += planned.changed.len() as u32 - others;
+            let others = changed.iter().filter(|s| !resized.contains(*s)).count() as u32;
+            r.of_resized += changed.len() as u32 - others;
             r.of_others += others;
             r.of_others_in_full += if planned.incremental { 0 } else { others };
-            for (i, s) in self.services.iter().enumerate() {
-                if planned.changed.contains(&s.name) {
-                    let before = self.switching.get(&i).map_or_else(|| self.serving(i, t), |(_, old)| *old);
-                    self.switching.insert(i, (t + self.settings.reconfigure_s, before));
-                }
-            }
-            self.reconfigurations += planned.changed.len() as u32;
-            self.planned = planned;
+            self.reconfigure(&changed, t);
+            (self.planned, self.plan) = (planned, plan);
+        } else if deciding && self.fleet.placeable_ids(t) != self.placed_on {
+            // A host registered or was marked failed: the provisioner places the same plan
+            // on the hosts there are now.
+            let changed = self.place(&self.plan.clone(), t);
+            self.replanning.of_fleet_changes += changed.len() as u32;
+            self.reconfigure(&changed, t);
+        }
+        if t.is_multiple_of(self.tune_every_s) && !self.windows.is_empty() {
+            let changed = self.placement.tune(&self.slos_ms, &self.windows, f64::from(t));
+            self.replanning.of_tuner += changed.len() as u32;
+            self.reconfigure(&changed, t);
         }
         if deciding {
             self.fit_fleet(t);
@@ -465,11 +516,31 @@ impl Policy for Gpuplane {
     fn serving(&self, i: usize, _t: u32) -> Serving {
         match self.switching.get(&i) {
             Some((_, old)) => *old,
-            None => planned_serving(&self.planned, &self.available, &self.services[i]),
+            None => {
+                let s = &self.services[i];
+                let planned = planned_serving(&self.planned, &self.available, s);
+                Serving { capacity_rps: planned.capacity_rps * self.placement.capacity_factor(&s.name), ..planned }
+            }
         }
     }
     fn fleet(&mut self) -> &mut Fleet {
         &mut self.fleet
+    }
+    fn observe(&mut self, t: u32, loads: &[f64], p99_ms: &[f64]) {
+        if !(t + 1).is_multiple_of(self.tune_every_s) {
+            return;
+        }
+        self.windows.clear();
+        for (i, s) in self.services.iter().enumerate() {
+            if loads[i] <= 0.0 {
+                continue;
+            }
+            let capacity = self.serving(i, t).capacity_rps;
+            // An overloaded window: its requests time out, which the router reports as a
+            // p99 far past the SLO.
+            let p99_ms = if p99_ms[i].is_finite() { p99_ms[i] } else { OVERLOADED_P99 * s.slo_ms };
+            self.windows.insert(s.name.clone(), Measurement { p99_ms, throughput_rps: loads[i].min(capacity), arrival_rps: loads[i] });
+        }
     }
     fn reconfigurations(&self) -> u32 {
         self.reconfigurations

@@ -54,6 +54,11 @@ pub struct Replanning {
     pub of_others: u32,
     /// Of those, in full re-plans.
     pub of_others_in_full: u32,
+    /// Reconfigurations when hosts came (launched, replaced) or went (marked failed) and
+    /// the node assignment placed the same plan again.
+    pub of_fleet_changes: u32,
+    /// Reconfigurations by the GSLICE tuner (an MPS share changed; the process restarts).
+    pub of_tuner: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -101,8 +106,8 @@ impl Report {
         for p in &self.policies {
             if let Some(r) = p.replanning {
                 out.push_str(&format!(
-                    "{}: {} re-plans, {} of them of every service; reconfigured: {} resized services, {} others ({} of them in the full re-plans)\n",
-                    p.name, r.replans, r.full_replans, r.of_resized, r.of_others, r.of_others_in_full
+                    "{}: {} re-plans, {} of them of every service; reconfigured: {} resized services, {} others ({} of them in the full re-plans), {} as hosts came and went, {} by the tuner\n",
+                    p.name, r.replans, r.full_replans, r.of_resized, r.of_others, r.of_others_in_full, r.of_fleet_changes, r.of_tuner
                 ));
             }
         }

@@ -43,17 +43,19 @@ impl Serving {
 
 /// Whether `load` req/s for one second on `serving` meets `slo_ms`.
 pub fn window_met(load: f64, serving: &Serving, slo_ms: f64, rng: &mut SmallRng) -> bool {
-    if load <= 0.0 {
-        return true;
-    }
+    load <= 0.0 || window_p99(load, serving, rng) <= slo_ms
+}
+
+/// The p99 latency of one second of `load` req/s on `serving`, ms; infinite when the load
+/// reaches its capacity.
+pub fn window_p99(load: f64, serving: &Serving, rng: &mut SmallRng) -> f64 {
     let rho = load / serving.capacity_rps;
     // Also a capacity of 0 (ρ infinite) or NaN.
     if rho.is_nan() || rho >= 1.0 {
-        return false;
+        return f64::INFINITY;
     }
     let z: f64 = StandardNormal.sample(rng);
-    let p99 = serving.batch_ms * serving.slowdown * (NOISE_SIGMA * z).exp() * (1.0 + 0.2 * rho / (1.0 - rho));
-    p99 <= slo_ms
+    serving.batch_ms * serving.slowdown * (NOISE_SIGMA * z).exp() * (1.0 + 0.2 * rho / (1.0 - rho))
 }
 
 /// The synthetic shape of `model`, if it is one of the example models.

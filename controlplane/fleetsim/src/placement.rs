@@ -1,0 +1,200 @@
+//! The node assignment and the GSLICE tuner in simulated time. The plan's GPUs are placed on
+//! the fleet's hosts by the provisioner's own `assign_to_nodes` (a physical GPU that already
+//! runs a planned GPU's content keeps it, then one with its MIG layout, then any), and the
+//! leader's tuner pass (`tuning::tune_shares`, GSLICE Algorithm 1) adjusts the MPS shares of
+//! the placed plan's MPS-only GPUs from each host's windows. A service is reconfigured when
+//! a physical GPU it runs on, before or after, changes content: what its agents restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use controlplane::provision::{assign_to_nodes, FleetGpu};
+use controlplane::resources::{GpuAssignment, PlanSpec};
+use controlplane::tuning::{tune_shares, Measurement, Measurements, TunerState, TuningSettings};
+use planner::plan::{Plan, Sharing};
+
+/// The placed (and tuned) plan, with what the serving model needs of it.
+#[derive(Default)]
+pub struct Placement {
+    current: PlanSpec,
+    tuner: TunerState,
+    settings: TuningSettings,
+    /// Per service, its MPS shares (`mps_percent × processes`) on MPS-only GPUs as placed
+    /// from the plan, before any tuning.
+    planned_share: BTreeMap<String, f64>,
+    /// Per service, the fraction of its planned throughput on MPS-only GPUs.
+    mps_fraction: BTreeMap<String, f64>,
+    /// Per service, its MPS shares in `current`, and the hosts it runs on.
+    share: BTreeMap<String, f64>,
+    nodes: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Placement {
+    /// Places `plan` on `fleet`, keeping what runs where it can; the services reconfigured.
+    /// Every GPU gets the plan's content, so shares the tuner changed go back to the plan's
+    /// (as the provisioner writes them), which restarts those workloads.
+    pub fn assign(&mut self, plan: &Plan, fleet: &[FleetGpu]) -> BTreeSet<String> {
+        let (mut gpus, _unplaced) = assign_to_nodes(plan, fleet, Some(&self.current));
+        gpus.sort_by(|a, b| (&a.node, &a.gpu_uuid).cmp(&(&b.node, &b.gpu_uuid)));
+        let next = PlanSpec { strategy: plan.strategy.clone(), gpus: gpus.into_iter().collect(), ..PlanSpec::default() };
+        let changed = reconfigured(&self.current, &next);
+        self.current = next;
+        let (mut on_mps, mut all): (BTreeMap<String, f64>, BTreeMap<String, f64>) = Default::default();
+        for g in &plan.gpus {
+            for w in &g.workloads {
+                *all.entry(w.service.clone()).or_default() += w.predicted_throughput;
+                if matches!(g.sharing, Sharing::MpsOnly) {
+                    *on_mps.entry(w.service.clone()).or_default() += w.predicted_throughput;
+                }
+            }
+        }
+        self.mps_fraction = all.iter().map(|(s, &t)| (s.clone(), on_mps.get(s).copied().unwrap_or(0.0) / t.max(1e-9))).collect();
+        self.index();
+        self.planned_share = self.share.clone();
+        changed
+    }
+
+    fn index(&mut self) {
+        self.share = mps_shares(&self.current);
+        self.nodes.clear();
+        for g in &self.current.gpus {
+            for w in &g.workloads {
+                self.nodes.entry(w.service.clone()).or_default().insert(g.node.clone());
+            }
+        }
+    }
+
+    /// One tuner pass at `now_s` on each service's last window (`p99_ms`, served and offered
+    /// req/s, by service), fed to every host the service runs on; the services whose share
+    /// changed (their processes restart with it).
+    pub fn tune(&mut self, slos_ms: &BTreeMap<String, f64>, windows: &BTreeMap<String, Measurement>, now_s: f64) -> BTreeSet<String> {
+        let measured: Measurements = windows
+            .iter()
+            .flat_map(|(service, m)| self.nodes.get(service).into_iter().flatten().map(move |node| ((node.clone(), service.clone()), *m)))
+            .collect();
+        let pass = tune_shares(&self.current, slos_ms, &measured, now_s, &self.settings, &mut self.tuner);
+        let Some(plan) = pass.plan else { return BTreeSet::new() };
+        self.current = plan;
+        self.index();
+        pass.decisions.into_iter().filter(|d| d.outcome.changes_share()).map(|d| d.workload.service).collect()
+    }
+
+    /// What the tuner's shares make of a service's planned capacity: its MPS-only part
+    /// scaled by its shares now over its shares as planned (a batch's time on an MPS share
+    /// taken as inversely proportional to the share, as in iGniter's model at a fixed batch).
+    pub fn capacity_factor(&self, service: &str) -> f64 {
+        let f = self.mps_fraction.get(service).copied().unwrap_or(0.0);
+        match (self.planned_share.get(service), self.share.get(service)) {
+            (Some(&planned), Some(&now)) if planned > 0.0 && f > 0.0 => (1.0 - f) + f * now / planned,
+            _ => 1.0,
+        }
+    }
+}
+
+/// Per service, `mps_percent × processes` summed over its workloads on MPS-only GPUs.
+fn mps_shares(plan: &PlanSpec) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for g in plan.gpus.iter().filter(|g| g.mig_layout.is_empty()) {
+        for w in &g.workloads {
+            *out.entry(w.service.clone()).or_default() += w.mps_percent * f64::from(w.processes);
+        }
+    }
+    out
+}
+
+/// The services on every physical GPU whose content (MIG layout and workloads) differs
+/// between `before` and `after`, or that is in one of them only.
+fn reconfigured(before: &PlanSpec, after: &PlanSpec) -> BTreeSet<String> {
+    let by_gpu = |p: &PlanSpec| -> BTreeMap<(String, String), GpuAssignment> {
+        p.gpus.iter().map(|g| ((g.node.clone(), g.gpu_uuid.clone()), g.clone())).collect()
+    };
+    let (old, new) = (by_gpu(before), by_gpu(after));
+    let content = |g: &GpuAssignment| (g.mig_layout.clone(), g.workloads.clone());
+    let mut out = BTreeSet::new();
+    for key in old.keys().chain(new.keys()) {
+        let (a, b) = (old.get(key), new.get(key));
+        if a.map(content) != b.map(content) {
+            out.extend(a.into_iter().chain(b).flat_map(|g| g.workloads.iter().map(|w| w.service.clone())));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use planner::plan::Workload;
+
+    fn workload(service: &str, mps_percent: f64, throughput: f64) -> Workload {
+        Workload {
+            service: service.into(),
+            mig_instance: None,
+            mps_percent,
+            batch_size: 4,
+            processes: 1,
+            shadow_percent: 0.0,
+            predicted_throughput: throughput,
+            predicted_latency_ms: 10.0,
+        }
+    }
+
+    /// Two T4s (MPS only): "a" and "b" share the first, "c" has the second.
+    fn plan() -> Plan {
+        let gpu = |slot, workloads| planner::plan::GpuPlan { slot, gpu_type: "T4".into(), sharing: Sharing::MpsOnly, workloads };
+        Plan {
+            strategy: "igniter".into(),
+            gpus: vec![gpu(0, vec![workload("a", 30.0, 100.0), workload("b", 30.0, 100.0)]), gpu(1, vec![workload("c", 50.0, 200.0)])],
+            predictions: vec![],
+            infeasible: vec![],
+        }
+    }
+
+    fn hosts(ids: &[u32]) -> Vec<FleetGpu> {
+        ids.iter()
+            .map(|i| FleetGpu { node: format!("host-{i}"), uuid: format!("GPU-{i}-0"), model: "T4".into(), autoscaled: false })
+            .collect()
+    }
+
+    #[test]
+    fn only_the_services_on_a_gpu_whose_content_changes_are_reconfigured() {
+        let mut p = Placement::default();
+        assert_eq!(p.assign(&plan(), &hosts(&[1, 2])), BTreeSet::from(["a".into(), "b".into(), "c".into()]), "everything starts");
+        assert!(p.assign(&plan(), &hosts(&[1, 2])).is_empty(), "the same plan on the same hosts moves nothing");
+        assert!(p.assign(&plan(), &hosts(&[1, 2, 3])).is_empty(), "a new host takes nothing from the others");
+        // The host running "c" is gone: "c" moves to the spare GPU; "a" and "b" stay.
+        let c_host = p.nodes["c"].iter().next().unwrap().clone();
+        let left: Vec<u32> = [1, 2, 3].into_iter().filter(|i| format!("host-{i}") != c_host).collect();
+        assert_eq!(p.assign(&plan(), &hosts(&left)), BTreeSet::from(["c".to_string()]));
+        // "c" grows: its GPU changes, the shared one does not.
+        let mut grown = plan();
+        grown.gpus[1].workloads[0].mps_percent = 60.0;
+        assert_eq!(p.assign(&grown, &hosts(&left)), BTreeSet::from(["c".to_string()]));
+    }
+
+    #[test]
+    fn the_tuner_lifts_a_slow_services_share_and_its_capacity_with_it() {
+        let mut p = Placement::default();
+        p.assign(&plan(), &hosts(&[1, 2]));
+        let slos = BTreeMap::from([("a".to_string(), 50.0), ("b".to_string(), 50.0), ("c".to_string(), 50.0)]);
+        // "a" misses its target (0.8 × 50 ms) in every window; "b" and "c" are well within.
+        let window = |p99_ms| Measurement { p99_ms, throughput_rps: 90.0, arrival_rps: 90.0 };
+        let windows = BTreeMap::from([("a".to_string(), window(80.0)), ("b".to_string(), window(30.0)), ("c".to_string(), window(30.0))]);
+        let mut tuned = BTreeSet::new();
+        for pass in 0..12 {
+            tuned.extend(p.tune(&slos, &windows, f64::from(pass * 5)));
+        }
+        assert!(tuned.contains("a"), "{tuned:?}");
+        assert!(p.capacity_factor("a") > 1.0, "{}", p.capacity_factor("a"));
+        let on_gpu: f64 = p
+            .current
+            .gpus
+            .iter()
+            .filter(|g| g.workloads.iter().any(|w| w.service == "a"))
+            .flat_map(|g| &g.workloads)
+            .map(|w| w.mps_percent)
+            .sum();
+        assert!(on_gpu <= 100.0, "shares within the GPU: {on_gpu}");
+        // A re-plan writes the plan's shares again: "a" (and "b", on its GPU) restart.
+        assert!(p.assign(&plan(), &hosts(&[1, 2])).contains("a"));
+        assert_eq!(p.capacity_factor("a"), 1.0);
+    }
+}
