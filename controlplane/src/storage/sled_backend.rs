@@ -239,6 +239,22 @@ mod tests {
     use super::*;
     use crate::storage::MemBackend;
 
+    /// A value missing a part is damage, named, never a shorter value.
+    #[test]
+    fn a_value_with_a_part_missing_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let sled = SledBackend::open(&dir.path().join("sled"), &dir.path().join("snapshot")).unwrap();
+        sled.insert(Tree::Logs, &7u64.to_be_bytes(), vec![1; 3 * PART_BYTES]).unwrap();
+        sled.tree(Tree::Logs).remove(part_keys::part(&7u64.to_be_bytes(), 1)).unwrap();
+        for e in [
+            sled.get(Tree::Logs, &7u64.to_be_bytes()).unwrap_err(),
+            sled.range(Tree::Logs, &[], None, 10).unwrap_err(),
+            sled.last(Tree::Logs).unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("lacks part 1"), "{e}");
+        }
+    }
+
     /// Random writes and reads on sled (values in parts) and on the in-memory backend (the
     /// reference) give the same answers: keys with zero bytes and keys that are prefixes of
     /// others, values of zero, one, around one and several parts, values that shrink.
