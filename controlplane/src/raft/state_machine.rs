@@ -123,8 +123,11 @@ impl<B: KvBackend> StateMachineStore<B> {
 }
 
 fn load_snapshot<B: KvBackend>(backend: &B) -> Result<Option<(SnapshotMeta, Vec<u8>)>, String> {
-    let meta = backend.get(Tree::Snapshot, SNAPSHOT_META).map_err(|e| e.to_string())?;
-    let data = backend.get(Tree::Snapshot, SNAPSHOT_DATA).map_err(|e| e.to_string())?;
+    // One read of the tree, not one per key: a snapshot saved between two reads would pair
+    // one snapshot's metadata with another's data.
+    let mut rows = backend.range(Tree::Snapshot, &[], None, usize::MAX).map_err(|e| e.to_string())?;
+    let mut take = |key: &[u8]| rows.iter().position(|(k, _)| k == key).map(|i| rows.swap_remove(i).1);
+    let (meta, data) = (take(SNAPSHOT_META), take(SNAPSHOT_DATA));
     match (meta, data) {
         (None, None) => Ok(None),
         (Some(meta), Some(data)) => {

@@ -82,8 +82,9 @@ impl SledBackend {
         let mut value: Option<Vec<u8>> = None;
         for (n, item) in self.tree(tree).scan_prefix(part_keys::prefix(key)).enumerate() {
             let (stored, part) = item.map_err(|e| BackendError::new("get", tree, e))?;
-            let (of, found) = part_keys::decode(&stored).map_err(|e| BackendError::new("get", tree, e))?;
-            check_part(tree, key, n, &of, found)?;
+            // `prefix(key)` starts the parts of `key` alone (`part_keys`).
+            let (_, found) = part_keys::decode(&stored).map_err(|e| BackendError::new("get", tree, e))?;
+            check_part(tree, key, n, found)?;
             value.get_or_insert_with(Vec::new).extend_from_slice(&part);
         }
         Ok(value)
@@ -95,15 +96,11 @@ impl SledBackend {
 /// few hundred KB is a handful of parts.
 pub(crate) const PART_BYTES: usize = 64 * 1024;
 
-/// That part `n` of `key` was found as part `found` of `of`: a value's parts are numbered
-/// from 0 without gaps.
-fn check_part(tree: Tree, key: &[u8], n: usize, of: &[u8], found: u32) -> Result<(), BackendError> {
-    if of != key || found as usize != n {
-        return Err(BackendError::new(
-            "get",
-            tree,
-            format!("the database is damaged: value {key:?} lacks part {n} (found part {found} of {of:?})"),
-        ));
+/// That the part numbered `found` of `key` is its `n`-th: a value's parts are numbered from
+/// 0 without gaps.
+fn check_part(tree: Tree, key: &[u8], n: usize, found: u32) -> Result<(), BackendError> {
+    if found as usize != n {
+        return Err(BackendError::new("get", tree, format!("the database is damaged: value {key:?} lacks part {n} (found part {found})")));
     }
     Ok(())
 }
@@ -119,14 +116,14 @@ fn assemble(
     for item in stored {
         let (stored, part) = item.map_err(|e| BackendError::new("scan", tree, e))?;
         let (key, n) = part_keys::decode(&stored).map_err(|e| BackendError::new("scan", tree, e))?;
-        if let Some((last, value)) = out.last_mut().filter(|(last, _)| *last == key) {
-            check_part(tree, last, parts, &key, n)?;
+        if let Some((_, value)) = out.last_mut().filter(|(last, _)| *last == key) {
+            check_part(tree, &key, parts, n)?;
             value.extend_from_slice(&part);
             parts += 1;
         } else if out.len() == limit {
             break;
         } else {
-            check_part(tree, &key, 0, &key, n)?;
+            check_part(tree, &key, 0, n)?;
             out.push((key, part.to_vec()));
             parts = 1;
         }
