@@ -103,6 +103,9 @@ impl Fleet {
             .collect()
     }
 
+    /// Adds instances for `gpus` more GPUs per model, the cheapest way (HetSev's objective,
+    /// as the autoscaler launches): `initial` ones serve at once (the fleet a run starts
+    /// with), others after their type's launch latency from `now`.
     pub fn add_gpus(&mut self, gpus: &BTreeMap<String, u32>, now: u32, initial: bool) {
         self.add_with(gpus, now, initial, &self.types.clone());
     }

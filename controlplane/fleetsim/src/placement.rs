@@ -103,16 +103,17 @@ fn mps_shares(plan: &PlanSpec) -> BTreeMap<String, f64> {
 
 /// The services on every physical GPU whose content (MIG layout and workloads) differs
 /// between `before` and `after`, or that is in one of them only.
+fn by_gpu(plan: &PlanSpec) -> BTreeMap<(&str, &str), &GpuAssignment> {
+    plan.gpus.iter().map(|g| ((g.node.as_str(), g.gpu_uuid.as_str()), g)).collect()
+}
+
 fn reconfigured(before: &PlanSpec, after: &PlanSpec) -> BTreeSet<String> {
-    let by_gpu = |p: &PlanSpec| -> BTreeMap<(String, String), GpuAssignment> {
-        p.gpus.iter().map(|g| ((g.node.clone(), g.gpu_uuid.clone()), g.clone())).collect()
-    };
     let (old, new) = (by_gpu(before), by_gpu(after));
-    let content = |g: &GpuAssignment| (g.mig_layout.clone(), g.workloads.clone());
+    let same = |a: &GpuAssignment, b: &GpuAssignment| a.mig_layout == b.mig_layout && a.workloads == b.workloads;
     let mut out = BTreeSet::new();
     for key in old.keys().chain(new.keys()) {
-        let (a, b) = (old.get(key), new.get(key));
-        if a.map(content) != b.map(content) {
+        let (a, b) = (old.get(key).copied(), new.get(key).copied());
+        if !matches!((a, b), (Some(a), Some(b)) if same(a, b)) {
             out.extend(a.into_iter().chain(b).flat_map(|g| g.workloads.iter().map(|w| w.service.clone())));
         }
     }

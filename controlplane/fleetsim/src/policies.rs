@@ -419,13 +419,19 @@ impl Gpuplane {
         self.placement.assign(plan, &gpus)
     }
 
-    /// `changed` services serve in their old configuration until their new processes
-    /// serve (`reconfigure_s`).
-    fn reconfigure(&mut self, changed: &BTreeSet<String>, t: u32) {
+    /// What every service serves at `t`, before a change: what a reconfigured one keeps
+    /// serving until its new processes do.
+    fn servings(&self, t: u32) -> Vec<Serving> {
+        (0..self.services.len()).map(|i| self.serving(i, t)).collect()
+    }
+
+    /// `changed` services serve as `before` (their old configuration) until their new
+    /// processes serve (`reconfigure_s`).
+    fn reconfigure(&mut self, changed: &BTreeSet<String>, before: &[Serving], t: u32) {
         for (i, s) in self.services.iter().enumerate() {
             if changed.contains(&s.name) {
-                let before = self.switching.get(&i).map_or_else(|| self.serving(i, t), |(_, old)| *old);
-                self.switching.insert(i, (t + self.settings.reconfigure_s, before));
+                let old = self.switching.get(&i).map_or(before[i], |(_, old)| *old);
+                self.switching.insert(i, (t + self.settings.reconfigure_s, old));
             }
         }
         self.reconfigurations += changed.len() as u32;
@@ -485,6 +491,7 @@ impl Policy for Gpuplane {
         if !resized.is_empty() {
             let rates = self.services.iter().zip(&self.provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();
             let (planned, plan) = self.provisioner.plan(&rates);
+            let before = self.servings(t);
             let changed = self.place(&plan, t);
             let r = &mut self.replanning;
             r.replans += 1;
@@ -493,19 +500,21 @@ impl Policy for Gpuplane {
             r.of_resized += changed.len() as u32 - others;
             r.of_others += others;
             r.of_others_in_full += if planned.incremental { 0 } else { others };
-            self.reconfigure(&changed, t);
+            self.reconfigure(&changed, &before, t);
             (self.planned, self.plan) = (planned, plan);
         } else if deciding && self.fleet.placeable_ids(t) != self.placed_on {
             // A host registered or was marked failed: the provisioner places the same plan
             // on the hosts there are now.
+            let before = self.servings(t);
             let changed = self.place(&self.plan.clone(), t);
             self.replanning.of_fleet_changes += changed.len() as u32;
-            self.reconfigure(&changed, t);
+            self.reconfigure(&changed, &before, t);
         }
         if t.is_multiple_of(self.tune_every_s) && !self.windows.is_empty() {
+            let before = self.servings(t);
             let changed = self.placement.tune(&self.slos_ms, &self.windows, f64::from(t));
             self.replanning.of_tuner += changed.len() as u32;
-            self.reconfigure(&changed, t);
+            self.reconfigure(&changed, &before, t);
         }
         if deciding {
             self.fit_fleet(t);
