@@ -3,10 +3,13 @@
 //! runs a planned GPU's content keeps it, then one with its MIG layout, then any), and the
 //! leader's tuner pass (`tuning::tune_shares`, GSLICE Algorithm 1) adjusts the MPS shares of
 //! the placed plan's MPS-only GPUs from each host's windows. A service is reconfigured when
-//! a physical GPU it runs on, before or after, changes content: what its agents restart.
+//! one of its workloads starts or stops on a physical GPU, by the agents' rule
+//! (`controlplane::provision::kept`): a workload whose MIG instance and process
+//! configuration stay keeps running when its neighbours on the GPU change.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use controlplane::provision::kept::restarted_services;
 use controlplane::provision::{assign_to_nodes, FleetGpu};
 use controlplane::resources::{GpuAssignment, PlanSpec};
 use controlplane::tuning::{tune_shares, Measurement, Measurements, TunerState, TuningSettings};
@@ -101,23 +104,16 @@ fn mps_shares(plan: &PlanSpec) -> BTreeMap<String, f64> {
     out
 }
 
-/// The services on every physical GPU whose content (MIG layout and workloads) differs
-/// between `before` and `after`, or that is in one of them only.
 fn by_gpu(plan: &PlanSpec) -> BTreeMap<(&str, &str), &GpuAssignment> {
     plan.gpus.iter().map(|g| ((g.node.as_str(), g.gpu_uuid.as_str()), g)).collect()
 }
 
+/// The services with a workload that starts or stops on some physical GPU between `before`
+/// and `after`.
 fn reconfigured(before: &PlanSpec, after: &PlanSpec) -> BTreeSet<String> {
     let (old, new) = (by_gpu(before), by_gpu(after));
-    let same = |a: &GpuAssignment, b: &GpuAssignment| a.mig_layout == b.mig_layout && a.workloads == b.workloads;
-    let mut out = BTreeSet::new();
-    for key in old.keys().chain(new.keys()) {
-        let (a, b) = (old.get(key).copied(), new.get(key).copied());
-        if !matches!((a, b), (Some(a), Some(b)) if same(a, b)) {
-            out.extend(a.into_iter().chain(b).flat_map(|g| g.workloads.iter().map(|w| w.service.clone())));
-        }
-    }
-    out
+    let gpus: BTreeSet<_> = old.keys().chain(new.keys()).collect();
+    gpus.into_iter().flat_map(|key| restarted_services(old.get(key).copied(), new.get(key).copied())).map(str::to_string).collect()
 }
 
 #[cfg(test)]
@@ -194,7 +190,7 @@ mod tests {
             .map(|w| w.mps_percent)
             .sum();
         assert!(on_gpu <= 100.0, "shares within the GPU: {on_gpu}");
-        // A re-plan writes the plan's shares again: "a" (and "b", on its GPU) restart.
+        // A re-plan writes the plan's shares again: "a", whose share the tuner moved, restarts.
         assert!(p.assign(&plan(), &hosts(&[1, 2])).contains("a"));
         assert_eq!(p.capacity_factor("a"), 1.0);
     }

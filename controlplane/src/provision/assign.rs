@@ -1,8 +1,10 @@
 //! Placing a plan's GPUs on the fleet's physical GPUs. Pure. A planned GPU goes preferably
-//! to the physical GPU that already runs the same thing (no reconfiguration), then to one
-//! with the same MIG layout, then to a free one of its model; what finds no GPU is reported
-//! per service so that nothing is dropped silently.
+//! to the physical GPU that already runs the same thing (no reconfiguration), then to the
+//! one where most of its workloads already run (only the others restart, by the agent's
+//! rule in [`super::kept`]), then to one with the same MIG layout, then to a free one of its
+//! model; what finds no GPU is reported per service so that nothing is dropped silently.
 
+use super::kept;
 use crate::resources::{GpuAssignment, MigPlacement, PlanSpec, WorkloadAssignment};
 use planner::plan::{GpuPlan, Plan, Sharing};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -98,35 +100,87 @@ fn content_key(a: &GpuAssignment) -> ContentKey {
 /// autoscaler launched (so those can empty and go), then fleet order.
 type FreeSet = BTreeSet<(bool, usize)>;
 
-/// The free GPUs of the fleet, indexed three ways: by model, by (model, current MIG layout)
-/// and by (model, current assignment). Taking a GPU removes it from all three, so each
-/// lookup and removal is O(log n) and a whole assignment O(n log n) in the plan's and the
-/// fleet's size.
+/// Free GPUs looked at per workload of a planned GPU when seeking the one where most of
+/// its workloads run: bounds the search when one service runs alike on thousands of GPUs
+/// (any of those keeps as much as another).
+const CANDIDATES_PER_WORKLOAD: usize = 8;
+
+/// The free GPUs of the fleet, indexed four ways: by model, by (model, current MIG layout),
+/// by (model, current assignment) and by (model, a workload it runs now). Taking a GPU
+/// removes it from all four, so each lookup and removal is O(log n) (times its workloads)
+/// and a whole assignment O(n log n) in the plan's and the fleet's size.
 struct FreeGpus<'a> {
     fleet: &'a [FleetGpu],
     by_model: HashMap<&'a str, FreeSet>,
     by_layout: HashMap<(&'a str, LayoutKey), FreeSet>,
     by_content: HashMap<(&'a str, ContentKey), FreeSet>,
+    by_workload: HashMap<(&'a str, u64), FreeSet>,
     current: Vec<Option<(LayoutKey, ContentKey)>>,
+    /// Digests of the workloads each GPU runs now (sorted): `running[spans[k].0..spans[k].1]`,
+    /// in one vector rather than one per GPU.
+    running: Vec<u64>,
+    spans: Vec<(usize, usize)>,
 }
 
 impl<'a> FreeGpus<'a> {
     fn new(fleet: &'a [FleetGpu], current: Option<&PlanSpec>) -> Self {
         let now: HashMap<&str, &GpuAssignment> =
             current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
-        let mut free =
-            FreeGpus { fleet, by_model: HashMap::new(), by_layout: HashMap::new(), by_content: HashMap::new(), current: Vec::new() };
+        let mut free = FreeGpus {
+            fleet,
+            by_model: HashMap::new(),
+            by_layout: HashMap::new(),
+            by_content: HashMap::new(),
+            by_workload: HashMap::new(),
+            current: Vec::new(),
+            running: Vec::new(),
+            spans: Vec::with_capacity(fleet.len()),
+        };
         for (k, f) in fleet.iter().enumerate() {
             let slot = (f.autoscaled, k);
             free.by_model.entry(f.model.as_str()).or_default().insert(slot);
-            let keys = now.get(f.uuid.as_str()).map(|a| (layout_key(&a.mig_layout), content_key(a)));
+            let runs = now.get(f.uuid.as_str());
+            let keys = runs.map(|a| (layout_key(&a.mig_layout), content_key(a)));
             if let Some((layout, content)) = &keys {
                 free.by_layout.entry((f.model.as_str(), *layout)).or_default().insert(slot);
                 free.by_content.entry((f.model.as_str(), *content)).or_default().insert(slot);
             }
             free.current.push(keys);
+            let start = free.running.len();
+            free.running.extend(runs.into_iter().flat_map(|a| workload_digests(a)));
+            for &w in &free.running[start..] {
+                free.by_workload.entry((f.model.as_str(), w)).or_default().insert(slot);
+            }
+            free.spans.push((start, free.running.len()));
         }
         free
+    }
+
+    fn running_on(&self, k: usize) -> &[u64] {
+        let (start, end) = self.spans[k];
+        &self.running[start..end]
+    }
+
+    /// The free GPU of `model` that already runs the most of `workloads` (digests, sorted),
+    /// if one runs any: ties go to one with `layout`, then in the free sets' order.
+    fn most_kept(&self, model: &str, workloads: &[u64], layout: LayoutKey) -> Option<usize> {
+        // (workloads kept, same layout, the free set's order reversed): the greatest wins.
+        type Score = (usize, bool, std::cmp::Reverse<(bool, usize)>);
+        let mut best: Option<Score> = None;
+        let mut seen = workloads.to_vec();
+        seen.dedup();
+        for w in seen {
+            for &slot in self.by_workload.get(&(model, w)).into_iter().flatten().take(CANDIDATES_PER_WORKLOAD) {
+                let k = slot.1;
+                let kept = kept::kept_count(self.running_on(k), workloads);
+                let same_layout = self.current[k].is_some_and(|(l, _)| l == layout);
+                let score = (kept, same_layout, std::cmp::Reverse(slot));
+                if best.is_none_or(|b| score > b) {
+                    best = Some(score);
+                }
+            }
+        }
+        best.map(|(_, _, std::cmp::Reverse((_, k)))| k)
     }
 
     fn first(set: Option<&FreeSet>) -> Option<usize> {
@@ -147,16 +201,31 @@ impl<'a> FreeGpus<'a> {
                 s.remove(&slot);
             }
         }
+        let (start, end) = self.spans[k];
+        for w in &self.running[start..end] {
+            if let Some(s) = self.by_workload.get_mut(&(f.model.as_str(), *w)) {
+                s.remove(&slot);
+            }
+        }
     }
+}
+
+/// Digests of the workloads `a` runs, sorted.
+fn workload_digests(a: &GpuAssignment) -> Vec<u64> {
+    let mut out: Vec<u64> = kept::running(a).iter().map(kept::digest).collect();
+    out.sort_unstable();
+    out
 }
 
 /// The plan's GPUs on the fleet, and the services (with the reason) that lost GPUs for
 /// want of a physical one.
 ///
-/// In three rounds over the planned GPUs, so that a GPU's current work moves as little as
+/// In four rounds over the planned GPUs, so that a GPU's current work moves as little as
 /// possible: first each planned GPU takes a free physical GPU that already runs exactly it
-/// (no reconfiguration), then one with the same MIG layout (no repartitioning), then any
-/// free GPU of its model. Within a round, planned GPUs go in plan order.
+/// (no reconfiguration), then the one that runs the most of its workloads (a GPU whose plan
+/// changed in part: only the changed workloads restart), then one with the same MIG layout
+/// (no repartitioning), then any free GPU of its model. Within a round, planned GPUs go in
+/// plan order.
 pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpec>) -> (Vec<GpuAssignment>, BTreeMap<String, String>) {
     let mut free = FreeGpus::new(fleet, current);
     // The planned content of each GPU, placed on no GPU yet (node and uuid are filled in).
@@ -165,6 +234,16 @@ pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpe
     for (i, p) in planned.iter().enumerate() {
         let model = plan.gpus[i].gpu_type.as_str();
         if let Some(k) = FreeGpus::first(free.by_content.get(&(model, content_key(p)))) {
+            free.take(k);
+            picked[i] = Some(k);
+        }
+    }
+    for (i, p) in planned.iter().enumerate() {
+        if picked[i].is_some() || p.workloads.is_empty() {
+            continue;
+        }
+        let model = plan.gpus[i].gpu_type.as_str();
+        if let Some(k) = free.most_kept(model, &workload_digests(p), layout_key(&p.mig_layout)) {
             free.take(k);
             picked[i] = Some(k);
         }
@@ -293,6 +372,41 @@ mod tests {
         assert_eq!(changed.len(), 1, "{changed:?}");
         let was = now.iter().find(|a| a.gpu_uuid == changed[0].gpu_uuid).expect("the changed GPU was in use");
         assert_eq!(was.mig_layout, changed[0].mig_layout);
+    }
+
+    fn mig_gpu(slot: u32, placed: &[(MigProfile, u8, &str)]) -> GpuPlan {
+        let mut g = gpu(slot, &placed.iter().map(|&(p, start, _)| (p, start)).collect::<Vec<_>>(), "");
+        g.workloads = placed
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, _, service))| Workload { service: service.into(), mig_instance: Some(i), ..g.workloads[0].clone() })
+            .collect();
+        g
+    }
+
+    #[test]
+    fn a_gpu_whose_plan_changed_in_part_stays_where_its_other_workloads_run() {
+        use MigProfile::*;
+        let f = fleet(3);
+        // GPU-0 runs "a" (4g) and "b" (3g); GPU-1 runs the services "d", "e", "f" in the
+        // layout 4g + 2g + 1g, which the next plan no longer has.
+        let first = plan(vec![mig_gpu(0, &[(G4, 0, "a"), (G3, 4, "b")]), mig_gpu(1, &[(G4, 0, "d"), (G2, 4, "e"), (G1, 6, "f")])]);
+        let (now, _) = assign_to_nodes(&first, &f, None);
+        let current = PlanSpec { strategy: "t".into(), gpus: now.clone().into(), ..PlanSpec::default() };
+        let on = |placed: &[GpuAssignment], service: &str| {
+            placed.iter().find(|g| g.workloads.iter().any(|w| w.service == service)).map(|g| g.gpu_uuid.clone())
+        };
+        // "b" shrinks to 2g and "c" takes the 1g left: GPU-1 has that layout, but "a" runs on
+        // GPU-0, so the changed GPU stays there and only "b" and "c" start.
+        let next = plan(vec![mig_gpu(0, &[(G4, 0, "a"), (G2, 4, "b"), (G1, 6, "c")]), mig_gpu(1, &[(G7, 0, "x")])]);
+        let (placed, unplaced) = assign_to_nodes(&next, &f, Some(&current));
+        assert!(unplaced.is_empty());
+        assert_eq!(on(&placed, "a"), on(&now, "a"));
+        let before: HashMap<&str, &GpuAssignment> = now.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect();
+        let restarted: BTreeSet<&str> =
+            placed.iter().flat_map(|g| kept::restarted_services(before.get(g.gpu_uuid.as_str()).copied(), Some(g))).collect();
+        assert!(!restarted.contains("a"), "{restarted:?}");
+        assert!(restarted.is_superset(&BTreeSet::from(["b", "c", "x"])), "{restarted:?}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 mod assign;
 mod input;
+pub mod kept;
 pub mod offline;
 pub mod pools;
 pub mod quota;

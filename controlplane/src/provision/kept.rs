@@ -1,0 +1,174 @@
+//! What an agent keeps running when its GPU's assignment changes, by the agent's own rule
+//! (`node-agent`'s reconcile): a workload keeps its processes when the GPU already runs one
+//! of the same service in the same slot (the same MIG instance, which `plan_transition`
+//! never touches when its profile and start stay, or the whole GPU) with the same process
+//! configuration (MPS share, batch, processes). Everything else starts, and what is no
+//! longer wanted stops. Pure.
+//!
+//! The node assignment uses it to put a changed GPU where most of its workloads already
+//! run, and the fleet simulator to count restarts as the agents make them.
+
+use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
+
+use crate::resources::GpuAssignment;
+
+/// A workload as the agent runs it: what decides whether its processes are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunningWorkload<'a> {
+    pub service: &'a str,
+    /// The MIG instance's profile and start, `None` for the whole GPU (or an instance index
+    /// the layout does not have, which no agent runs).
+    pub slot: Option<(&'a str, u8)>,
+    pub mps_percent_bits: u64,
+    pub batch: u32,
+    pub processes: u32,
+}
+
+/// The workloads of `gpu`, sorted (a multiset: equal ones stay).
+pub fn running(gpu: &GpuAssignment) -> Vec<RunningWorkload<'_>> {
+    let mut out: Vec<RunningWorkload<'_>> = gpu
+        .workloads
+        .iter()
+        .map(|w| RunningWorkload {
+            service: &w.service,
+            slot: w.mig_instance.and_then(|i| gpu.mig_layout.get(i)).map(|p| (p.profile.as_str(), p.start)),
+            // Agents compare shares within 1e-9; plans carry whole or planner-computed
+            // shares, and an equal share is the same bits.
+            mps_percent_bits: w.mps_percent.to_bits(),
+            batch: w.batch,
+            processes: w.processes,
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// A 64-bit digest of a running workload (SipHash with std's fixed keys), for indexes.
+pub fn digest(w: &RunningWorkload<'_>) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    w.hash(&mut h);
+    h.finish()
+}
+
+/// How many of `after`'s workloads (sorted) keep running from `before` (sorted): the size
+/// of the two multisets' intersection.
+pub fn kept_count<T: Ord>(before: &[T], after: &[T]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < before.len() && j < after.len() {
+        match before[i].cmp(&after[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                n += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    n
+}
+
+/// The services with a workload that starts or stops on this GPU when its assignment goes
+/// from `before` to `after` (`None`: the GPU runs nothing of the plan).
+pub fn restarted_services<'a>(before: Option<&'a GpuAssignment>, after: Option<&'a GpuAssignment>) -> BTreeSet<&'a str> {
+    let old = before.map(running).unwrap_or_default();
+    let new = after.map(running).unwrap_or_default();
+    let mut out = BTreeSet::new();
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a == b => {
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a < b => {
+                out.insert(a.service);
+                i += 1;
+            }
+            (Some(a), None) => {
+                out.insert(a.service);
+                i += 1;
+            }
+            (_, Some(b)) => {
+                out.insert(b.service);
+                j += 1;
+            }
+            (None, None) => unreachable!("the loop runs while one side has workloads"),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{MigPlacement, WorkloadAssignment};
+
+    fn w(service: &str, mig_instance: Option<usize>, mps_percent: f64, batch: u32) -> WorkloadAssignment {
+        WorkloadAssignment {
+            service: service.into(),
+            mig_instance,
+            mps_percent,
+            batch,
+            processes: 1,
+            shadow_mps_percent: 10.0,
+            tenant: String::new(),
+            isolation: Default::default(),
+            batch_ms: 5.0,
+        }
+    }
+
+    fn gpu(layout: &[(&str, u8)], workloads: Vec<WorkloadAssignment>) -> GpuAssignment {
+        GpuAssignment {
+            node: "n".into(),
+            gpu_uuid: "GPU-0".into(),
+            mig_layout: layout.iter().map(|&(p, start)| MigPlacement { profile: p.into(), start }).collect(),
+            workloads,
+        }
+    }
+
+    #[test]
+    fn a_workload_whose_instance_stays_is_kept_when_its_neighbour_changes() {
+        // 4g@0 + 3g@4 → 4g@0 + 2g@4 + 1g@6: "a" keeps its instance (now listed second).
+        let before = gpu(&[("4g.40gb", 0), ("3g.40gb", 4)], vec![w("a", Some(0), 100.0, 8), w("b", Some(1), 100.0, 4)]);
+        let after = gpu(
+            &[("2g.20gb", 4), ("4g.40gb", 0), ("1g.10gb", 6)],
+            vec![w("b", Some(0), 100.0, 4), w("a", Some(1), 100.0, 8), w("c", Some(2), 100.0, 2)],
+        );
+        assert_eq!(restarted_services(Some(&before), Some(&after)), BTreeSet::from(["b", "c"]));
+        assert_eq!(kept_count(&running(&before), &running(&after)), 1);
+    }
+
+    #[test]
+    fn a_new_share_batch_or_process_count_restarts_but_the_shadow_and_prediction_do_not() {
+        let before = gpu(&[], vec![w("a", None, 30.0, 4), w("b", None, 30.0, 4)]);
+        let mut after = before.clone();
+        after.workloads[0].shadow_mps_percent = 5.0;
+        after.workloads[0].batch_ms = 9.0;
+        assert!(restarted_services(Some(&before), Some(&after)).is_empty());
+        let changes: [fn(&mut WorkloadAssignment); 3] = [|w| w.mps_percent = 40.0, |w| w.batch = 8, |w| w.processes = 2];
+        for change in changes {
+            let mut after = before.clone();
+            change(&mut after.workloads[1]);
+            assert_eq!(restarted_services(Some(&before), Some(&after)), BTreeSet::from(["b"]));
+        }
+    }
+
+    #[test]
+    fn a_gpu_that_empties_or_fills_restarts_all_it_ran_or_runs() {
+        let g = gpu(&[("7g.80gb", 0)], vec![w("a", Some(0), 100.0, 8)]);
+        assert_eq!(restarted_services(Some(&g), None), BTreeSet::from(["a"]));
+        assert_eq!(restarted_services(None, Some(&g)), BTreeSet::from(["a"]));
+        assert!(restarted_services(Some(&g), Some(&g)).is_empty());
+        assert!(restarted_services(None, None).is_empty());
+    }
+
+    #[test]
+    fn equal_workloads_count_as_many_times_as_they_run() {
+        let two = gpu(&[], vec![w("a", None, 30.0, 4), w("a", None, 30.0, 4)]);
+        let one = gpu(&[], vec![w("a", None, 30.0, 4)]);
+        assert_eq!(kept_count(&running(&two), &running(&one)), 1);
+        assert_eq!(restarted_services(Some(&two), Some(&one)), BTreeSet::from(["a"]));
+    }
+}
