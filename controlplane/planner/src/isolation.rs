@@ -122,20 +122,8 @@ pub fn check_gpu<'a, K: Ord>(workloads: impl IntoIterator<Item = (K, &'a Boundar
 mod tests {
     use super::*;
     use crate::mig::MigProfile;
+    use crate::plan::tests::workload;
     use crate::plan::{GpuPlan, MigInstance, Sharing, Workload};
-
-    fn workload(service: &str, mig_instance: Option<usize>) -> Workload {
-        Workload {
-            service: service.into(),
-            mig_instance,
-            mps_percent: 50.0,
-            batch_size: 4,
-            processes: 1,
-            shadow_percent: 0.0,
-            predicted_throughput: 10.0,
-            predicted_latency_ms: 5.0,
-        }
-    }
 
     fn plan_of(gpus: Vec<(Sharing, Vec<Workload>)>) -> Plan {
         Plan {

@@ -176,6 +176,52 @@ impl Plan {
     pub fn prediction(&self, service: &str) -> Option<&ServicePrediction> {
         self.predictions.iter().find(|p| p.service == service)
     }
+
+    /// This plan without `service`: its workloads, the MIG instances they alone used and the
+    /// GPUs left empty go; every other workload stays where it is, in its instance and with
+    /// its share (a GPU keeps its slot). What minimal re-planning starts from when a service
+    /// leaves a pool. A layout that loses instances stays valid (fewer slices are used).
+    pub fn without_service(&self, service: &str) -> Plan {
+        let mut gpus = Vec::with_capacity(self.gpus.len());
+        for g in &self.gpus {
+            if g.workloads.iter().all(|w| w.service != service) {
+                gpus.push(g.clone());
+                continue;
+            }
+            let workloads: Vec<Workload> = g.workloads.iter().filter(|w| w.service != service).cloned().collect();
+            if workloads.is_empty() {
+                continue;
+            }
+            let sharing = match &g.sharing {
+                Sharing::MpsOnly => Sharing::MpsOnly,
+                Sharing::Mig { instances } => {
+                    // An instance stays when a remaining workload uses it or no workload of
+                    // `service` did (the plan had it free).
+                    let used = |k: usize| workloads.iter().any(|w| w.mig_instance == Some(k));
+                    let left_by = |k: usize| g.workloads.iter().any(|w| w.service == service && w.mig_instance == Some(k));
+                    let kept: Vec<usize> = (0..instances.len()).filter(|&k| used(k) || !left_by(k)).collect();
+                    let mut workloads = workloads;
+                    for w in &mut workloads {
+                        w.mig_instance = w.mig_instance.and_then(|k| kept.iter().position(|&x| x == k));
+                    }
+                    gpus.push(GpuPlan {
+                        slot: g.slot,
+                        gpu_type: g.gpu_type.clone(),
+                        sharing: Sharing::Mig { instances: kept.iter().map(|&k| instances[k]).collect() },
+                        workloads,
+                    });
+                    continue;
+                }
+            };
+            gpus.push(GpuPlan { slot: g.slot, gpu_type: g.gpu_type.clone(), sharing, workloads });
+        }
+        Plan {
+            strategy: self.strategy.clone(),
+            gpus,
+            predictions: self.predictions.iter().filter(|p| p.service != service).cloned().collect(),
+            infeasible: self.infeasible.iter().filter(|f| f.service != service).cloned().collect(),
+        }
+    }
 }
 
 /// Builds the per-service predictions from the workloads of a plan.
@@ -201,4 +247,64 @@ pub(crate) fn predictions_from_gpus(gpus: &[GpuPlan], services: &[crate::input::
         }
     }
     out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::mig::MigProfile::*;
+
+    /// A workload of `service` (half the share, batch 4, 10 req/s in 5 ms), for tests.
+    pub(crate) fn workload(service: &str, mig_instance: Option<usize>) -> Workload {
+        Workload {
+            service: service.into(),
+            mig_instance,
+            mps_percent: 50.0,
+            batch_size: 4,
+            processes: 1,
+            shadow_percent: 0.0,
+            predicted_throughput: 10.0,
+            predicted_latency_ms: 5.0,
+        }
+    }
+
+    fn prediction(service: &str) -> ServicePrediction {
+        ServicePrediction { service: service.into(), request_rate: 1.0, slo_ms: 50.0, capacity_rps: 100.0, latency_ms: 10.0 }
+    }
+
+    #[test]
+    fn a_service_leaving_takes_its_instances_and_emptied_gpus_and_nothing_else() {
+        let mig = |instances: &[(crate::mig::MigProfile, u8)]| Sharing::Mig {
+            instances: instances.iter().map(|&(profile, start)| MigInstance { profile, start }).collect(),
+        };
+        let plan = Plan {
+            strategy: "t".into(),
+            gpus: vec![
+                // "a" on 4g@0, "b" on 2g@4, "a" again on 1g@6.
+                GpuPlan {
+                    slot: 3,
+                    gpu_type: "A100".into(),
+                    sharing: mig(&[(G4, 0), (G2, 4), (G1, 6)]),
+                    workloads: vec![workload("a", Some(0)), workload("b", Some(1)), workload("a", Some(2))],
+                },
+                GpuPlan { slot: 5, gpu_type: "A100".into(), sharing: mig(&[(G7, 0)]), workloads: vec![workload("a", Some(0))] },
+                GpuPlan {
+                    slot: 6,
+                    gpu_type: "T4".into(),
+                    sharing: Sharing::MpsOnly,
+                    workloads: vec![workload("a", None), workload("c", None)],
+                },
+            ],
+            predictions: vec![prediction("a"), prediction("b"), prediction("c")],
+            infeasible: vec![],
+        };
+        let left = plan.without_service("a");
+        assert_eq!(left.gpus.len(), 2, "the GPU only \"a\" used goes");
+        assert_eq!(left.gpus[0].slot, 3);
+        assert_eq!(left.gpus[0].sharing, mig(&[(G2, 4)]));
+        assert_eq!(left.gpus[0].workloads, vec![workload("b", Some(0))]);
+        assert_eq!((left.gpus[1].slot, &left.gpus[1].workloads), (6, &vec![workload("c", None)]));
+        assert_eq!(left.predictions, vec![prediction("b"), prediction("c")]);
+        assert_eq!(plan.without_service("nobody"), plan);
+    }
 }

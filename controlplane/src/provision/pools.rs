@@ -222,7 +222,7 @@ pub(super) fn merge(input: &PlanningInput, pools: BTreeMap<Group, Plan>, mig_str
 /// Runs a strategy, turning a panic into its message. The strategies guard their own
 /// arithmetic and allocations (see `planner::bounds`); this is the last line, so that a
 /// defect one service's input reaches refuses that service instead of every plan.
-pub(super) fn guarded(plan: impl FnOnce() -> Plan) -> Result<Plan, String> {
+pub(super) fn guarded<T>(plan: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(plan)).map_err(crate::loops::panic_message)
 }
 

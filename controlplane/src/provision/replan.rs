@@ -1,25 +1,37 @@
-//! Minimal re-planning (ParvaGPU Sec. III-F): when only the rate or SLO of a few services
+//! Minimal re-planning (ParvaGPU Sec. III-F): when only the rates or SLOs of some services
 //! changed since the last pass, only their segments are recomputed and relocated into the
 //! previous deployment map (`parvagpu::replan_service`), so every other service keeps its
-//! GPUs, MIG instances and starts, and its agents are not reconfigured. A changed service in
-//! a pool whose strategy has no minimal re-planning (iGniter, exact MIG, PARIS) re-plans its
-//! own group alone, as does a group a service left or joined (a new rate can make the other
-//! pool the cheaper one); the other groups keep their plans. Anything else (a new service, a
-//! model, a profile, a GPU type, a strategy, or many changes at once) plans everything
-//! again. Pure.
+//! GPUs, MIG instances and starts, and its agents are not reconfigured. iGniter's pool does
+//! the same on its own rules (`igniter::replan_service`: the service's replicas leave and
+//! are placed again by Alg. 1). A new rate can make the other pool the cheaper one: the
+//! service leaves its old group's plan (`Plan::without_service`) and is placed into the
+//! new group's. A group whose strategy has no minimal re-planning (exact MIG, PARIS) is
+//! planned again alone when a member changed, left or joined; the other groups keep their
+//! plans. The full plan is computed beside it and taken when it saves at least
+//! [`CONSOLIDATION_SAVING`] of the GPU cost. Anything else (a new service, a model, a
+//! profile, a GPU type, a strategy, or more than [`MAX_INCREMENTAL_CHANGES`] changes at
+//! once) plans everything again. Pure.
 
 use std::collections::BTreeMap;
 
 use planner::input::PlanningInput;
 use planner::plan::Plan;
-use planner::strategy::parvagpu;
+use planner::strategy::{igniter, parvagpu};
 
 use super::pools::{guarded, members, merge, plan_each_pool, plan_isolated, pool_input, Group, Members, Pool};
 use super::{MigStrategy, ServiceRules};
 
-/// Most changed services re-planned one by one; past this a full pass is cheaper than
-/// relocating each (every relocation reconfigures all services) and moves little more.
-pub const MAX_INCREMENTAL_CHANGES: usize = 8;
+/// Most changed services re-planned one by one; past this a full pass is planned alone
+/// (relocating each costs a planning of its own).
+pub const MAX_INCREMENTAL_CHANGES: usize = 64;
+
+/// Share of the GPU cost per hour a full re-plan must save over the incremental one to be
+/// taken instead. Relocating services one by one keeps every other workload running but
+/// leaves GPUs part-used as rates fall; a full re-plan repacks them and restarts most of
+/// the fleet's workloads. In the fleet simulator's day (`fleet-sim --target-saturation 0.7`)
+/// 2% costs 0.3% more than always re-planning in full and restarts a third as many
+/// workloads (24,254 reconfigurations instead of 69,496); 5% costs 1.3% more for 10,164.
+pub const CONSOLIDATION_SAVING: f64 = 0.02;
 
 /// What a pass planned, per pool, for the next pass to start from. Leader memory: a new
 /// leader plans in full once.
@@ -57,6 +69,17 @@ pub fn plan_pools_from(
 ) -> Option<(Plan, PoolPlans)> {
     let step = previous.map_or(Incremental::NotApplicable(None), |p| incremental(p, input, rules, strategy, stop));
     let (members, plans, is_incremental) = match step {
+        Incremental::Planned(members, plans) if previous.is_some_and(|p| p.input.services != input.services) => {
+            // Consolidation: relocating services one by one leaves GPUs part-used as rates
+            // fall; when planning everything again saves enough, that plan is taken.
+            let full = plan_each_pool(input, &members, stop)?;
+            let cost = |plans: &BTreeMap<Group, Plan>| plans.values().map(|p| p.cost_per_hour(&input.gpu_types)).sum::<f64>();
+            if cost(&full) < cost(&plans) * (1.0 - CONSOLIDATION_SAVING) {
+                (members, full, false)
+            } else {
+                (members, plans, true)
+            }
+        }
         Incremental::Planned(members, plans) => (members, plans, true),
         Incremental::Stopped => return None,
         Incremental::NotApplicable(known) => {
@@ -105,15 +128,28 @@ fn incremental(
     if changed.len() > MAX_INCREMENTAL_CHANGES {
         return NotApplicable(None);
     }
-    // A rate can move a service to the other pool (the cheaper one for it alone): the groups
-    // it left and joined are planned again; every other group keeps its plan.
+    // A rate can move a service to the other pool (the cheaper one for it alone): it leaves
+    // the plan of the group it left (`Plan::without_service`: the others stay put) and is
+    // placed in the group it joined as a changed service is. A group whose strategy has no
+    // minimal re-planning is planned again instead. Every other group keeps its plan.
     let members = members(input, rules, strategy);
     let mut plans: BTreeMap<Group, Plan> = BTreeMap::new();
     let mut replanned: Vec<&Group> = Vec::new();
+    let mut relocate = changed;
     for (group, services) in &members {
+        let before = prev.members.get(group);
         match prev.plans.get(group) {
-            Some(plan) if prev.members.get(group) == Some(services) => {
+            Some(plan) if before == Some(services) => {
                 plans.insert(group.clone(), plan.clone());
+            }
+            Some(plan) if relocates(group.pool) => {
+                let before = before.map_or(&[][..], Vec::as_slice);
+                let mut plan = plan.clone();
+                for &left in before.iter().filter(|i| !services.contains(i)) {
+                    plan = plan.without_service(&input.services[left].name);
+                }
+                relocate.extend(services.iter().filter(|i| !before.contains(i)));
+                plans.insert(group.clone(), plan);
             }
             _ => {
                 if stop() {
@@ -124,11 +160,13 @@ fn incremental(
             }
         }
     }
-    if changed.is_empty() {
+    relocate.sort_unstable();
+    relocate.dedup();
+    if relocate.is_empty() {
         return Planned(members, plans);
     }
     let cfg = parvagpu::ParvaConfig::default();
-    for &i in &changed {
+    for &i in &relocate {
         if stop() {
             return Stopped;
         }
@@ -140,27 +178,39 @@ fn incremental(
         if replanned.contains(&group) {
             continue; // planned again from scratch above, at its new rate
         }
-        if group.pool != Pool::Parvagpu {
-            // No minimal re-planning in this strategy: its group is planned again (once for
-            // all its changed services), and only its group's services can move.
-            if !replanned.contains(&group) {
+        let Some(plan) = plans.get(group) else { return NotApplicable(Some(members)) };
+        let pool = pool_input(input, group.pool, services);
+        let demand = &input.services[i];
+        let relocated = match group.pool {
+            // A failure here plans everything again, where each service is isolated.
+            Pool::Parvagpu => match guarded(|| parvagpu::replan_service(plan, &pool, demand, &cfg)) {
+                Ok(p) => Some(p),
+                Err(_) => return NotApplicable(Some(members)),
+            },
+            // `None`: the previous plan does not read back; the group is planned again.
+            Pool::Igniter => {
+                guarded(|| igniter::replan_service(plan, &pool, &demand.name, &igniter::IgniterConfig::default())).ok().flatten()
+            }
+            Pool::ExactMig | Pool::Paris => None,
+        };
+        match relocated {
+            Some(p) => {
+                plans.insert(group.clone(), p);
+            }
+            None => {
+                // No minimal re-planning in this strategy: its group is planned again (once
+                // for all its changed services), and only its group's services can move.
                 plans.insert(group.clone(), plan_isolated(input, group.pool, services));
                 replanned.push(group);
             }
-            continue;
-        }
-        let Some(plan) = plans.get(group) else { return NotApplicable(Some(members)) };
-        let pool = pool_input(input, Pool::Parvagpu, services);
-        let demand = &input.services[i];
-        // A failure here plans everything again, where each service is isolated.
-        match guarded(|| parvagpu::replan_service(plan, &pool, demand, &cfg)) {
-            Ok(p) => {
-                plans.insert(group.clone(), p);
-            }
-            Err(_) => return NotApplicable(Some(members)),
         }
     }
     Planned(members, plans)
+}
+
+/// Whether a pool's strategy re-plans one service into its previous plan.
+fn relocates(pool: Pool) -> bool {
+    matches!(pool, Pool::Parvagpu | Pool::Igniter)
 }
 
 #[cfg(test)]
@@ -259,8 +309,46 @@ mod tests {
         inp
     }
 
+    /// What decides whether a workload restarts, per GPU slot: (service, instance, share,
+    /// batch, processes) of each workload.
+    fn running(plan: &Plan) -> BTreeMap<u32, Vec<String>> {
+        plan.gpus
+            .iter()
+            .map(|g| {
+                let layout = match &g.sharing {
+                    planner::plan::Sharing::Mig { instances } => instances.clone(),
+                    planner::plan::Sharing::MpsOnly => Vec::new(),
+                };
+                let mut w: Vec<String> = g
+                    .workloads
+                    .iter()
+                    .map(|w| {
+                        let instance = w.mig_instance.and_then(|k| layout.get(k));
+                        format!("{} {:?} {} {} {}", w.service, instance, w.mps_percent, w.batch_size, w.processes)
+                    })
+                    .collect();
+                w.sort();
+                (g.slot, w)
+            })
+            .collect()
+    }
+
+    /// The services with a workload that starts or stops between `before` and `after`
+    /// (slot by slot; slots are the GPUs' identities across minimal re-plans).
+    fn restarted(before: &Plan, after: &Plan) -> BTreeSet<String> {
+        let (a, b) = (running(before), running(after));
+        let service = |w: &String| w.split(' ').next().unwrap().to_string();
+        let mut out = BTreeSet::new();
+        for slot in a.keys().chain(b.keys()) {
+            let (x, y) = (a.get(slot).cloned().unwrap_or_default(), b.get(slot).cloned().unwrap_or_default());
+            out.extend(x.iter().filter(|w| !y.contains(w)).map(service));
+            out.extend(y.iter().filter(|w| !x.contains(w)).map(service));
+        }
+        out
+    }
+
     #[test]
-    fn a_rate_change_in_a_pool_without_minimal_replanning_replans_that_pool_alone() {
+    fn a_rate_change_in_the_igniter_pool_moves_that_service_alone() {
         let rates = [20.0, 30.0, 25.0, 15.0];
         let (before, memory) =
             plan_pools_from(&two_pools(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
@@ -276,15 +364,14 @@ mod tests {
         assert_eq!(on(&after, "A100-80GB"), on(&before, "A100-80GB"), "the MIG pool keeps its plan");
         let capacity = |p: &Plan, s: &str| p.predictions.iter().find(|x| x.service == s).map_or(0.0, |x| x.capacity_rps);
         assert!(capacity(&after, "small1") >= 36.0);
-        // And the result is what planning that pool from scratch gives.
-        let full = super::super::plan_pools(&two_pools(&raised), &ServiceRules::default(), MigStrategy::Parvagpu);
-        assert_eq!(on(&after, "T4"), on(&full, "T4"));
+        assert_eq!(restarted(&before, &after), BTreeSet::from(["small1".to_string()]));
     }
 
     #[test]
-    fn a_service_that_changes_pool_replans_the_groups_it_left_and_joined() {
+    fn a_service_that_changes_pool_moves_alone() {
         let rates = [20.0, 30.0, 25.0, 15.0];
-        let (_, memory) = plan_pools_from(&two_pools(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        let (before, memory) =
+            plan_pools_from(&two_pools(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
         let mut raised = rates;
         // Far more than T4s serve cheaply: small1 goes to the A100s.
         raised[1] = 3000.0;
@@ -301,13 +388,54 @@ mod tests {
                 .collect::<BTreeSet<_>>()
         };
         assert!(a100(&after).contains("small1"));
-        // Both groups it touched are planned as a full pass plans them.
-        assert_eq!(contents(&after), contents(&super::super::plan_pools(&inp, &ServiceRules::default(), MigStrategy::Parvagpu)));
+        assert!(after.predictions.iter().find(|p| p.service == "small1").unwrap().capacity_rps >= 3000.0);
+        // It left the T4s and joined the A100s. Nothing else starts or stops but on the GPUs
+        // it joined, which ParvaGPU's segment optimization may repack (Sec. III-F). Slots are
+        // renumbered when the pools' plans merge: compare each pool's own plan.
+        for (group, plan) in &next.plans {
+            if let Some(was) = memory.plans.get(group) {
+                let neighbours: BTreeSet<String> = plan
+                    .gpus
+                    .iter()
+                    .filter(|g| g.workloads.iter().any(|w| w.service == "small1"))
+                    .flat_map(|g| g.workloads.iter().map(|w| w.service.clone()))
+                    .collect();
+                let moved = restarted(was, plan);
+                assert!(moved.is_subset(&neighbours) || moved.iter().all(|s| s == "small1"), "{group:?}: {moved:?}");
+            }
+        }
+        assert!(restarted(&before, &after).contains("small1"));
+    }
+
+    #[test]
+    fn a_full_plan_is_taken_when_it_saves_enough() {
+        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
+        let (_, memory) = plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        let cost = |p: &Plan| p.cost_per_hour(&input(&rates).gpu_types);
+        let mut consolidated = 0;
+        for fall in [0.9, 0.5, 0.2] {
+            let fallen: Vec<f64> = rates.iter().map(|r| r * fall).collect();
+            let inp = input(&fallen);
+            let (taken, next) = plan_pools_from(&inp, &ServiceRules::default(), MigStrategy::Parvagpu, Some(&memory), &|| false).unwrap();
+            let full = super::super::plan_pools(&inp, &ServiceRules::default(), MigStrategy::Parvagpu);
+            assert!(
+                cost(&taken) <= cost(&full) / (1.0 - CONSOLIDATION_SAVING) + 1e-9,
+                "rates x{fall}: {} per hour taken, {} in full (incremental: {})",
+                cost(&taken),
+                cost(&full),
+                next.incremental
+            );
+            if !next.incremental {
+                assert_eq!(taken, full);
+                consolidated += 1;
+            }
+        }
+        assert!(consolidated > 0, "rates that fall to a fifth leave a plan worth repacking");
     }
 
     #[test]
     fn anything_but_a_few_rates_plans_everything_again() {
-        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 100.0 * f64::from(i)).collect();
+        let rates: Vec<f64> = (0..MAX_INCREMENTAL_CHANGES + 1).map(|i| 2000.0 + 100.0 * (i % 12) as f64).collect();
         let (_, memory) = plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
         let all_up: Vec<f64> = rates.iter().map(|r| r * 1.1).collect();
         assert!(

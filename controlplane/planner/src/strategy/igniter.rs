@@ -294,54 +294,68 @@ fn usable(t: &GpuType) -> Option<(&HardwareCoeffs, Grid)> {
     Some((hw, Grid::of(hw)?))
 }
 
+/// The GPU types iGniter can plan on: (index in `gpu_types`, coefficients, grid).
+type UsableTypes<'a> = Vec<(usize, &'a HardwareCoeffs, Grid)>;
+
+fn usable_types(input: &PlanningInput) -> UsableTypes<'_> {
+    input.gpu_types.iter().enumerate().filter_map(|(i, t)| usable(t).map(|(hw, g)| (i, hw, g))).collect()
+}
+
+/// The most cost-efficient type for service `si` (least `u/r_max · r` for its total solo
+/// share, Sec. 4.1) with its sizing, as an index into `types`; or why none serves it.
+fn choose_type<'a>(
+    input: &'a PlanningInput,
+    types: &UsableTypes<'a>,
+    si: usize,
+    cfg: &IgniterConfig,
+) -> Result<(usize, Sizing<'a>), InfeasibleReason> {
+    let s = &input.services[si];
+    if let Some(reason) = check_demand(s) {
+        return Err(reason);
+    }
+    if types.is_empty() {
+        return Err(InfeasibleReason::NoGpuType { needed: "MPS with iGniter hardware coefficients".into() });
+    }
+    let mut best: Option<(f64, usize, Sizing<'_>)> = None;
+    let mut reason = InfeasibleReason::NoProfile { model: s.model.clone() };
+    for (k, &(ti, hw, grid)) in types.iter().enumerate() {
+        let t = &input.gpu_types[ti];
+        let Some(coeffs) = input.profiles.coeffs(&t.name, &s.model) else { continue };
+        match size_service(hw, grid, si, coeffs, s.slo_ms, s.request_rate, cfg.max_replicas) {
+            Ok(sz) => {
+                let cost = t.price_per_hour / grid.max_pct() * f64::from(sz.replicas) * grid.pct(sz.solo_units);
+                if best.as_ref().is_none_or(|b| cost < b.0) {
+                    best = Some((cost, k, sz));
+                }
+            }
+            Err(r) => {
+                // Report the most informative reason: a too-tight SLO beats "too large",
+                // which beats "no profile"; among too-tight ones the best latency.
+                reason = match (&reason, r) {
+                    (
+                        InfeasibleReason::SloTooTight { best_latency_ms: a, .. },
+                        InfeasibleReason::SloTooTight { slo_ms, best_latency_ms: b },
+                    ) => InfeasibleReason::SloTooTight { slo_ms, best_latency_ms: a.min(b) },
+                    (InfeasibleReason::SloTooTight { .. }, _) => reason,
+                    (_, r) => r,
+                };
+            }
+        }
+    }
+    best.map(|(_, k, sz)| (k, sz)).ok_or(reason)
+}
+
 /// iGniter provisioning (Alg. 1 per GPU type after choosing each service's type).
 pub fn plan(input: &PlanningInput, cfg: &IgniterConfig) -> Plan {
-    let types: Vec<(usize, &HardwareCoeffs, Grid)> =
-        input.gpu_types.iter().enumerate().filter_map(|(i, t)| usable(t).map(|(hw, g)| (i, hw, g))).collect();
+    let types = usable_types(input);
     let mut infeasible = Vec::new();
     // Per usable type: the jobs assigned to it.
     let mut per_type: Vec<Vec<Job<'_>>> = vec![Vec::new(); types.len()];
     for (si, s) in input.services.iter().enumerate() {
-        let refuse = |reason| Infeasible { service: s.name.clone(), reason };
-        if let Some(reason) = check_demand(s) {
-            infeasible.push(refuse(reason));
-            continue;
-        }
-        if types.is_empty() {
-            infeasible.push(refuse(InfeasibleReason::NoGpuType { needed: "MPS with iGniter hardware coefficients".into() }));
-            continue;
-        }
-        // Most cost-efficient type: least u/r_max · r for the service's total solo share.
-        let mut best: Option<(f64, usize, Sizing<'_>)> = None;
-        let mut reason = InfeasibleReason::NoProfile { model: s.model.clone() };
-        for (k, &(ti, hw, grid)) in types.iter().enumerate() {
-            let t = &input.gpu_types[ti];
-            let Some(coeffs) = input.profiles.coeffs(&t.name, &s.model) else { continue };
-            match size_service(hw, grid, si, coeffs, s.slo_ms, s.request_rate, cfg.max_replicas) {
-                Ok(sz) => {
-                    let cost = t.price_per_hour / grid.max_pct() * f64::from(sz.replicas) * grid.pct(sz.solo_units);
-                    if best.as_ref().is_none_or(|b| cost < b.0) {
-                        best = Some((cost, k, sz));
-                    }
-                }
-                Err(r) => {
-                    // Report the most informative reason: a too-tight SLO beats "too large",
-                    // which beats "no profile"; among too-tight ones the best latency.
-                    reason = match (&reason, r) {
-                        (
-                            InfeasibleReason::SloTooTight { best_latency_ms: a, .. },
-                            InfeasibleReason::SloTooTight { slo_ms, best_latency_ms: b },
-                        ) => InfeasibleReason::SloTooTight { slo_ms, best_latency_ms: a.min(b) },
-                        (InfeasibleReason::SloTooTight { .. }, _) => reason,
-                        (_, r) => r,
-                    };
-                }
-            }
-        }
-        match best {
+        match choose_type(input, &types, si, cfg) {
             // `sz.job` already carries the per-replica rate R / n.
-            Some((_, k, sz)) => per_type[k].extend(std::iter::repeat_n(sz.job, sz.replicas as usize)),
-            None => infeasible.push(refuse(reason)),
+            Ok((k, sz)) => per_type[k].extend(std::iter::repeat_n(sz.job, sz.replicas as usize)),
+            Err(reason) => infeasible.push(Infeasible { service: s.name.clone(), reason }),
         }
     }
     let mut gpus = Vec::new();
@@ -350,26 +364,136 @@ pub fn plan(input: &PlanningInput, cfg: &IgniterConfig) -> Plan {
         let (allocs, unplaced) = place_all(hw, grid, jobs);
         for w in unplaced {
             // Unreachable through size_service's pre-check; kept so nothing is ever dropped.
-            let s = &input.services[jobs[w].service];
-            if !infeasible.iter().any(|f: &Infeasible| f.service == s.name) {
-                infeasible.push(Infeasible {
-                    service: s.name.clone(),
-                    reason: InfeasibleReason::TooLarge { detail: "does not fit alone on one GPU".into() },
-                });
-            }
+            refuse_unplaced(&mut infeasible, &input.services[jobs[w].service].name);
         }
         for a in allocs {
             let slot = gpus.len() as u32;
             gpus.push(to_gpu_plan(&input.gpu_types[ti].name, slot, hw, grid, jobs, &a, cfg, input));
         }
     }
-    // A service with a refused replica must not also appear as planned.
-    let refused: Vec<String> = infeasible.iter().map(|f| f.service.clone()).collect();
+    finish(gpus, infeasible, input)
+}
+
+fn refuse_unplaced(infeasible: &mut Vec<Infeasible>, service: &str) {
+    if !infeasible.iter().any(|f| f.service == service) {
+        infeasible.push(Infeasible {
+            service: service.to_string(),
+            reason: InfeasibleReason::TooLarge { detail: "does not fit alone on one GPU".into() },
+        });
+    }
+}
+
+/// The plan of `gpus`, without the workloads of a service that is refused (a service with a
+/// refused replica must not also appear as planned) and without GPUs left empty.
+fn finish(mut gpus: Vec<GpuPlan>, infeasible: Vec<Infeasible>, input: &PlanningInput) -> Plan {
+    let refused: Vec<&str> = infeasible.iter().map(|f| f.service.as_str()).collect();
     for g in &mut gpus {
-        g.workloads.retain(|w| !refused.contains(&w.service));
+        g.workloads.retain(|w| !refused.contains(&w.service.as_str()));
     }
     gpus.retain(|g| !g.workloads.is_empty());
     Plan { strategy: "igniter".into(), predictions: predictions_from_gpus(&gpus, &input.services), gpus, infeasible }
+}
+
+/// Minimal re-planning of one service whose rate or SLO changed (ParvaGPU Sec. III-F's
+/// scheme, which iGniter lacks, on iGniter's own rules): its workloads leave the GPUs of
+/// `previous`, it is sized again (Theorem 1, the type of Sec. 4.1), and each replica is
+/// placed by Alg. 1 lines 5-17 on the GPU where Alg. 2 adds the least interference, or a
+/// new GPU. Every other workload keeps its GPU, share and batch, except where Alg. 2 raises
+/// the share of a neighbour of a placed replica (Constraint 14). Removing a workload only
+/// lowers its neighbours' interference in Eq. 1-11, so they still meet their SLOs.
+///
+/// `input` is the pool's input with the new demand of `changed`; `previous` was planned by
+/// iGniter on that input's GPU types and services. `None` when `previous` does not read
+/// back as an iGniter plan of that input (a GPU type or service it does not know): plan
+/// everything then.
+pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &str, cfg: &IgniterConfig) -> Option<Plan> {
+    let types = usable_types(input);
+    let index: std::collections::HashMap<&str, usize> = input.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let ci = *index.get(changed)?;
+    let mut replicas: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for w in previous.gpus.iter().flat_map(|g| &g.workloads) {
+        *replicas.entry(w.service.as_str()).or_default() += 1;
+    }
+    // Per usable type: the jobs on it and its GPUs (Alg. 1's state), and which GPU of the
+    // plan each GPU is (`None`: a new one), for the untouched ones to stay as they are.
+    let mut jobs: Vec<Vec<Job<'_>>> = vec![Vec::new(); types.len()];
+    let mut allocs: Vec<Vec<GpuAlloc>> = vec![Vec::new(); types.len()];
+    let mut origin: Vec<Vec<Option<usize>>> = vec![Vec::new(); types.len()];
+    let mut touched = vec![false; previous.gpus.len()];
+    for (gi, g) in previous.gpus.iter().enumerate() {
+        let k = types.iter().position(|&(ti, _, _)| input.gpu_types[ti].name == g.gpu_type)?;
+        let (ti, _, grid) = types[k];
+        let mut alloc = GpuAlloc::default();
+        for w in &g.workloads {
+            let si = *index.get(w.service.as_str())?;
+            if si == ci {
+                touched[gi] = true;
+                continue;
+            }
+            let s = &input.services[si];
+            let coeffs = input.profiles.coeffs(&input.gpu_types[ti].name, &s.model)?;
+            let units = (w.mps_percent / grid.unit_pct).round();
+            if !(units >= 1.0 && units <= f64::from(grid.max_units)) {
+                return None;
+            }
+            // As placed: its batch and share from the plan, its rate R / n over its replicas.
+            let rate_rps = s.request_rate / replicas[w.service.as_str()] as f64;
+            jobs[k].push(Job { service: si, coeffs, slo_ms: s.slo_ms, rate_rps, batch: w.batch_size, lower_units: units as u32 });
+            alloc.jobs.push(jobs[k].len() - 1);
+            alloc.units.push(units as u32);
+        }
+        allocs[k].push(alloc);
+        origin[k].push(Some(gi));
+    }
+    let mut infeasible: Vec<Infeasible> = previous.infeasible.iter().filter(|f| f.service != changed).cloned().collect();
+    match choose_type(input, &types, ci, cfg) {
+        Ok((k, sz)) => {
+            let (_, hw, grid) = types[k];
+            for _ in 0..sz.replicas {
+                jobs[k].push(sz.job);
+                let w = jobs[k].len() - 1;
+                match choose_gpu_needing(hw, grid, &jobs[k], &allocs[k], w, sz.solo_units) {
+                    Some((q, ua)) => {
+                        allocs[k][q].jobs.push(w);
+                        allocs[k][q].units = ua;
+                        if let Some(gi) = origin[k][q] {
+                            touched[gi] = true;
+                        }
+                    }
+                    None => match alloc_gpus(hw, grid, &[], &jobs[k][w]) {
+                        Some(ua) => {
+                            allocs[k].push(GpuAlloc { jobs: vec![w], units: ua });
+                            origin[k].push(None);
+                        }
+                        None => refuse_unplaced(&mut infeasible, changed),
+                    },
+                }
+            }
+        }
+        Err(reason) => infeasible.push(Infeasible { service: changed.to_string(), reason }),
+    }
+    let mut next_slot = previous.gpus.iter().map(|g| g.slot + 1).max().unwrap_or(0);
+    let mut gpus = Vec::new();
+    for (k, list) in allocs.iter().enumerate() {
+        let (ti, hw, grid) = types[k];
+        for (was, a) in origin[k].iter().zip(list) {
+            match was {
+                Some(gi) if !touched[*gi] => gpus.push(previous.gpus[*gi].clone()),
+                _ => {
+                    let slot = was.map_or_else(
+                        || {
+                            next_slot += 1;
+                            next_slot - 1
+                        },
+                        |gi| previous.gpus[gi].slot,
+                    );
+                    gpus.push(to_gpu_plan(&input.gpu_types[ti].name, slot, hw, grid, &jobs[k], a, cfg, input));
+                }
+            }
+        }
+    }
+    gpus.sort_by_key(|g| g.slot);
+    Some(finish(gpus, infeasible, input))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -418,6 +542,7 @@ mod tests {
     use crate::mig::GpuModel;
     use crate::perf::igniter::tests::{hw, wl};
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn gpu_type(name: &str, price: f64, hw: HardwareCoeffs) -> GpuType {
         GpuType { name: name.into(), model: GpuModel::NoMig, price_per_hour: price, mps: true, igniter: Some(hw) }
@@ -634,6 +759,60 @@ mod tests {
         }
     }
 
+    /// (service, share, batch) of every workload on each GPU slot that does not run `except`.
+    fn others_by_slot(plan: &Plan, except: &str) -> BTreeMap<u32, Vec<(String, f64, u32)>> {
+        plan.gpus
+            .iter()
+            .filter(|g| g.workloads.iter().all(|w| w.service != except))
+            .map(|g| (g.slot, g.workloads.iter().map(|w| (w.service.clone(), w.mps_percent, w.batch_size)).collect()))
+            .collect()
+    }
+
+    /// Every GPU of `after` without `changed` runs what the same slot ran in `before`, less
+    /// `changed`: the same services with the same shares and batches.
+    fn only_moved(before: &Plan, after: &Plan, changed: &str) -> Result<(), String> {
+        let was: BTreeMap<u32, Vec<(String, f64, u32)>> = before
+            .gpus
+            .iter()
+            .map(|g| {
+                let kept = g.workloads.iter().filter(|w| w.service != changed);
+                (g.slot, kept.map(|w| (w.service.clone(), w.mps_percent, w.batch_size)).collect())
+            })
+            .collect();
+        for (slot, now) in others_by_slot(after, changed) {
+            if was.get(&slot) != Some(&now) {
+                return Err(format!("slot {slot} was {:?}, is {now:?}", was.get(&slot)));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn replanning_one_service_moves_that_service_alone() {
+        let types = vec![gpu_type("v100", 3.06, hw())];
+        let services: Vec<ServiceDemand> =
+            (0..12).map(|i| svc(&format!("s{i}"), if i % 3 == 0 { "heavy" } else { "m" }, 40.0, 300.0 + 150.0 * f64::from(i))).collect();
+        let inp = input(types.clone(), &[("m", wl()), ("heavy", heavy())], services.clone());
+        let before = plan(&inp, &IgniterConfig::default());
+        assert!(before.gpus.len() >= 3, "{} GPUs", before.gpus.len());
+        let mut raised = services;
+        raised[4].request_rate *= 2.5;
+        let inp2 = input(types, &[("m", wl()), ("heavy", heavy())], raised);
+        let after = replan_service(&before, &inp2, "s4", &IgniterConfig::default()).expect("an iGniter plan of this input");
+        check_invariants(&after, &inp2).unwrap();
+        assert!(after.prediction("s4").unwrap().capacity_rps >= inp2.services[4].request_rate);
+        only_moved(&before, &after, "s4").unwrap();
+        // A service the previous plan did not have is placed the same way.
+        let without = before.without_service("s7");
+        let back = replan_service(&without, &inp, "s7", &IgniterConfig::default()).unwrap();
+        check_invariants(&back, &inp).unwrap();
+        only_moved(&without, &back, "s7").unwrap();
+        // A plan it cannot read back (a GPU type the input lacks) is for a full pass.
+        let mut odd = before.clone();
+        odd.gpus[0].gpu_type = "t4".into();
+        assert_eq!(replan_service(&odd, &inp2, "s4", &IgniterConfig::default()), None);
+    }
+
     fn arb_coeffs() -> impl Strategy<Value = WorkloadCoeffs> {
         (
             1e4..2e6f64,
@@ -692,6 +871,40 @@ mod tests {
             }
             prop_assert!(plan.gpus.iter().all(|g| g.sharing == Sharing::MpsOnly && !g.workloads.is_empty()));
             prop_assert_eq!(plan.predictions.len() + plan.infeasible.len(), inp.services.len());
+        }
+
+        #[test]
+        fn a_replanned_service_keeps_the_invariants_and_moves_alone(
+            hws in prop::collection::vec((arb_hw(), 0.5..5.0f64), 1..3),
+            models in prop::collection::vec(arb_coeffs(), 1..4),
+            demands in prop::collection::vec((0usize..12, 2.0..120.0f64, 1.0..3000.0f64), 1..12),
+            which in 0usize..12,
+            factor in 0.1..4.0f64,
+        ) {
+            let types: Vec<GpuType> = hws.into_iter().enumerate().map(|(i, (h, p))| gpu_type(&format!("t{i}"), p, h)).collect();
+            let names: Vec<String> = (0..models.len()).map(|i| format!("m{i}")).collect();
+            let ms: Vec<(&str, WorkloadCoeffs)> = names.iter().map(String::as_str).zip(models).collect();
+            let services: Vec<ServiceDemand> = demands
+                .iter()
+                .enumerate()
+                .map(|(i, &(m, slo, rate))| svc(&format!("s{i}"), &format!("m{}", m % (ms.len() + 1)), slo, rate))
+                .collect();
+            let inp = input(types.clone(), &ms, services.clone());
+            let before = plan(&inp, &IgniterConfig::default());
+            let which = which % services.len();
+            let mut changed = services;
+            changed[which].request_rate *= factor;
+            let inp2 = input(types, &ms, changed);
+            let name = format!("s{which}");
+            let after = replan_service(&before, &inp2, &name, &IgniterConfig::default()).expect("its own plan reads back");
+            if let Err(e) = check_invariants(&after, &inp2) {
+                return Err(TestCaseError::fail(format!("{e}\n{after:#?}")));
+            }
+            prop_assert_eq!(after.predictions.len() + after.infeasible.len(), inp2.services.len());
+            prop_assert!(after.gpus.iter().all(|g| !g.workloads.is_empty()));
+            if let Err(e) = only_moved(&before, &after, &name) {
+                return Err(TestCaseError::fail(e));
+            }
         }
     }
 }
