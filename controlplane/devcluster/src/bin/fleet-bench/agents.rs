@@ -33,6 +33,9 @@ pub struct Observed {
     pub report_errors: Mutex<BTreeMap<String, u64>>,
     /// Agents killed: they drop their stream and stop reporting, as a host that dies.
     pub dead: tokio::sync::watch::Sender<BTreeSet<String>>,
+    /// How late a task of the simulator's runtime woke from a 10 ms sleep (ms), and when:
+    /// the part of a report's round trip the simulator itself adds.
+    pub runtime_lag_ms: Mutex<Vec<(Instant, f64)>>,
 }
 
 impl Default for Observed {
@@ -45,6 +48,7 @@ impl Default for Observed {
             reports_failed: Default::default(),
             report_errors: Mutex::default(),
             dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
+            runtime_lag_ms: Mutex::default(),
         }
     }
 }
@@ -209,6 +213,17 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
                 *observed.report_errors.lock().unwrap().entry(key).or_default() += 1;
             }
         }
+    }
+}
+
+/// Measures, until the runtime stops, how late this runtime wakes a task from a 10 ms sleep.
+pub async fn probe_runtime_lag(observed: Arc<Observed>) {
+    let period = Duration::from_millis(10);
+    loop {
+        let due = Instant::now() + period;
+        tokio::time::sleep(period).await;
+        let now = Instant::now();
+        observed.runtime_lag_ms.lock().unwrap().push((now, now.saturating_duration_since(due).as_secs_f64() * 1e3));
     }
 }
 
