@@ -103,7 +103,7 @@ impl Controller {
 
     /// Reads the applied state.
     pub fn read<T>(&self, f: impl FnOnce(&SmData) -> T) -> T {
-        f(&self.sm.data.read().unwrap())
+        f(&self.sm.data.load())
     }
 
     /// Proposes `request` through Raft if this node leads; the command is first checked

@@ -215,7 +215,7 @@ impl Agent for AgentService {
         tokio::spawn(async move {
             let mut sent = SentVersions::from(req.from_version);
             loop {
-                let desired = desired_state(&sm.data.read().expect("state lock").cluster, &req.node);
+                let desired = desired_state(&sm.data.load().cluster, &req.node);
                 if sent.is_new(desired.version) && tx.send(Ok(desired)).await.is_err() {
                     return ends.ended(&req.node, req.session, tokio::time::Instant::now());
                 }

@@ -89,7 +89,7 @@ pub fn start(sm: Arc<SmShared>, filter: Filter, from: u64) -> Pin<Box<dyn Stream
     // Every change up to `covered` is in what was sent; the signals queued behind it are
     // skipped. Changes after it are all sent, several of one revision included (one log
     // entry writes several resources: a batch of puts, agents' statuses, grouped requests).
-    let (first, mut covered) = initial(&sm.data.read().unwrap(), &filter, from);
+    let (first, mut covered) = initial(&sm.data.load(), &filter, from);
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         for ev in first {
@@ -109,7 +109,7 @@ pub fn start(sm: Arc<SmShared>, filter: Filter, from: u64) -> Pin<Box<dyn Stream
                 Ok(WatchSignal::Change(_)) => vec![],
                 // The state was replaced, or this watcher fell too far behind: resend it all.
                 Ok(WatchSignal::Reset { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                    let (events, revision) = full_state(&sm.data.read().unwrap(), &filter, true);
+                    let (events, revision) = full_state(&sm.data.load(), &filter, true);
                     covered = revision;
                     events
                 }

@@ -128,7 +128,7 @@ fn open_stores<B: KvBackend>(
 ) -> anyhow::Result<(LogStore<B>, StateMachineStore<B>)> {
     let log_store = LogStore::open(backend.clone(), watermark)?;
     let sm = StateMachineStore::open(backend, snapshot_off_runtime)?;
-    let snapshot_index = sm.shared().data.read().expect("state lock").last_applied.map_or(0, |l| l.index);
+    let snapshot_index = sm.shared().data.load().last_applied.map_or(0, |l| l.index);
     check_rebuildable(log_store.purged_index()?, snapshot_index)?;
     Ok((log_store, sm))
 }

@@ -8,7 +8,7 @@
 //! replicated state (snapshots carry it), so every controller gives an agent the same
 //! version for the same content, and it never goes down.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Serialize, Serializer};
 
@@ -19,10 +19,12 @@ pub struct DesiredIndex {
     /// node -> index of the entry that last changed its projection. Persisted (a persistent
     /// map, copied in O(1) by a snapshot).
     versions: imbl::OrdMap<String, u64>,
-    /// node -> plan name -> that plan's GPU assignments on the node. Derived.
-    by_node: HashMap<String, BTreeMap<String, Vec<GpuAssignment>>>,
+    /// node -> plan name -> that plan's GPU assignments on the node. Derived. Persistent
+    /// maps, like the rest of the state: `apply` works on a copy taken in O(1) and swaps it
+    /// in, so readers never wait for an entry being applied.
+    by_node: imbl::HashMap<String, BTreeMap<String, Vec<GpuAssignment>>>,
     /// service -> the nodes with a workload of it. Derived.
-    by_service: HashMap<String, BTreeSet<String>>,
+    by_service: imbl::HashMap<String, imbl::OrdSet<String>>,
     /// Nodes whose projection changed since the last `take_touched`. Local, not state.
     touched: BTreeSet<String>,
 }

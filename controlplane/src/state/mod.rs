@@ -509,4 +509,4 @@ fn check_version(current: &StoredResource, expected: u64) -> Result<(), FieldErr
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -9,7 +9,7 @@ fn put(id: &str, name: &str, tenant: &str, spec: Spec, mode: WriteMode, expected
     }
 }
 
-fn gpu_model() -> Spec {
+pub(crate) fn gpu_model() -> Spec {
     Spec::GpuModel(GpuModelSpec {
         sm_count: 108,
         memory_gib: 80.0,
