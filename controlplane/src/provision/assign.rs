@@ -21,6 +21,11 @@ pub struct FleetGpu {
     pub autoscaled: bool,
 }
 
+/// A planned GPU's content as an assignment placed on no GPU yet (node and uuid empty).
+pub(super) fn planned_assignment(g: &GpuPlan) -> GpuAssignment {
+    assignment(g, &FleetGpu::unplaced(&g.gpu_type))
+}
+
 fn assignment(g: &GpuPlan, fleet: &FleetGpu) -> GpuAssignment {
     let mig_layout = match &g.sharing {
         Sharing::Mig { instances } => instances.iter().map(|i| MigPlacement { profile: i.profile.to_string(), start: i.start }).collect(),
@@ -212,7 +217,7 @@ impl<'a> FreeGpus<'a> {
 
 /// Digests of the workloads `a` runs, sorted.
 fn workload_digests(a: &GpuAssignment) -> Vec<u64> {
-    let mut out: Vec<u64> = kept::running(a).iter().map(kept::digest).collect();
+    let mut out: Vec<u64> = kept::running(a).iter().map(|w| digest(|h| w.hash(h))).collect();
     out.sort_unstable();
     out
 }
@@ -229,7 +234,7 @@ fn workload_digests(a: &GpuAssignment) -> Vec<u64> {
 pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpec>) -> (Vec<GpuAssignment>, BTreeMap<String, String>) {
     let mut free = FreeGpus::new(fleet, current);
     // The planned content of each GPU, placed on no GPU yet (node and uuid are filled in).
-    let planned: Vec<GpuAssignment> = plan.gpus.iter().map(|g| assignment(g, &FleetGpu::unplaced(&g.gpu_type))).collect();
+    let planned: Vec<GpuAssignment> = plan.gpus.iter().map(planned_assignment).collect();
     let mut picked: Vec<Option<usize>> = vec![None; planned.len()];
     for (i, p) in planned.iter().enumerate() {
         let model = plan.gpus[i].gpu_type.as_str();

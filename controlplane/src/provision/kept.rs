@@ -9,7 +9,6 @@
 //! run, and the fleet simulator to count restarts as the agents make them.
 
 use std::collections::BTreeSet;
-use std::hash::{Hash, Hasher};
 
 use crate::resources::GpuAssignment;
 
@@ -42,13 +41,6 @@ pub fn running(gpu: &GpuAssignment) -> Vec<RunningWorkload<'_>> {
         .collect();
     out.sort_unstable();
     out
-}
-
-/// A 64-bit digest of a running workload (SipHash with std's fixed keys), for indexes.
-pub fn digest(w: &RunningWorkload<'_>) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    w.hash(&mut h);
-    h.finish()
 }
 
 /// How many of `after`'s workloads (sorted) keep running from `before` (sorted): the size

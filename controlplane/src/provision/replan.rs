@@ -309,42 +309,14 @@ mod tests {
         inp
     }
 
-    /// What decides whether a workload restarts, per GPU slot: (service, instance, share,
-    /// batch, processes) of each workload.
-    fn running(plan: &Plan) -> BTreeMap<u32, Vec<String>> {
-        plan.gpus
-            .iter()
-            .map(|g| {
-                let layout = match &g.sharing {
-                    planner::plan::Sharing::Mig { instances } => instances.clone(),
-                    planner::plan::Sharing::MpsOnly => Vec::new(),
-                };
-                let mut w: Vec<String> = g
-                    .workloads
-                    .iter()
-                    .map(|w| {
-                        let instance = w.mig_instance.and_then(|k| layout.get(k));
-                        format!("{} {:?} {} {} {}", w.service, instance, w.mps_percent, w.batch_size, w.processes)
-                    })
-                    .collect();
-                w.sort();
-                (g.slot, w)
-            })
-            .collect()
-    }
-
-    /// The services with a workload that starts or stops between `before` and `after`
-    /// (slot by slot; slots are the GPUs' identities across minimal re-plans).
+    /// The services with a workload that starts or stops between `before` and `after`, by
+    /// the agents' rule (`provision::kept`), slot by slot (slots are the GPUs' identities
+    /// across minimal re-plans).
     fn restarted(before: &Plan, after: &Plan) -> BTreeSet<String> {
-        let (a, b) = (running(before), running(after));
-        let service = |w: &String| w.split(' ').next().unwrap().to_string();
-        let mut out = BTreeSet::new();
-        for slot in a.keys().chain(b.keys()) {
-            let (x, y) = (a.get(slot).cloned().unwrap_or_default(), b.get(slot).cloned().unwrap_or_default());
-            out.extend(x.iter().filter(|w| !y.contains(w)).map(service));
-            out.extend(y.iter().filter(|w| !x.contains(w)).map(service));
-        }
-        out
+        let by_slot = |p: &Plan| p.gpus.iter().map(|g| (g.slot, super::super::assign::planned_assignment(g))).collect::<BTreeMap<_, _>>();
+        let (a, b) = (by_slot(before), by_slot(after));
+        let slots: BTreeSet<&u32> = a.keys().chain(b.keys()).collect();
+        slots.into_iter().flat_map(|s| super::super::kept::restarted_services(a.get(s), b.get(s))).map(str::to_string).collect()
     }
 
     #[test]

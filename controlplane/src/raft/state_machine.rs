@@ -1,4 +1,3 @@
-use std::collections::VecDeque;
 use std::io::Cursor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,14 +34,14 @@ pub enum WatchSignal {
 }
 
 /// The applied state, shared between the Raft state machine and the API readers. A copy is
-/// O(1) but for the watch history's `WATCH_HISTORY` pointers: every map is persistent.
+/// O(1): every map and the watch history are persistent.
 #[derive(Clone, Default)]
 pub struct SmData {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
     pub cluster: ClusterState,
     /// Recent changes, oldest first, for watch resumption.
-    pub history: VecDeque<Arc<ChangeEvent>>,
+    pub history: imbl::Vector<Arc<ChangeEvent>>,
     /// Watchers can resume from any revision >= this one without a resync.
     pub history_floor: u64,
 }
@@ -182,8 +181,8 @@ fn lower_priority() {
 impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let started = std::time::Instant::now();
-        // Only an O(1) copy is taken under the lock (applies wait for it); encoding and
-        // saving, seconds at fleet scale, happen outside it and off the async workers.
+        // Only an O(1) copy of the state is taken; encoding and saving, seconds at fleet
+        // scale, happen off the async workers.
         let payload = {
             let data = self.shared.data.load();
             SnapshotCopy { last_applied: data.last_applied, membership: data.membership.clone(), cluster: data.cluster.persisted() }
@@ -233,63 +232,61 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
         // Applied to a copy (O(1): persistent maps), which then replaces the state. This
         // task is the only writer, so nothing is lost between the copy and the store.
         let mut data = SmData::clone(&self.shared.data.load());
-        let touched = {
-            for entry in entries {
-                let log_id = *entry.get_log_id();
-                data.last_applied = Some(log_id);
-                match entry.payload {
-                    EntryPayload::Blank => {
+        for entry in entries {
+            let log_id = *entry.get_log_id();
+            data.last_applied = Some(log_id);
+            match entry.payload {
+                EntryPayload::Blank => {
+                    data.cluster.note_index(log_id.index);
+                    responses.push(Vec::new());
+                }
+                EntryPayload::Membership(m) => {
+                    data.membership = StoredMembership::new(Some(log_id), m);
+                    data.cluster.note_index(log_id.index);
+                    responses.push(Vec::new());
+                }
+                EntryPayload::Normal(proposal) => {
+                    if let Err(e) = proposal.check() {
                         data.cluster.note_index(log_id.index);
-                        responses.push(Vec::new());
+                        responses.push(proposal.requests.iter().map(|_| Err(e.clone())).collect());
+                        continue;
                     }
-                    EntryPayload::Membership(m) => {
-                        data.membership = StoredMembership::new(Some(log_id), m);
-                        data.cluster.note_index(log_id.index);
-                        responses.push(Vec::new());
-                    }
-                    EntryPayload::Normal(proposal) => {
-                        if let Err(e) = proposal.check() {
-                            data.cluster.note_index(log_id.index);
-                            responses.push(proposal.requests.iter().map(|_| Err(e.clone())).collect());
-                            continue;
-                        }
-                        let mut written = crate::state::EntryWrites::default();
-                        let mut results = Vec::with_capacity(proposal.requests.len());
-                        for mut request in proposal.requests {
-                            // A Plan remembers the trace of the write that committed it, for
-                            // the agents that apply it (the same on every controller: it is in
-                            // the entry).
-                            match &mut request.command {
-                                Command::Put { spec: Spec::Plan(plan), .. } => {
-                                    plan.trace_parent = request.trace_parent.clone().unwrap_or_default()
-                                }
-                                Command::PatchPlan { patch, .. } => patch.trace_parent = request.trace_parent.clone().unwrap_or_default(),
-                                _ => {}
+                    let mut written = crate::state::EntryWrites::default();
+                    let mut results = Vec::with_capacity(proposal.requests.len());
+                    for mut request in proposal.requests {
+                        // A Plan remembers the trace of the write that committed it, for
+                        // the agents that apply it (the same on every controller: it is in
+                        // the entry).
+                        match &mut request.command {
+                            Command::Put { spec: Spec::Plan(plan), .. } => {
+                                plan.trace_parent = request.trace_parent.clone().unwrap_or_default()
                             }
-                            // Continues the proposer's trace on every controller.
-                            let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
-                            telemetry_otlp::continue_trace(&span, request.trace_parent.as_deref().unwrap_or_default());
-                            let _entered = span.enter();
-                            let (result, changes) = data.cluster.apply_in_entry(log_id.index, &request, &mut written);
-                            for mut event in changes {
-                                event.trace_parent = telemetry_otlp::current_traceparent();
-                                let event = Arc::new(event);
-                                data.history.push_back(event.clone());
-                                if data.history.len() > WATCH_HISTORY {
-                                    if let Some(evicted) = data.history.pop_front() {
-                                        data.history_floor = evicted.revision;
-                                    }
-                                }
-                                events.push(event);
-                            }
-                            results.push(result);
+                            Command::PatchPlan { patch, .. } => patch.trace_parent = request.trace_parent.clone().unwrap_or_default(),
+                            _ => {}
                         }
-                        responses.push(results);
+                        // Continues the proposer's trace on every controller.
+                        let span = tracing::info_span!("raft.apply", index = log_id.index, request_id = %request.request_id);
+                        telemetry_otlp::continue_trace(&span, request.trace_parent.as_deref().unwrap_or_default());
+                        let _entered = span.enter();
+                        let (result, changes) = data.cluster.apply_in_entry(log_id.index, &request, &mut written);
+                        for mut event in changes {
+                            event.trace_parent = telemetry_otlp::current_traceparent();
+                            let event = Arc::new(event);
+                            data.history.push_back(event.clone());
+                            if data.history.len() > WATCH_HISTORY {
+                                if let Some(evicted) = data.history.pop_front() {
+                                    data.history_floor = evicted.revision;
+                                }
+                            }
+                            events.push(event);
+                        }
+                        results.push(result);
                     }
+                    responses.push(results);
                 }
             }
-            data.cluster.take_touched_nodes()
-        };
+        }
+        let touched = data.cluster.take_touched_nodes();
         self.shared.data.store(Arc::new(data));
         self.shared.node_wakers.wake(&touched);
         for event in events {
