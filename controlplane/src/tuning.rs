@@ -198,12 +198,22 @@ pub fn tune_shares(
     settings: &TuningSettings,
     state: &mut TunerState,
 ) -> TuningPass {
+    // The plan is a persistent vector: only the GPUs whose shares change are written into
+    // the copy (a mutable pass over all of them copied the whole plan, 80,000 GPUs at
+    // 10,000 hosts, on every tuning pass).
     let mut tuned = plan.clone();
     let mut decisions = Vec::new();
     let mut tunable = BTreeSet::new();
-    for gpu in tuned.gpus.iter_mut().filter(|g| g.mig_layout.is_empty()) {
+    for (i, gpu) in plan.gpus.iter().enumerate().filter(|(_, g)| g.mig_layout.is_empty()) {
         let proposals = observe_gpu(gpu, slos_ms, measured, now_s, settings, state, &mut tunable);
-        decisions.extend(apply_to_gpu(gpu, proposals, settings));
+        if proposals.is_empty() {
+            continue;
+        }
+        let mut changed = gpu.clone();
+        decisions.extend(apply_to_gpu(&mut changed, proposals, settings));
+        if changed != *gpu {
+            tuned.gpus.set(i, changed);
+        }
     }
     state.tuners.retain(|key, _| tunable.contains(key));
     let changed = decisions.iter().any(|d| d.outcome.changes_share());

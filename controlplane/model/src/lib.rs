@@ -15,7 +15,7 @@ pub use plan_patch::test_gpu;
 pub use plan_patch::{PlanPatch, MAX_PATCH_CHANGES};
 pub use specs::*;
 pub use status::{Health, NodeStatus, ObservedGpu, ObservedWorkload, ServiceStatus, SloCount, TenantStatus};
-pub use validate::{bounded_list, bounded_text, host_of, non_negative};
+pub use validate::{bounded_list, bounded_text, host_of, named, non_negative};
 pub use validate::{validate_name, validate_plan_patch, validate_spec};
 
 use serde::{Deserialize, Serialize};

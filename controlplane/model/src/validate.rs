@@ -376,7 +376,7 @@ fn validate_plan(p: &PlanSpec) -> Result<(), FieldError> {
                 format!("GPU {:?} of node {:?} is planned twice", gpu.gpu_uuid, gpu.node),
             ));
         }
-        validate_gpu_assignment(&format!("spec.gpus[{g}]"), gpu)?;
+        validate_gpu_assignment(|| format!("spec.gpus[{g}]"), gpu)?;
     }
     for (i, s) in p.services.iter().enumerate() {
         validate_name(&format!("spec.services[{i}].service"), &s.service)?;
@@ -397,7 +397,7 @@ pub fn validate_plan_patch(plan: &PlanSpec, patch: &PlanPatch) -> Result<(), Fie
         if !seen.insert((gpu.node.as_str(), gpu.gpu_uuid.as_str())) {
             return Err(FieldError::invalid(format!("patch.set_gpus[{g}].gpu_uuid"), format!("GPU {:?} is set twice", gpu.gpu_uuid)));
         }
-        validate_gpu_assignment(&format!("patch.set_gpus[{g}]"), gpu)?;
+        validate_gpu_assignment(|| format!("patch.set_gpus[{g}]"), gpu)?;
     }
     for (i, (node, uuid)) in patch.remove_gpus.iter().enumerate() {
         validate_name(&format!("patch.remove_gpus[{i}].node"), node)?;
@@ -413,42 +413,49 @@ pub fn validate_plan_patch(plan: &PlanSpec, patch: &PlanPatch) -> Result<(), Fie
     Ok(())
 }
 
-/// One GPU of a plan (`at` is its field path, e.g. `spec.gpus[3]`).
-fn validate_gpu_assignment(at: &str, gpu: &GpuAssignment) -> Result<(), FieldError> {
-    {
-        let f = |rest: &str| format!("{at}.{rest}");
-        validate_name(&f("node"), &gpu.node)?;
-        bounded_text(&f("gpu_uuid"), &gpu.gpu_uuid, MAX_UUID_LEN)?;
-        bounded_list(&f("mig_layout"), gpu.mig_layout.len(), usize::from(MAX_MIG_SLICES))?;
-        bounded_list(&f("workloads"), gpu.workloads.len(), MAX_WORKLOADS_PER_GPU)?;
-        // Shares are summed per MIG instance (or per whole GPU when not partitioned).
-        let mut share: BTreeMap<Option<usize>, f64> = BTreeMap::new();
-        for (w, wl) in gpu.workloads.iter().enumerate() {
-            let wf = |rest: &str| format!("{at}.workloads[{w}].{rest}");
-            validate_name(&wf("service"), &wl.service)?;
-            if !wl.tenant.is_empty() {
-                validate_name(&wf("tenant"), &wl.tenant)?;
+/// `checked`, its error (if any) naming `field`: hot paths check with an empty field and
+/// format the path only for a refusal (a plan's parts are thousands of GPUs, each checked by
+/// every controller as the entry is applied).
+pub fn named(checked: Result<(), FieldError>, field: impl FnOnce() -> String) -> Result<(), FieldError> {
+    checked.map_err(|e| e.at(field()))
+}
+
+/// One GPU of a plan; `at` gives its field path, e.g. `spec.gpus[3]`, formatted only for an
+/// error.
+fn validate_gpu_assignment(at: impl Fn() -> String, gpu: &GpuAssignment) -> Result<(), FieldError> {
+    let at = &at;
+    let f = |rest: &'static str| move || format!("{}.{rest}", at());
+    named(validate_name("", &gpu.node), f("node"))?;
+    named(bounded_text("", &gpu.gpu_uuid, MAX_UUID_LEN), f("gpu_uuid"))?;
+    named(bounded_list("", gpu.mig_layout.len(), usize::from(MAX_MIG_SLICES)), f("mig_layout"))?;
+    named(bounded_list("", gpu.workloads.len(), MAX_WORKLOADS_PER_GPU), f("workloads"))?;
+    // Shares are summed per MIG instance (or per whole GPU when not partitioned).
+    let mut share: BTreeMap<Option<usize>, f64> = BTreeMap::new();
+    for (w, wl) in gpu.workloads.iter().enumerate() {
+        let wf = |rest: &'static str| move || format!("{}.workloads[{w}].{rest}", at());
+        named(validate_name("", &wl.service), wf("service"))?;
+        if !wl.tenant.is_empty() {
+            named(validate_name("", &wl.tenant), wf("tenant"))?;
+        }
+        named(positive("", wl.mps_percent, 100.0), wf("mps_percent"))?;
+        named(non_negative("", wl.shadow_mps_percent, 100.0), wf("shadow_mps_percent"))?;
+        named(int_within("", u64::from(wl.batch), 1, u64::from(MAX_BATCH)), wf("batch"))?;
+        named(int_within("", u64::from(wl.processes), 1, u64::from(MAX_PROCESSES)), wf("processes"))?;
+        named(non_negative("", wl.batch_ms, MAX_LATENCY_MS), wf("batch_ms"))?;
+        if let Some(idx) = wl.mig_instance {
+            if idx >= gpu.mig_layout.len() {
+                return Err(FieldError::invalid(
+                    wf("mig_instance")(),
+                    format!("index {idx} but the layout has {} instances", gpu.mig_layout.len()),
+                ));
             }
-            positive(&wf("mps_percent"), wl.mps_percent, 100.0)?;
-            non_negative(&wf("shadow_mps_percent"), wl.shadow_mps_percent, 100.0)?;
-            int_within(&wf("batch"), u64::from(wl.batch), 1, u64::from(MAX_BATCH))?;
-            int_within(&wf("processes"), u64::from(wl.processes), 1, u64::from(MAX_PROCESSES))?;
-            non_negative(&wf("batch_ms"), wl.batch_ms, MAX_LATENCY_MS)?;
-            if let Some(idx) = wl.mig_instance {
-                if idx >= gpu.mig_layout.len() {
-                    return Err(FieldError::invalid(
-                        wf("mig_instance"),
-                        format!("index {idx} but the layout has {} instances", gpu.mig_layout.len()),
-                    ));
-                }
-            } else if !gpu.mig_layout.is_empty() {
-                return Err(FieldError::invalid(wf("mig_instance"), "required on a MIG-partitioned GPU"));
-            }
-            let total = share.entry(wl.mig_instance).or_default();
-            *total += wl.mps_percent * f64::from(wl.processes) + wl.shadow_mps_percent;
-            if *total > 100.0 + 1e-9 {
-                return Err(FieldError::invalid(wf("mps_percent"), format!("MPS shares on this partition add up to {total:.1}% > 100%")));
-            }
+        } else if !gpu.mig_layout.is_empty() {
+            return Err(FieldError::invalid(wf("mig_instance")(), "required on a MIG-partitioned GPU"));
+        }
+        let total = share.entry(wl.mig_instance).or_default();
+        *total += wl.mps_percent * f64::from(wl.processes) + wl.shadow_mps_percent;
+        if *total > 100.0 + 1e-9 {
+            return Err(FieldError::invalid(wf("mps_percent")(), format!("MPS shares on this partition add up to {total:.1}% > 100%")));
         }
     }
     Ok(())

@@ -1,7 +1,9 @@
 //! Projection of the committed Plans onto one node: the GPUs of that node and what runs on
 //! them. Pure: the same applied state gives the same answer on every controller.
 
-use crate::resources::{Kind, Spec, StoredResource};
+use std::collections::BTreeMap;
+
+use crate::resources::{Kind, ServiceSpec, Spec};
 use crate::state::ClusterState;
 
 /// The desired state of `node`: every GPU assignment naming it, across all Plans, with each
@@ -26,7 +28,8 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
             .workloads
             .iter()
             .map(|w| {
-                let (model, slo_ms) = service_model(cluster.get(Kind::Service, &w.service));
+                let (model, slo_ms) =
+                    service_spec(cluster, &w.service).map_or((String::new(), 0.0), |s| (s.model.clone(), s.slo.latency_ms));
                 proto::AgentWorkload {
                     service: w.service.clone(),
                     model,
@@ -56,6 +59,39 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
     proto::DesiredState { node: node.to_string(), version: index.version(node), gpus, trace_parent }
 }
 
+/// What the committed plans place on one node, as a report is checked against it: the
+/// node's version and each service with a workload there. Borrowed from the applied state,
+/// O(the node's GPUs): a report is checked without building the desired state it would be
+/// sent.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Placement<'a> {
+    pub version: u64,
+    pub services: BTreeMap<&'a str, Placed<'a>>,
+}
+
+/// A service placed on the node: its tenant, and its SLO as agents are told it (0 for a
+/// deleted Service, as in [`desired_state`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Placed<'a> {
+    pub tenant: &'a str,
+    pub slo_ms: f64,
+}
+
+/// The placement of `node` (see [`Placement`]); it names the same services, tenants and SLOs
+/// as [`desired_state`] does.
+pub fn placement<'a>(cluster: &'a ClusterState, node: &str) -> Placement<'a> {
+    let services = cluster
+        .desired()
+        .assignments(node)
+        .flat_map(|(_, g)| &g.workloads)
+        .map(|w| {
+            let slo_ms = service_spec(cluster, &w.service).map_or(0.0, |s| s.slo.latency_ms);
+            (w.service.as_str(), Placed { tenant: w.tenant.as_str(), slo_ms })
+        })
+        .collect();
+    Placement { version: cluster.desired().version(node), services }
+}
+
 /// What one desired-state watch has sent. Versions only go up, on every controller alike:
 /// a state is sent when it is newer than what the agent holds (`from_version` when it
 /// resumes from another controller). A watch from 0 always gets the current state first,
@@ -83,18 +119,57 @@ impl SentVersions {
     }
 }
 
-/// A deleted Service leaves its workloads in a Plan until the provisioner re-plans; the agent
-/// still needs a model name to keep them running, so it gets an empty one and keeps what runs.
-fn service_model(service: Option<&StoredResource>) -> (String, f64) {
-    match service.map(|s| &s.spec) {
-        Some(Spec::Service(s)) => (s.model.clone(), s.slo.latency_ms),
-        _ => (String::new(), 0.0),
+/// The spec of Service `name`. A deleted Service leaves its workloads in a Plan until the
+/// provisioner re-plans; the agent still needs a model name to keep them running, so it gets
+/// an empty one (and an SLO of 0) and keeps what runs.
+fn service_spec<'a>(cluster: &'a ClusterState, name: &str) -> Option<&'a ServiceSpec> {
+    match cluster.get(Kind::Service, name).map(|s| &s.spec) {
+        Some(Spec::Service(s)) => Some(s),
+        _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::SentVersions;
+    use super::*;
+    use crate::state::tests::{plan, put, seeded, service};
+    use crate::state::WriteMode;
+
+    /// A report is checked against `placement`, the agent is sent `desired_state`: both must
+    /// name the same services, with the same tenants and SLOs, at the same version.
+    #[test]
+    fn a_nodes_placement_names_what_its_desired_state_carries() {
+        let (mut s, _) = seeded();
+        s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+        s.apply(11, &put("s2", "api", "acme", service("resnet50", 30.0), WriteMode::Create, 0)).0.unwrap();
+        let mut two = plan(&[("n1", "G1", "web", 8), ("n1", "G2", "api", 8), ("n2", "G3", "web", 8)]);
+        if let Spec::Plan(p) = &mut two {
+            p.gpus[1].workloads[0].tenant = "acme".into();
+        }
+        s.apply(20, &put("p1", "current", "", two, WriteMode::Upsert, 0)).0.unwrap();
+        // A deleted Service keeps its workloads in the plan until the next pass: an SLO of 0.
+        let delete = crate::state::Request {
+            request_id: "d".into(),
+            command: crate::state::Command::Delete { kind: Kind::Service, name: "web".into(), expected_version: 0 },
+            trace_parent: None,
+        };
+        s.apply(21, &delete).0.unwrap();
+
+        for node in ["n1", "n2", "n3"] {
+            let sent = desired_state(&s, node);
+            let from_sent: BTreeMap<&str, Placed> = sent
+                .gpus
+                .iter()
+                .flat_map(|g| &g.workloads)
+                .map(|w| (w.service.as_str(), Placed { tenant: w.tenant.as_str(), slo_ms: w.slo_ms }))
+                .collect();
+            assert_eq!(placement(&s, node), Placement { version: sent.version, services: from_sent }, "node {node}");
+        }
+        let n1 = placement(&s, "n1");
+        assert_eq!(n1.services["api"], Placed { tenant: "acme", slo_ms: 30.0 });
+        assert_eq!(n1.services["web"].slo_ms, 0.0, "deleted");
+        assert_eq!(placement(&s, "n3"), Placement::default(), "nothing placed");
+    }
 
     #[test]
     fn a_watch_from_zero_gets_the_current_state_once_then_only_newer_ones() {

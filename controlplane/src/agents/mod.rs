@@ -11,7 +11,7 @@ mod reports;
 mod status_writer;
 pub mod watch_ends;
 
-pub use desired::{desired_state, SentVersions};
+pub use desired::{desired_state, placement, Placed, Placement, SentVersions};
 pub use report_pace::ReportPace;
 pub use reports::{AgentReports, Heard, NodeReport};
 pub use status_writer::{fingerprint, StatusWriter};

@@ -4,10 +4,11 @@
 //! `gpuctl get endpoints`, false load for the autoscaler), or numbers that break the
 //! arithmetic. Pure: the report, the node's spec and its desired state in, a verdict out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
+use super::Placement;
 use crate::resources::limits::*;
-use crate::resources::{bounded_list, bounded_text, host_of, non_negative, validate_name, FieldError, NodeSpec};
+use crate::resources::{bounded_list, bounded_text, host_of, named, non_negative, validate_name, FieldError, NodeSpec};
 
 /// Why a report was refused: `PermissionDenied` (it speaks for what is not the node's) or
 /// `InvalidArgument` (malformed or out of bounds). The field path names the offending entry.
@@ -35,12 +36,12 @@ impl From<FieldError> for ReportRefusal {
     }
 }
 
-/// Checks `report` from the node whose spec is `node` and whose committed desired state is
-/// `desired`: metrics and endpoints only for services the plan placed on this node,
+/// Checks `report` from the node whose spec is `node` and whose committed placement is
+/// `placed`: metrics and endpoints only for services the plan placed on this node,
 /// endpoints on the node's own host, observed GPUs only the node's own, and every number
 /// finite, non-negative and bounded.
 ///
-/// An agent behind its desired state (`applied_version` below `desired.version`) still
+/// An agent behind its desired state (`applied_version` below `placed.version`) still
 /// serves, and measures, what it was told before: its windows of services the plan has
 /// since moved away are stale, not hostile. So are those of an agent ahead of this
 /// controller (it got a newer desired state from a follower that applied the entry before
@@ -48,10 +49,9 @@ impl From<FieldError> for ReportRefusal {
 /// `report.metrics` are returned for the caller to drop (never used), and the rest of the
 /// report stands; an agent that claims to run exactly the current version gets them
 /// refused.
-pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &proto::DesiredState) -> Result<Vec<usize>, ReportRefusal> {
-    let behind = report.applied_version != desired.version;
+pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, placed: &Placement) -> Result<Vec<usize>, ReportRefusal> {
+    let behind = report.applied_version != placed.version;
     let mut stale = Vec::new();
-    let planned: BTreeSet<&str> = desired.gpus.iter().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
     let own_gpus: BTreeSet<&str> = node.gpus.iter().map(|g| g.uuid.as_str()).collect();
     let node_host = host_of(&node.address);
 
@@ -84,11 +84,12 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
     for (i, m) in report.metrics.iter().enumerate() {
         let f = |rest: &str| format!("metrics[{i}].{rest}");
         named(validate_name("", &m.service), || f("service"))?;
-        if !planned.contains(m.service.as_str()) && behind {
+        let planned = placed.services.contains_key(m.service.as_str());
+        if !planned && behind {
             stale.push(i);
             continue;
         }
-        if !planned.contains(m.service.as_str()) {
+        if !planned {
             return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
                 f("service"),
                 format!("the committed plan places no workload of service {:?} on this node", m.service),
@@ -120,11 +121,6 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, desired: &pr
     Ok(stale)
 }
 
-/// `checked`, its error (if any) naming `field`: the path is formatted only for a refusal.
-fn named(checked: Result<(), FieldError>, field: impl FnOnce() -> String) -> Result<(), FieldError> {
-    checked.map_err(|e| e.at(field()))
-}
-
 /// At most 64 characters of a value an error quotes back.
 fn truncated(value: &str) -> String {
     value.chars().take(64).collect()
@@ -140,18 +136,16 @@ pub struct SloWindow {
     pub met: bool,
 }
 
-/// The SLO windows of a checked report, from the node's desired state (which carries each
-/// workload's SLO and tenant).
-pub fn slo_windows(report: &proto::ReportRequest, desired: &proto::DesiredState) -> Vec<SloWindow> {
-    let placed: BTreeMap<&str, (&str, f64)> =
-        desired.gpus.iter().flat_map(|g| &g.workloads).map(|w| (w.service.as_str(), (w.tenant.as_str(), w.slo_ms))).collect();
+/// The SLO windows of a checked report, against the node's placement (each placed service's
+/// SLO and tenant).
+pub fn slo_windows(report: &proto::ReportRequest, placed: &Placement) -> Vec<SloWindow> {
     report
         .metrics
         .iter()
         .filter(|m| m.arrival_rps > 0.0 || m.throughput_rps > 0.0 || m.failed > 0)
         .filter_map(|m| {
-            let &(tenant, slo_ms) = placed.get(m.service.as_str())?;
-            Some(SloWindow { tenant: tenant.to_string(), service: m.service.clone(), met: m.failed == 0 && m.p99_ms <= slo_ms })
+            let p = placed.services.get(m.service.as_str())?;
+            Some(SloWindow { tenant: p.tenant.to_string(), service: m.service.clone(), met: m.failed == 0 && m.p99_ms <= p.slo_ms })
         })
         .collect()
 }
@@ -159,6 +153,7 @@ pub fn slo_windows(report: &proto::ReportRequest, desired: &proto::DesiredState)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agents::Placed;
     use crate::resources::NodeGpu;
 
     fn node() -> NodeSpec {
@@ -170,17 +165,8 @@ mod tests {
         }
     }
 
-    fn desired(services: &[&str]) -> proto::DesiredState {
-        proto::DesiredState {
-            node: "n1".into(),
-            version: 3,
-            gpus: vec![proto::AgentGpu {
-                gpu_uuid: "GPU-0".into(),
-                mig_layout: vec![],
-                workloads: services.iter().map(|s| proto::AgentWorkload { service: s.to_string(), ..Default::default() }).collect(),
-            }],
-            trace_parent: String::new(),
-        }
+    fn desired<'a>(services: &[&'a str]) -> Placement<'a> {
+        Placement { version: 3, services: services.iter().map(|s| (*s, Placed { tenant: "", slo_ms: 0.0 })).collect() }
     }
 
     fn metrics(service: &str, endpoint: &str) -> proto::ServiceMetrics {
@@ -285,13 +271,7 @@ mod tests {
 
     #[test]
     fn a_window_meets_its_slo_within_the_latency_and_without_failures() {
-        let desired = proto::DesiredState {
-            gpus: vec![proto::AgentGpu {
-                workloads: vec![proto::AgentWorkload { service: "web".into(), tenant: "acme".into(), slo_ms: 50.0, ..Default::default() }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
+        let desired = Placement { version: 0, services: [("web", Placed { tenant: "acme", slo_ms: 50.0 })].into() };
         let m = |service: &str, p99_ms: f64, failed: u64, arrival_rps: f64| proto::ServiceMetrics {
             service: service.into(),
             p99_ms,

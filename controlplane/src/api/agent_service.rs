@@ -19,10 +19,11 @@ use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::report_check::{check_report, slo_windows, ReportRefusal, SloWindow};
 use crate::agents::report_relay::MAX_REPORTS_PER_BATCH;
 use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
-use crate::agents::{desired_state, fingerprint, SentVersions};
+use crate::agents::{desired_state, fingerprint, placement, SentVersions};
 use crate::controller::Controller;
 use crate::resources::{validate_name, ErrorCode, FieldError, Health, Kind, NodeStatus, ObservedGpu, ObservedWorkload, Spec};
 use crate::security::{caller, Principal};
+use crate::state::ClusterState;
 
 /// What a controller makes of a report.
 enum Checked {
@@ -47,16 +48,19 @@ impl AgentService {
     /// when `leading` (only the leader counts them). A follower that has not applied the
     /// node, or the version the agent reports, judges nothing: `Checked::ToLeader`.
     fn check(&self, req: &mut proto::ReportRequest, leading: bool) -> Result<Checked, Status> {
-        let (spec, desired, nodes) = self.controller.read(|d| {
-            let spec = d.cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
-                Spec::Node(s) => Some(s.clone()),
-                _ => None,
-            });
-            (spec, desired_state(&d.cluster, &req.node), d.cluster.count(Kind::Node))
+        self.controller.read(|d| self.check_against(&d.cluster, req, leading))
+    }
+
+    /// [`Self::check`] against `cluster`, borrowing from it (nothing of the state is copied).
+    fn check_against(&self, cluster: &ClusterState, req: &mut proto::ReportRequest, leading: bool) -> Result<Checked, Status> {
+        let spec = cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
+            Spec::Node(s) => Some(s),
+            _ => None,
         });
+        let placed = placement(cluster, &req.node);
         // Registered moments ago through the leader, or a desired state the agent got from
         // a controller further ahead: the leader is the one to judge the report.
-        if !leading && spec.as_ref().is_none_or(|_| req.applied_version > desired.version) {
+        if !leading && spec.is_none_or(|_| req.applied_version > placed.version) {
             return Ok(Checked::ToLeader);
         }
         let Some(spec) = spec else {
@@ -67,7 +71,7 @@ impl AgentService {
             ))
             .into());
         };
-        let stale = match check_report(req, &spec, &desired) {
+        let stale = match check_report(req, spec, &placed) {
             Ok(stale) => stale,
             Err(refusal) => {
                 self.controller.telemetry.observe_report_refused(refusal.reason());
@@ -82,9 +86,10 @@ impl AgentService {
         for i in stale.into_iter().rev() {
             req.metrics.remove(i);
         }
-        let report_interval_ms = u32::try_from(self.controller.report_pace.interval(nodes).as_millis()).unwrap_or(u32::MAX);
-        let windows = if leading { slo_windows(req, &desired) } else { Vec::new() };
-        Ok(Checked::Answered(proto::ReportResponse { desired_version: desired.version, report_interval_ms }, windows))
+        let report_interval_ms =
+            u32::try_from(self.controller.report_pace.interval(cluster.count(Kind::Node)).as_millis()).unwrap_or(u32::MAX);
+        let windows = if leading { slo_windows(req, &placed) } else { Vec::new() };
+        Ok(Checked::Answered(proto::ReportResponse { desired_version: placed.version, report_interval_ms }, windows))
     }
 
     /// The leader keeps a checked report and counts its SLO windows.

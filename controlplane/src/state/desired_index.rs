@@ -9,10 +9,15 @@
 //! version for the same content, and it never goes down.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Serialize, Serializer};
 
 use crate::resources::{GpuAssignment, PlanPatch, PlanSpec, ServiceSpec, Spec, StoredResource};
+
+/// One node's GPU assignments, per Plan name (each shared, so that a change to one plan's
+/// copies the others' as pointers).
+type NodePlans = BTreeMap<String, Arc<Vec<GpuAssignment>>>;
 
 #[derive(Clone, Debug, Default)]
 pub struct DesiredIndex {
@@ -21,8 +26,11 @@ pub struct DesiredIndex {
     versions: imbl::OrdMap<String, u64>,
     /// node -> plan name -> that plan's GPU assignments on the node. Derived. Persistent
     /// maps, like the rest of the state: `apply` works on a copy taken in O(1) and swaps it
-    /// in, so readers never wait for an entry being applied.
-    by_node: imbl::HashMap<String, BTreeMap<String, Vec<GpuAssignment>>>,
+    /// in, so readers never wait for an entry being applied. A node's entry is shared
+    /// (`Arc`): a change copies the map's path to it, and the siblings on that path are
+    /// copied as pointers, not as their nodes' assignments (at 10,000 hosts, deep copies of
+    /// siblings were most of applying a plan's parts).
+    by_node: imbl::HashMap<String, Arc<NodePlans>>,
     /// service -> the nodes with a workload of it. Derived.
     by_service: imbl::HashMap<String, imbl::OrdSet<String>>,
     /// Nodes whose projection changed since the last `take_touched`. Local, not state.
@@ -69,7 +77,11 @@ impl DesiredIndex {
 
     /// The node's GPU assignments, per Plan name.
     pub fn assignments(&self, node: &str) -> impl Iterator<Item = (&str, &GpuAssignment)> {
-        self.by_node.get(node).into_iter().flatten().flat_map(|(plan, gpus)| gpus.iter().map(move |g| (plan.as_str(), g)))
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flat_map(|plans| plans.iter())
+            .flat_map(|(plan, gpus)| gpus.iter().map(move |g| (plan.as_str(), g)))
     }
 
     /// The nodes whose projection changed since the last call.
@@ -142,14 +154,16 @@ impl DesiredIndex {
     /// Replaces plan `plan`'s assignments on `node`, keeping `by_service` in step.
     fn set(&mut self, node: &str, plan: &str, gpus: Vec<GpuAssignment>) {
         let before = self.services_of(node);
-        let plans = self.by_node.entry(node.to_string()).or_default();
+        let mut plans: NodePlans = self.by_node.get(node).map(|p| NodePlans::clone(p)).unwrap_or_default();
         if gpus.is_empty() {
             plans.remove(plan);
         } else {
-            plans.insert(plan.to_string(), gpus);
+            plans.insert(plan.to_string(), Arc::new(gpus));
         }
         if plans.is_empty() {
             self.by_node.remove(node);
+        } else {
+            self.by_node.insert(node.to_string(), Arc::new(plans));
         }
         let after = self.services_of(node);
         for gone in before.difference(&after) {

@@ -1,7 +1,7 @@
 use super::*;
 use crate::resources::*;
 
-fn put(id: &str, name: &str, tenant: &str, spec: Spec, mode: WriteMode, expected_version: u64) -> Request {
+pub(crate) fn put(id: &str, name: &str, tenant: &str, spec: Spec, mode: WriteMode, expected_version: u64) -> Request {
     Request {
         request_id: id.into(),
         command: Command::Put { name: name.into(), tenant: tenant.into(), spec, mode, expected_version },
@@ -35,7 +35,7 @@ fn instance_type(gpu: &str) -> Spec {
     })
 }
 
-fn service(model: &str, latency_ms: f64) -> Spec {
+pub(crate) fn service(model: &str, latency_ms: f64) -> Spec {
     Spec::Service(ServiceSpec {
         model: model.into(),
         slo: Slo { latency_ms, percentile: 99.0, request_rate: Some(100.0), autoscaling: None },
@@ -52,7 +52,7 @@ fn profile(model: &str, gpu: &str) -> Spec {
 }
 
 /// A state with a tenant, a GPU model, and a profile for `resnet50`.
-fn seeded() -> (ClusterState, u64) {
+pub(crate) fn seeded() -> (ClusterState, u64) {
     let mut s = ClusterState::default();
     let mut i = 0;
     for req in [
@@ -267,7 +267,7 @@ fn dedup_window_is_bounded() {
     assert_eq!(s.applied_requests.len(), DEDUP_WINDOW);
 }
 
-fn plan(gpus: &[(&str, &str, &str, u32)]) -> Spec {
+pub(crate) fn plan(gpus: &[(&str, &str, &str, u32)]) -> Spec {
     Spec::Plan(PlanSpec {
         strategy: "t".into(),
         gpus: gpus.iter().map(|&(node, uuid, service, batch)| crate::resources::test_gpu(node, uuid, service, batch)).collect(),
@@ -323,6 +323,34 @@ fn a_plan_change_gives_a_new_desired_version_to_the_nodes_it_changes_and_no_othe
     s.apply(24, &delete).0.unwrap();
     assert_eq!(versions(&s, &["n1", "n2", "n3", "n4"]), vec![24, 24, 21, 24]);
     assert_eq!(s.desired().assignments("n1").count(), 0);
+}
+
+#[test]
+fn a_change_to_one_plan_keeps_what_another_plan_places_on_the_same_node() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(11, &put("s2", "api", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(20, &put("p1", "mps", "", plan(&[("n1", "G1", "web", 8)]), WriteMode::Upsert, 0)).0.unwrap();
+    s.apply(21, &put("p2", "mig", "", plan(&[("n1", "G2", "api", 4)]), WriteMode::Upsert, 0)).0.unwrap();
+    let held = |c: &ClusterState| {
+        c.desired().assignments("n1").map(|(p, g)| (p.to_string(), g.gpu_uuid.clone(), g.workloads[0].batch)).collect::<Vec<_>>()
+    };
+    let before = s.clone();
+    s.apply(22, &put("p3", "mps", "", plan(&[("n1", "G1", "web", 2)]), WriteMode::Upsert, 0)).0.unwrap();
+    assert_eq!(held(&s), [("mig".to_string(), "G2".to_string(), 4), ("mps".to_string(), "G1".to_string(), 2)]);
+    assert_eq!(
+        held(&before),
+        [("mig".to_string(), "G2".to_string(), 4), ("mps".to_string(), "G1".to_string(), 8)],
+        "a copy taken before is unchanged"
+    );
+    let delete = Request {
+        request_id: "d".into(),
+        command: Command::Delete { kind: Kind::Plan, name: "mps".into(), expected_version: 0 },
+        trace_parent: None,
+    };
+    s.apply(23, &delete).0.unwrap();
+    assert_eq!(held(&s), [("mig".to_string(), "G2".to_string(), 4)]);
+    assert_eq!(versions(&s, &["n1"]), vec![23]);
 }
 
 #[test]
