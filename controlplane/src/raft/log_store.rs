@@ -527,7 +527,7 @@ mod tests {
                 let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
                 let entry = Entry {
                     log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
-                    payload: EntryPayload::Normal(crate::state::Proposal::one(request)),
+                    payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()),
                 };
                 (key(i).to_vec(), serde_json::to_vec(&entry).unwrap())
             })
@@ -604,7 +604,7 @@ mod tests {
         let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
         Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index),
-            payload: EntryPayload::Normal(crate::state::Proposal::one(request)),
+            payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()),
         }
     }
 

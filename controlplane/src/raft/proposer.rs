@@ -160,7 +160,16 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Waiting>) {
 async fn propose(raft: &Raft, group: Group<oneshot::Sender<Answer>>, permit: OwnedSemaphorePermit) {
     let Group { requests, tags: replies, .. } = group;
     let count = requests.len();
-    match raft.client_write_ff(Proposal { requests }).await {
+    let proposal = match Proposal::new(requests) {
+        Ok(p) => p,
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(ProposeError::Unavailable(format!("internal error: encoding the entry: {e}"))));
+            }
+            return;
+        }
+    };
+    match raft.client_write_ff(proposal).await {
         Ok(answer) => {
             tokio::spawn(async move {
                 let answers = answers(answer.await, count);

@@ -248,12 +248,12 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
                 EntryPayload::Normal(proposal) => {
                     if let Err(e) = proposal.check() {
                         data.cluster.note_index(log_id.index);
-                        responses.push(proposal.requests.iter().map(|_| Err(e.clone())).collect());
+                        responses.push(proposal.requests().iter().map(|_| Err(e.clone())).collect());
                         continue;
                     }
                     let mut written = crate::state::EntryWrites::default();
-                    let mut results = Vec::with_capacity(proposal.requests.len());
-                    for mut request in proposal.requests {
+                    let mut results = Vec::with_capacity(proposal.requests().len());
+                    for mut request in proposal.into_requests() {
                         // A Plan remembers the trace of the write that committed it, for
                         // the agents that apply it (the same on every controller: it is in
                         // the entry).
@@ -398,7 +398,7 @@ mod tests {
         let request = crate::state::Request { request_id: "r1".into(), command, trace_parent: None };
         let entry = Entry {
             log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
-            payload: EntryPayload::Normal(crate::state::Proposal::one(request)),
+            payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()),
         };
         let outcome = sm.apply([entry]).await.unwrap();
         assert!(outcome[0][0].is_ok(), "{outcome:?}");

@@ -575,12 +575,54 @@ fn a_second_write_of_one_resource_in_an_entry_is_refused_and_its_retry_applies()
 fn an_entry_holds_one_to_the_bound_of_requests() {
     use crate::resources::limits::MAX_REQUESTS_PER_ENTRY;
     let one = put("p", "svc1", "acme", service("resnet50", 50.0), WriteMode::Upsert, 0);
-    assert!(Proposal::one(one.clone()).check().is_ok());
-    assert!(Proposal { requests: vec![one.clone(); MAX_REQUESTS_PER_ENTRY] }.check().is_ok());
-    let e = Proposal { requests: vec![one; MAX_REQUESTS_PER_ENTRY + 1] }.check().unwrap_err();
+    assert!(Proposal::one(one.clone()).unwrap().check().is_ok());
+    assert!(Proposal::new(vec![one.clone(); MAX_REQUESTS_PER_ENTRY]).unwrap().check().is_ok());
+    let e = Proposal::new(vec![one; MAX_REQUESTS_PER_ENTRY + 1]).unwrap().check().unwrap_err();
     assert_eq!(e.field, "requests");
     assert!(e.reason.contains("257 requests in one log entry; an entry holds 1 to 256"), "{e}");
-    assert!(Proposal { requests: vec![] }.check().is_err());
+    assert!(Proposal::new(vec![]).unwrap().check().is_err());
+}
+
+#[test]
+fn a_proposal_is_encoded_as_its_fields_and_decodes_to_the_same_requests() {
+    let status = Request {
+        request_id: "st".into(),
+        command: Command::PutStatus {
+            kind: Kind::Node,
+            name: "n1".into(),
+            status: serde_json::json!({"gpus": [1.5, "a\"b"]}).into(),
+            expected_version: 0,
+        },
+        trace_parent: Some("00-x".into()),
+    };
+    let requests = vec![put("p", "svc1", "acme", service("resnet50", 50.0), WriteMode::Upsert, 0), status];
+    let made = Proposal::new(requests.clone()).unwrap();
+    let text = serde_json::to_string(&made).unwrap();
+    // What the log and the peers held before a proposal kept its JSON (a derived encoding of
+    // its one field): the same text.
+    #[derive(serde::Serialize)]
+    struct Derived<'a> {
+        requests: &'a [Request],
+    }
+    assert_eq!(text, serde_json::to_string(&Derived { requests: &requests }).unwrap());
+    assert_eq!(made.encoded_len(), text.len());
+    let read: Proposal = serde_json::from_str(&text).unwrap();
+    assert_eq!(read, made);
+    assert_eq!(read.requests(), &requests[..]);
+    assert_eq!(serde_json::to_string(&read).unwrap(), text, "written again as it was read");
+    // Inside an entry (as the log stores it and peers send it), whitespace and all.
+    let entry = serde_json::json!({"log_id": 1, "payload": {"Normal": serde_json::from_str::<serde_json::Value>(&text).unwrap()}});
+    let pretty = serde_json::to_string_pretty(&entry).unwrap();
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        payload: std::collections::BTreeMap<String, Proposal>,
+    }
+    let decoded: Entry = serde_json::from_str(&pretty).unwrap();
+    assert_eq!(decoded.payload["Normal"], made);
+    // A malformed request is an error, not a proposal.
+    let bad = r#"{"requests": [{"request_id": "a"}]}"#;
+    let e = serde_json::from_str::<Proposal>(bad).unwrap_err().to_string();
+    assert!(e.contains("missing field `command`"), "{e}");
 }
 
 #[test]
