@@ -592,4 +592,23 @@ mod tests {
         }
         assert!(validate_spec(&plan(vec![WorkloadAssignment { batch_ms: 18.5, ..wl(50.0) }])).is_ok());
     }
+
+    /// Paths are formatted only for an error: each names the GPU of the patch and the field.
+    #[test]
+    fn a_patchs_refusal_names_the_gpu_and_field() {
+        let gpu = |node: &str, uuid: &str, batch: u32| crate::test_gpu(node, uuid, "s", batch);
+        let patch = |set_gpus: Vec<GpuAssignment>| PlanPatch { set_gpus, ..Default::default() };
+        let plan = PlanSpec::default();
+        assert!(validate_plan_patch(&plan, &patch(vec![gpu("n1", "G1", 4), gpu("n2", "G2", 4)])).is_ok());
+        for (bad, field) in [
+            (gpu("n 2", "G2", 4), "patch.set_gpus[1].node"),
+            (gpu("n2", "G\u{7}", 4), "patch.set_gpus[1].gpu_uuid"),
+            (gpu("n2", "G2", 0), "patch.set_gpus[1].workloads[0].batch"),
+            (gpu("n2", "G2", MAX_BATCH + 1), "patch.set_gpus[1].workloads[0].batch"),
+        ] {
+            let err = validate_plan_patch(&plan, &patch(vec![gpu("n1", "G1", 4), bad])).unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(!err.reason.is_empty(), "{err}");
+        }
+    }
 }

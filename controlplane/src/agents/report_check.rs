@@ -2,7 +2,7 @@
 //! proves which node speaks, not that what it says is true: a compromised node could report
 //! metrics or a router endpoint for another tenant's service (a traffic hijack through
 //! `gpuctl get endpoints`, false load for the autoscaler), or numbers that break the
-//! arithmetic. Pure: the report, the node's spec and its desired state in, a verdict out.
+//! arithmetic. Pure: the report, the node's spec and its placement in, a verdict out.
 
 use std::collections::BTreeSet;
 
@@ -165,7 +165,7 @@ mod tests {
         }
     }
 
-    fn desired<'a>(services: &[&'a str]) -> Placement<'a> {
+    fn placed<'a>(services: &[&'a str]) -> Placement<'a> {
         Placement { version: 3, services: services.iter().map(|s| (*s, Placed { tenant: "", slo_ms: 0.0 })).collect() }
     }
 
@@ -199,21 +199,21 @@ mod tests {
 
     #[test]
     fn a_node_reports_for_what_the_plan_placed_on_it() {
-        assert_eq!(check_report(&report(vec![metrics("web", "10.0.0.1:7100")]), &node(), &desired(&["web"])), Ok(vec![]));
+        assert_eq!(check_report(&report(vec![metrics("web", "10.0.0.1:7100")]), &node(), &placed(&["web"])), Ok(vec![]));
     }
 
     #[test]
     fn an_agent_behind_its_desired_state_has_the_windows_of_services_moved_away_dropped_not_refused() {
         let mut r = report(vec![metrics("moved-away", "10.0.0.1:7101"), metrics("web", "10.0.0.1:7100")]);
         r.applied_version = 2;
-        assert_eq!(check_report(&r, &node(), &desired(&["web"])), Ok(vec![0]));
+        assert_eq!(check_report(&r, &node(), &placed(&["web"])), Ok(vec![0]));
         // Stale or not, a window is still checked for what it may not carry.
         r.metrics[1].endpoint = "10.6.6.6:443".into();
-        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[1].endpoint".into(), "denied"));
+        assert_eq!(field(check_report(&r, &node(), &placed(&["web"]))), ("metrics[1].endpoint".into(), "denied"));
         // Claiming the current version, the same window is refused.
         let mut current = report(vec![metrics("moved-away", "")]);
         current.applied_version = 3;
-        assert_eq!(field(check_report(&current, &node(), &desired(&["web"]))), ("metrics[0].service".into(), "denied"));
+        assert_eq!(field(check_report(&current, &node(), &placed(&["web"]))), ("metrics[0].service".into(), "denied"));
     }
 
     #[test]
@@ -221,28 +221,28 @@ mod tests {
         // Desired version 3 here; the agent got version 4 (placing "new-svc") from a follower.
         let mut r = report(vec![metrics("web", "10.0.0.1:7100"), metrics("new-svc", "10.0.0.1:7101")]);
         r.applied_version = 4;
-        assert_eq!(check_report(&r, &node(), &desired(&["web"])), Ok(vec![1]));
+        assert_eq!(check_report(&r, &node(), &placed(&["web"])), Ok(vec![1]));
     }
 
     #[test]
     fn metrics_or_endpoints_for_a_service_not_placed_on_the_node_are_denied() {
         let r = report(vec![metrics("web", "10.0.0.1:7100"), metrics("other-tenants", "10.0.0.1:7101")]);
-        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[1].service".into(), "denied"));
+        assert_eq!(field(check_report(&r, &node(), &placed(&["web"]))), ("metrics[1].service".into(), "denied"));
     }
 
     #[test]
     fn an_endpoint_on_another_host_is_denied() {
         let r = report(vec![metrics("web", "10.9.9.9:7100")]);
-        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[0].endpoint".into(), "denied"));
+        assert_eq!(field(check_report(&r, &node(), &placed(&["web"]))), ("metrics[0].endpoint".into(), "denied"));
         let r = report(vec![metrics("web", "not an address")]);
-        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[0].endpoint".into(), "invalid"));
+        assert_eq!(field(check_report(&r, &node(), &placed(&["web"]))), ("metrics[0].endpoint".into(), "invalid"));
     }
 
     #[test]
     fn another_nodes_gpu_is_denied() {
         let mut r = report(vec![]);
         r.gpus[0].gpu_uuid = "GPU-of-n2".into();
-        assert_eq!(field(check_report(&r, &node(), &desired(&[]))), ("gpus[0].gpu_uuid".into(), "denied"));
+        assert_eq!(field(check_report(&r, &node(), &placed(&[]))), ("gpus[0].gpu_uuid".into(), "denied"));
     }
 
     #[test]
@@ -254,7 +254,7 @@ mod tests {
                 "throughput_rps" => m.throughput_rps = value,
                 _ => m.arrival_rps = value,
             }
-            let got = field(check_report(&report(vec![m]), &node(), &desired(&["web"])));
+            let got = field(check_report(&report(vec![m]), &node(), &placed(&["web"])));
             assert_eq!(got, (format!("metrics[0].{name}"), "invalid"), "{value}");
         }
     }
@@ -262,16 +262,16 @@ mod tests {
     #[test]
     fn names_that_could_forge_series_and_oversized_lists_are_invalid() {
         let r = report(vec![metrics("web\"} 1\nx{a=\"", "")]);
-        assert_eq!(field(check_report(&r, &node(), &desired(&["web"]))), ("metrics[0].service".into(), "invalid"));
+        assert_eq!(field(check_report(&r, &node(), &placed(&["web"]))), ("metrics[0].service".into(), "invalid"));
         let many: Vec<proto::ServiceMetrics> = (0..=MAX_REPORTED_SERVICES).map(|i| metrics(&format!("s{i}"), "")).collect();
-        assert_eq!(field(check_report(&report(many), &node(), &desired(&["web"]))), ("metrics".into(), "invalid"));
+        assert_eq!(field(check_report(&report(many), &node(), &placed(&["web"]))), ("metrics".into(), "invalid"));
         let twice = report(vec![metrics("web", ""), metrics("web", "")]);
-        assert_eq!(field(check_report(&twice, &node(), &desired(&["web"]))), ("metrics[1].service".into(), "invalid"));
+        assert_eq!(field(check_report(&twice, &node(), &placed(&["web"]))), ("metrics[1].service".into(), "invalid"));
     }
 
     #[test]
     fn a_window_meets_its_slo_within_the_latency_and_without_failures() {
-        let desired = Placement { version: 0, services: [("web", Placed { tenant: "acme", slo_ms: 50.0 })].into() };
+        let placed = Placement { version: 0, services: [("web", Placed { tenant: "acme", slo_ms: 50.0 })].into() };
         let m = |service: &str, p99_ms: f64, failed: u64, arrival_rps: f64| proto::ServiceMetrics {
             service: service.into(),
             p99_ms,
@@ -289,8 +289,8 @@ mod tests {
             ],
             ..Default::default()
         };
-        let met: Vec<bool> = slo_windows(&report, &desired).iter().map(|w| w.met).collect();
+        let met: Vec<bool> = slo_windows(&report, &placed).iter().map(|w| w.met).collect();
         assert_eq!(met, [true, false, false], "idle windows and services not placed here are left out");
-        assert_eq!(slo_windows(&report, &desired)[0].tenant, "acme");
+        assert_eq!(slo_windows(&report, &placed)[0].tenant, "acme");
     }
 }

@@ -51,11 +51,6 @@ impl Proposal {
         self.requests
     }
 
-    /// Bytes of its JSON.
-    pub fn encoded_len(&self) -> usize {
-        self.encoded.get().len()
-    }
-
     /// Refuses an entry of no requests or more than the bound (every request of it).
     pub fn check(&self) -> Result<(), FieldError> {
         use crate::resources::limits::MAX_REQUESTS_PER_ENTRY;

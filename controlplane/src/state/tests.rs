@@ -605,7 +605,6 @@ fn a_proposal_is_encoded_as_its_fields_and_decodes_to_the_same_requests() {
         requests: &'a [Request],
     }
     assert_eq!(text, serde_json::to_string(&Derived { requests: &requests }).unwrap());
-    assert_eq!(made.encoded_len(), text.len());
     let read: Proposal = serde_json::from_str(&text).unwrap();
     assert_eq!(read, made);
     assert_eq!(read.requests(), &requests[..]);
