@@ -66,7 +66,7 @@ pub struct RunningNode {
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     loops: Option<JoinHandle<()>>,
-    /// Relays ended agent streams and reports to the leader.
+    /// Relays ended agent streams and reports to the leader; the runtime-lag probe.
     relays: Vec<JoinHandle<()>>,
     /// Where Raft runs (`RaftSettings::own_runtime`); declared last, so dropped last.
     raft_runtime: Option<raft::RaftRuntime>,
@@ -264,6 +264,7 @@ where
     let relays = vec![
         tokio::spawn(crate::agents::watch_ends::relay(controller.clone())),
         tokio::spawn(crate::agents::report_relay::relay(controller.clone())),
+        tokio::spawn(crate::telemetry::probe_runtime_lag(controller.telemetry.clone())),
     ];
     tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
     Ok(RunningNode {

@@ -69,6 +69,7 @@ struct Inner {
     planning_seconds: Histogram,
     proposal_seconds: Histogram,
     report_seconds: Histogram,
+    runtime_lag_seconds: Histogram,
     proposals: Family<Labels, Counter>,
     loop_pass_seconds: HistogramFamily,
     loop_failures: Family<Labels, Counter>,
@@ -109,6 +110,7 @@ impl Default for ControllerMetrics {
             proposal_seconds: seconds_buckets(),
             // From 0.1 ms: most reports are answered in well under the 0.5 ms of the others.
             report_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            runtime_lag_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             proposals: Family::default(),
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
             loop_failures: Family::default(),
@@ -152,6 +154,11 @@ impl Default for ControllerMetrics {
             "agent_report_duration_seconds",
             "Agent reports answered by this controller: time in the handler, from the decoded request to the answer (the checks, the state read, the hand-off to the relay or the status writer)",
             inner.report_seconds.clone(),
+        );
+        r.register(
+            "runtime_wake_lag_seconds",
+            "How late a task of the runtime serving the API woke from a 10 ms timer, sampled every 10 ms: how long a request that arrives waits for a worker (agents' reports included) before its handler runs",
+            inner.runtime_lag_seconds.clone(),
         );
         r.register(
             "raft_proposals",
@@ -265,6 +272,11 @@ impl ControllerMetrics {
     /// Records the time one agent report spent in its handler, answered or refused.
     pub fn observe_report(&self, elapsed: Duration) {
         self.inner.report_seconds.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how late a task of the API's runtime woke (see `telemetry::probe_runtime_lag`).
+    pub fn observe_runtime_lag(&self, late: Duration) {
+        self.inner.runtime_lag_seconds.observe(late.as_secs_f64());
     }
 
     /// A report's window of `service` of `tenant`, met or not (leader only).
