@@ -34,9 +34,15 @@ pub struct Observed {
     /// Agents killed: they drop their stream and stop reporting, as a host that dies.
     pub dead: tokio::sync::watch::Sender<BTreeSet<String>>,
     /// How late a task of the simulator's runtime woke from a 10 ms sleep (ms), and when:
-    /// the part of a report's round trip the simulator itself adds.
-    pub runtime_lag_ms: Mutex<Vec<(Instant, f64)>>,
+    /// what the agents' watches wait for in this process.
+    pub runtime_lag_ms: Lags,
+    /// The same on the runtime the reports are sent and timed on: the part of a report's
+    /// round trip the simulator itself adds.
+    pub report_runtime_lag_ms: Lags,
 }
+
+/// A runtime's wake-up lags (ms) and when each was measured.
+pub type Lags = Mutex<Vec<(Instant, f64)>>;
 
 impl Default for Observed {
     fn default() -> Self {
@@ -49,6 +55,7 @@ impl Default for Observed {
             report_errors: Mutex::default(),
             dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
             runtime_lag_ms: Mutex::default(),
+            report_runtime_lag_ms: Mutex::default(),
         }
     }
 }
@@ -116,10 +123,22 @@ fn report(node: &str, watch_session: u64, desired: Option<&proto::DesiredState>)
     r
 }
 
-/// Starts agents `range` on `client`; they run until the runtime stops.
-pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed: Arc<Observed>) {
+/// The clients of a group of agents: watches and registration on this runtime, reports on
+/// `reports` (a runtime of their own, with connections of their own, so that a report's
+/// round trip is not timed behind the thousands of watches this process also serves: a
+/// real agent has a host of its own).
+pub struct GroupClients {
+    pub watches: Arc<Client>,
+    pub reports: Arc<Client>,
+    pub report_runtime: tokio::runtime::Handle,
+}
+
+/// Starts agents `range`; they run until the runtimes stop.
+pub fn spawn_group(clients: GroupClients, range: std::ops::Range<usize>, observed: Arc<Observed>) {
+    let clients = Arc::new(clients);
     for i in range {
-        let client = client.clone();
+        let clients = clients.clone();
+        let client = clients.watches.clone();
         let observed = observed.clone();
         tokio::spawn(async move {
             let name = node_name(i);
@@ -130,7 +149,7 @@ pub fn spawn_group(client: Arc<Client>, range: std::ops::Range<usize>, observed:
             }
             observed.registered.lock().unwrap().push(Instant::now());
             let link = Arc::new(Link::default());
-            tokio::spawn(report_loop(client.clone(), name.clone(), link.clone(), observed.clone()));
+            clients.report_runtime.spawn(report_loop(clients.reports.clone(), name.clone(), link.clone(), observed.clone()));
             watch_loop(client, name, link, observed).await;
         });
     }
@@ -216,14 +235,15 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
     }
 }
 
-/// Measures, until the runtime stops, how late this runtime wakes a task from a 10 ms sleep.
-pub async fn probe_runtime_lag(observed: Arc<Observed>) {
+/// Measures, until the runtime stops, how late this runtime wakes a task from a 10 ms sleep,
+/// into `lags` (one of `observed`'s).
+pub async fn probe_runtime_lag(observed: Arc<Observed>, lags: fn(&Observed) -> &Lags) {
     let period = Duration::from_millis(10);
     loop {
         let due = Instant::now() + period;
         tokio::time::sleep(period).await;
         let now = Instant::now();
-        observed.runtime_lag_ms.lock().unwrap().push((now, now.saturating_duration_since(due).as_secs_f64() * 1e3));
+        lags(&observed).lock().unwrap().push((now, now.saturating_duration_since(due).as_secs_f64() * 1e3));
     }
 }
 

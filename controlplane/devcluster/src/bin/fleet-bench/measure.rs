@@ -225,6 +225,19 @@ impl ControllerProbe {
         histogram_quantile(&histograms, 0.99).map(|s| s * 1e3)
     }
 
+    /// Each controller's p99 of how late its API runtime woke a task
+    /// (`gpuplane_runtime_wake_lag_seconds`, bucket bounds): the wait for a worker that
+    /// every report arriving there shares.
+    pub async fn runtime_lag_p99_ms(&self) -> Vec<Option<f64>> {
+        let mut out = Vec::new();
+        for i in 0..self.metrics.len() {
+            let text = self.scrape(i).await;
+            let buckets = text.map(|t| histogram_buckets(&t, "gpuplane_runtime_wake_lag_seconds")).unwrap_or_default();
+            out.push(histogram_quantile(&[buckets], 0.99).map(|s| s * 1e3));
+        }
+        out
+    }
+
     /// Waits until the leader's log grows by less than `quiet_bytes` in a second (the
     /// agents' status writes after the last change have gone through), at most `timeout`;
     /// returns how long that took. So each phase measures its own change, not the tail of
@@ -418,6 +431,8 @@ pub struct Row {
     /// bound): the rest of `report_p99_ms` is the wait for a core, in the controllers'
     /// runtimes, the kernel and this process, which share the machine's cores.
     pub report_handler_p99_ms: Option<f64>,
+    /// Each controller's p99 wait for a worker of its API runtime (bucket upper bounds).
+    pub runtime_lag_p99_ms: Vec<Option<f64>>,
     pub reports: usize,
     pub reports_failed: u64,
     pub leader_changes: u64,
@@ -462,6 +477,7 @@ impl Row {
             "report_p50_ms": self.report_p50_ms,
             "report_p99_ms": self.report_p99_ms,
             "report_handler_p99_ms": self.report_handler_p99_ms,
+            "runtime_lag_p99_ms": self.runtime_lag_p99_ms,
             "reports": self.reports,
             "reports_failed": self.reports_failed,
             "leader_changes": self.leader_changes,
@@ -514,6 +530,10 @@ pub fn print_table(rows: &[Row]) {
     line("provisioning pass that planned, mean (s)", rows.iter().map(|r| opt(r.provision_pass_s, 3)).collect());
     line("reports p50/p99 (ms)", rows.iter().map(|r| format!("{}/{}", opt(r.report_p50_ms, 1), opt(r.report_p99_ms, 1))).collect());
     line("  p99 in the controllers' handlers (ms, ≤)", rows.iter().map(|r| opt(r.report_handler_p99_ms, 1)).collect());
+    line(
+        "  controllers' runtime wake-up lag p99 (ms, ≤)",
+        rows.iter().map(|r| r.runtime_lag_p99_ms.iter().map(|v| opt(*v, 1)).collect::<Vec<_>>().join("/")).collect(),
+    );
     line("reports sent/failed", rows.iter().map(|r| format!("{}/{}", r.reports, r.reports_failed)).collect());
     line("leader changes", rows.iter().map(|r| r.leader_changes.to_string()).collect());
     line("healthy nodes marked unhealthy", rows.iter().map(|r| r.unhealthy_marked.to_string()).collect());
