@@ -264,7 +264,10 @@ where
     let relays = vec![
         tokio::spawn(crate::agents::watch_ends::relay(controller.clone())),
         tokio::spawn(crate::agents::report_relay::relay(controller.clone())),
-        tokio::spawn(crate::telemetry::probe_runtime_lag(controller.telemetry.clone())),
+        tokio::spawn({
+            let telemetry = controller.telemetry.clone();
+            crate::telemetry::probe_runtime_lag(move |late| telemetry.observe_runtime_lag(late))
+        }),
     ];
     tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
     Ok(RunningNode {

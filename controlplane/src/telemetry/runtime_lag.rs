@@ -4,24 +4,25 @@
 
 use std::time::Duration;
 
-use super::ControllerMetrics;
-
 /// How often the probe wakes: often enough to catch a burst of a few tens of milliseconds,
 /// rarely enough to cost nothing (100 wake-ups a second).
-const PERIOD: Duration = Duration::from_millis(10);
+pub const PERIOD: Duration = Duration::from_millis(10);
 
-/// Records, until the runtime stops, how late this runtime wakes a task from a timer.
-pub async fn probe_runtime_lag(metrics: ControllerMetrics) {
+/// Gives `record`, until the runtime stops, how late this runtime wakes a task from a
+/// timer due every [`PERIOD`] (the controller records it as
+/// `gpuplane_runtime_wake_lag_seconds`; fleet-bench per moment of its run).
+pub async fn probe_runtime_lag(mut record: impl FnMut(Duration)) {
     loop {
         let due = tokio::time::Instant::now() + PERIOD;
         tokio::time::sleep_until(due).await;
-        metrics.observe_runtime_lag(tokio::time::Instant::now().saturating_duration_since(due));
+        record(tokio::time::Instant::now().saturating_duration_since(due));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::ControllerMetrics;
 
     fn lag_bucket(text: &str, le: &str) -> f64 {
         let series = format!("gpuplane_runtime_wake_lag_seconds_bucket{{le=\"{le}\"}} ");
@@ -33,7 +34,8 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_worker_held_by_other_work_shows_as_a_late_wake_up() {
         let metrics = ControllerMetrics::default();
-        let probe = tokio::spawn(probe_runtime_lag(metrics.clone()));
+        let recorder = metrics.clone();
+        let probe = tokio::spawn(probe_runtime_lag(move |late| recorder.observe_runtime_lag(late)));
         tokio::time::sleep(Duration::from_millis(30)).await;
         let before = metrics.render(&Default::default());
         assert!(lag_bucket(&before, "+Inf") >= 1.0, "the probe records every wake-up: {before}");

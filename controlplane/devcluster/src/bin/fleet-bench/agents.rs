@@ -33,7 +33,7 @@ pub struct Observed {
     pub report_errors: Mutex<BTreeMap<String, u64>>,
     /// Agents killed: they drop their stream and stop reporting, as a host that dies.
     pub dead: tokio::sync::watch::Sender<BTreeSet<String>>,
-    /// How late a task of the simulator's runtime woke from a 10 ms sleep (ms), and when:
+    /// How late a task of the simulator's runtime woke from a 10 ms timer (ms), and when:
     /// what the agents' watches wait for in this process.
     pub runtime_lag_ms: Lags,
     /// The same on the runtime the reports are sent and timed on: the part of a report's
@@ -235,16 +235,13 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
     }
 }
 
-/// Measures, until the runtime stops, how late this runtime wakes a task from a 10 ms sleep,
-/// into `lags` (one of `observed`'s).
+/// Records, until the runtime stops, how late this runtime wakes a task from a timer into
+/// `lags` (one of `observed`'s), with when.
 pub async fn probe_runtime_lag(observed: Arc<Observed>, lags: fn(&Observed) -> &Lags) {
-    let period = Duration::from_millis(10);
-    loop {
-        let due = Instant::now() + period;
-        tokio::time::sleep(period).await;
-        let now = Instant::now();
-        lags(&observed).lock().unwrap().push((now, now.saturating_duration_since(due).as_secs_f64() * 1e3));
-    }
+    controlplane::telemetry::probe_runtime_lag(move |late| {
+        lags(&observed).lock().unwrap().push((Instant::now(), late.as_secs_f64() * 1e3));
+    })
+    .await
 }
 
 /// One client (one connection per controller) per group of agents, starting on a different

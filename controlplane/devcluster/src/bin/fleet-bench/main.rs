@@ -223,19 +223,16 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
     // Where the slow reports are: p99 per 5 s of the run.
     let sent: Vec<Instant> = observed.report_sent.lock().unwrap()[reports_from..].to_vec();
-    let mut windows: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-    for (at, ms) in sent.iter().zip(&reports) {
-        windows.entry(at.duration_since(started).as_secs() / 5 * 5).or_default().push(*ms);
-    }
-    let per_window = |lags: &[(Instant, f64)]| {
+    let per_window = |timed: &mut dyn Iterator<Item = (Instant, f64)>| {
         let mut windows: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
-        for (at, ms) in lags {
-            windows.entry(at.duration_since(started).as_secs() / 5 * 5).or_default().push(*ms);
+        for (at, ms) in timed {
+            windows.entry(at.duration_since(started).as_secs() / 5 * 5).or_default().push(ms);
         }
         windows
     };
-    let lags = per_window(&observed.runtime_lag_ms.lock().unwrap());
-    let report_lags = per_window(&observed.report_runtime_lag_ms.lock().unwrap());
+    let windows = per_window(&mut sent.iter().copied().zip(reports.iter().copied()));
+    let lags = per_window(&mut observed.runtime_lag_ms.lock().unwrap().iter().copied());
+    let report_lags = per_window(&mut observed.report_runtime_lag_ms.lock().unwrap().iter().copied());
     let p99 = |windows: &BTreeMap<u64, Vec<f64>>, from| windows.get(from).and_then(|l| percentile(l, 99.0)).unwrap_or(0.0);
     for (from, ms) in &windows {
         eprintln!(
@@ -257,8 +254,9 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     // Each controller's, then this process's.
     let cores: Vec<f64> = cpu_end.iter().zip(&cpu_start).map(|(e, s)| (e - s) / wall).collect();
     let planning = probe.planning().await;
-    let report_handler_p99_ms = probe.report_handler_p99_ms().await;
-    let runtime_lag_p99_ms = probe.runtime_lag_p99_ms().await;
+    let metrics = probe.scrape_all().await;
+    let report_handler_p99_ms = measure::report_handler_p99_ms(&metrics);
+    let runtime_lag_p99_ms = measure::runtime_lag_p99_ms(&metrics);
     let row = Row {
         agents: n,
         services,

@@ -171,6 +171,26 @@ pub fn histogram_quantile(histograms: &[Vec<(f64, f64)>], q: f64) -> Option<f64>
     (total > 0.0).then(|| summed.iter().find(|b| b.1 >= q * total).map_or(f64::INFINITY, |b| b.0))
 }
 
+/// p99 of the time reports spent in the controllers' handlers (`None`: none answered),
+/// from each controller's `gpuplane_agent_report_duration_seconds` (bucket bounds).
+pub fn report_handler_p99_ms(texts: &[Option<String>]) -> Option<f64> {
+    let histograms: Vec<_> = texts.iter().flatten().map(|text| histogram_buckets(text, "gpuplane_agent_report_duration_seconds")).collect();
+    histogram_quantile(&histograms, 0.99).map(|s| s * 1e3)
+}
+
+/// Each controller's p99 of how late its API runtime woke a task
+/// (`gpuplane_runtime_wake_lag_seconds`, bucket bounds): the wait for a worker that every
+/// report arriving there shares.
+pub fn runtime_lag_p99_ms(texts: &[Option<String>]) -> Vec<Option<f64>> {
+    texts
+        .iter()
+        .map(|text| {
+            let buckets = text.as_deref().map(|t| histogram_buckets(t, "gpuplane_runtime_wake_lag_seconds")).unwrap_or_default();
+            histogram_quantile(&[buckets], 0.99).map(|s| s * 1e3)
+        })
+        .collect()
+}
+
 impl ControllerProbe {
     pub fn new(cluster: &LocalCluster) -> Self {
         let ids = cluster.controllers.ids();
@@ -213,29 +233,13 @@ impl ControllerProbe {
         out
     }
 
-    /// p99 of the time reports spent in the controllers' handlers (`None`: none answered),
-    /// from each controller's `gpuplane_agent_report_duration_seconds` (bucket bounds).
-    pub async fn report_handler_p99_ms(&self) -> Option<f64> {
-        let mut histograms = Vec::new();
+    /// Each controller's `/metrics` (`None`: not answered), read once at the end of a run.
+    pub async fn scrape_all(&self) -> Vec<Option<String>> {
+        let mut texts = Vec::new();
         for i in 0..self.metrics.len() {
-            if let Some(text) = self.scrape(i).await {
-                histograms.push(histogram_buckets(&text, "gpuplane_agent_report_duration_seconds"));
-            }
+            texts.push(self.scrape(i).await);
         }
-        histogram_quantile(&histograms, 0.99).map(|s| s * 1e3)
-    }
-
-    /// Each controller's p99 of how late its API runtime woke a task
-    /// (`gpuplane_runtime_wake_lag_seconds`, bucket bounds): the wait for a worker that
-    /// every report arriving there shares.
-    pub async fn runtime_lag_p99_ms(&self) -> Vec<Option<f64>> {
-        let mut out = Vec::new();
-        for i in 0..self.metrics.len() {
-            let text = self.scrape(i).await;
-            let buckets = text.map(|t| histogram_buckets(&t, "gpuplane_runtime_wake_lag_seconds")).unwrap_or_default();
-            out.push(histogram_quantile(&[buckets], 0.99).map(|s| s * 1e3));
-        }
-        out
+        texts
     }
 
     /// Waits until the leader's log grows by less than `quiet_bytes` in a second (the
@@ -570,6 +574,23 @@ pub fn print_table(rows: &[Row]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn each_controllers_runtime_lag_p99_is_read_from_its_own_page() {
+        let page = |name: &str, counts: [u32; 3]| {
+            format!(
+                "# TYPE {name} histogram\n{name}_bucket{{le=\"0.0001\"}} {}\n{name}_bucket{{le=\"0.0002\"}} {}\n{name}_bucket{{le=\"+Inf\"}} {}\n",
+                counts[0], counts[1], counts[2]
+            )
+        };
+        let lag = "gpuplane_runtime_wake_lag_seconds";
+        let texts = [Some(page(lag, [100, 100, 100])), None, Some(page(lag, [0, 98, 100]))];
+        assert_eq!(super::runtime_lag_p99_ms(&texts), [Some(0.1), None, Some(f64::INFINITY)]);
+        let handler = "gpuplane_agent_report_duration_seconds";
+        let texts = [Some(page(handler, [0, 99, 100])), None, Some(page(handler, [0, 100, 100]))];
+        assert_eq!(super::report_handler_p99_ms(&texts), Some(0.2), "the controllers' histograms summed");
+        assert_eq!(super::report_handler_p99_ms(&[None, None]), None);
+    }
+
     #[test]
     fn the_install_time_is_read_from_a_coloured_log_line() {
         let line = "2026-11-24T15:02:15Z \u{1b}[32m INFO\u{1b}[0m snapshot installed \u{1b}[3mbytes\u{1b}[0m\u{1b}[2m=\u{1b}[0m76623057 \u{1b}[3mseconds\u{1b}[0m\u{1b}[2m=\u{1b}[0m2.98 \u{1b}[3msnapshot\u{1b}[0m\u{1b}[2m=\u{1b}[0mT1";
