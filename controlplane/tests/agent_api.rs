@@ -179,7 +179,7 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
             arrival_rps: 90.0,
             ..Default::default()
         }],
-        watch_session: 0,
+        ..Default::default()
     };
     agent.report(report.clone()).await.unwrap();
     let (observed, version) = node_status_when(&client, "n1", |s| NodeStatus::applied_version(s) == 3).await;
@@ -197,6 +197,66 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
     let err = agent.report(proto::ReportRequest { node: "ghost".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     assert!(err.message().contains("not registered"), "{}", err.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_observed_state() {
+    let cluster = TestCluster::start(3, fast_settings()).await;
+    let client = cluster.client();
+    seed(&client).await;
+    client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    let mut agent = agent_client(&cluster.node(follower).addr.to_string()).await;
+    let observed = proto::ReportRequest {
+        node: "n1".into(),
+        gpus: vec![proto::ObservedGpu { gpu_uuid: "GPU-n1".into(), model: "A100-80GB".into(), ..Default::default() }],
+        ..Default::default()
+    };
+    let digest = proto::observed_digest(&observed);
+    // As the agent does: the controllers hold nothing yet, so the GPUs go with the report;
+    // they are written with the report's digest, which answers then name.
+    let mut full = observed.clone();
+    proto::observed::leave_out_unchanged(&mut full, 0);
+    assert!(!full.gpus_unchanged && full.gpus.len() == 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while agent.report(full.clone()).await.unwrap().into_inner().observed_digest != digest {
+        assert!(tokio::time::Instant::now() < deadline, "no answer named the written digest");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, version) = node_status_when(&client, "n1", |s| NodeStatus::observed_digest(s) == digest).await;
+    assert_eq!(status["gpus"][0]["gpu_uuid"], "GPU-n1");
+
+    // Then the GPUs stay out. The report still counts as the node's heartbeat, and the
+    // status keeps the GPUs.
+    let mut slim = observed.clone();
+    proto::observed::leave_out_unchanged(&mut slim, digest);
+    assert!(slim.gpus_unchanged && slim.gpus.is_empty());
+    let before = cluster.node(leader).controller.reports.get("n1").map(|r| r.received);
+    assert_eq!(agent.report(slim.clone()).await.unwrap().into_inner().observed_digest, digest);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while cluster.node(leader).controller.reports.get("n1").map(|r| r.received) == before {
+        assert!(tokio::time::Instant::now() < deadline, "the relayed report never reached the leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A report that says its GPUs are unchanged carries none.
+    let err = agent.report(proto::ReportRequest { gpus: observed.gpus.clone(), ..slim.clone() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("gpus_unchanged"), "{}", err.message());
+    // An agent that left out GPUs the controllers do not hold (a digest they never wrote) is
+    // answered with the digest they do hold, and its next report carries its GPUs; nothing
+    // is written meanwhile.
+    let wrong = proto::ReportRequest { observed_digest: digest ^ 1, ..slim.clone() };
+    assert_eq!(agent.report(wrong).await.unwrap().into_inner().observed_digest, digest);
+    let changed = proto::ReportRequest { applied_version: 9, ..observed.clone() };
+    let mut next = changed.clone();
+    proto::observed::leave_out_unchanged(&mut next, digest);
+    assert!(!next.gpus_unchanged, "a changed state carries its GPUs");
+    agent.report(next).await.unwrap();
+    let (status, next_version) = node_status_when(&client, "n1", |s| NodeStatus::applied_version(s) == 9).await;
+    assert_eq!(next_version, version + 1, "the slim reports wrote nothing");
+    assert_eq!(NodeStatus::observed_digest(&status), proto::observed_digest(&changed));
+    assert_eq!(status["gpus"][0]["gpu_uuid"], "GPU-n1");
 }
 
 /// Loop settings under which reports are never late: only ended streams mark a node.
@@ -259,10 +319,22 @@ async fn a_node_whose_agent_stream_ends_is_marked_unhealthy_unless_it_reports_a_
         let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap();
         assert!(NodeStatus::is_healthy(&status), "{n}");
     }
-    // Its next report, from a new stream, turns it healthy again.
+    // It comes back on a new stream. It held its status's digest and leaves its GPUs out,
+    // but the mark dropped that digest: answers say the controllers hold none, so its next
+    // report carries them and turns it healthy again.
     let mut back = watch(&at_other, "dies", 12).await;
     next(&mut back).await;
-    at_other.report(report("dies", 12)).await.unwrap();
+    let mut slim = report("dies", 12);
+    proto::observed::leave_out_unchanged(&mut slim, proto::observed_digest(&report("dies", 11)));
+    assert!(slim.gpus_unchanged);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while at_other.report(slim.clone()).await.unwrap().into_inner().observed_digest != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the mark never dropped the node's digest");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut full = report("dies", 12);
+    proto::observed::leave_out_unchanged(&mut full, 0);
+    at_other.report(full).await.unwrap();
     node_status_when(&client, "dies", healthy).await;
     // Only controllers (and operators) may relay ends; the leader checks what it is sent.
     let too_many = proto::WatchesEndedRequest {

@@ -7,7 +7,10 @@ pub mod v1 {
 
 pub use v1::*;
 
+pub mod observed;
 pub mod report_pace;
+
+pub use observed::observed_digest;
 
 /// gRPC metadata keys used by the controller's error answers.
 pub mod meta {

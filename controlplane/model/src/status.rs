@@ -43,6 +43,11 @@ pub struct NodeStatus {
     /// balancers (watching Nodes) read.
     #[serde(default)]
     pub endpoints: BTreeMap<String, String>,
+    /// The digest of the report this status was written from (`proto::observed_digest`;
+    /// 0: none, or marked unhealthy since): an agent whose observed state has it sends its
+    /// reports without its GPUs.
+    #[serde(default)]
+    pub observed_digest: u64,
 }
 
 /// A GPU as its agent observed it.
@@ -71,6 +76,7 @@ pub struct ObservedWorkload {
 const HEALTH: &str = "health";
 const APPLIED_VERSION: &str = "applied_version";
 const ENDPOINTS: &str = "endpoints";
+const OBSERVED_DIGEST: &str = "observed_digest";
 
 impl NodeStatus {
     pub fn to_json(&self) -> Value {
@@ -92,6 +98,11 @@ impl NodeStatus {
         status.get(APPLIED_VERSION).and_then(Value::as_u64).unwrap_or(0)
     }
 
+    /// The digest of the report `status` (a Node's) was written from; 0 when none.
+    pub fn observed_digest(status: &Value) -> u64 {
+        status.get(OBSERVED_DIGEST).and_then(Value::as_u64).unwrap_or(0)
+    }
+
     /// The (service, router address) pairs of `status` (a Node's), empty addresses left out.
     pub fn endpoints(status: &Value) -> impl Iterator<Item = (&str, &str)> {
         status
@@ -102,13 +113,18 @@ impl NodeStatus {
             .filter_map(|(service, addr)| addr.as_str().filter(|a| !a.is_empty()).map(|a| (service.as_str(), a)))
     }
 
-    /// `status` (a Node's) marked unhealthy, the rest as it was; `None` when it already is.
+    /// `status` (a Node's) marked unhealthy, the rest as it was but for its report's digest
+    /// (so that the agent's next report carries its GPUs and writes the status back as
+    /// healthy); `None` when it already is.
     pub fn marked_unhealthy(status: &Value) -> Option<Value> {
         if Self::is_unhealthy(status) {
             return None;
         }
         let mut marked = if status.is_object() { status.clone() } else { Value::Object(Default::default()) };
         marked[HEALTH] = Value::from(Health::Unhealthy.as_str());
+        if let Some(fields) = marked.as_object_mut() {
+            fields.remove(OBSERVED_DIGEST);
+        }
         Some(marked)
     }
 }
@@ -184,9 +200,11 @@ mod tests {
             gpus: vec![ObservedGpu { gpu_uuid: "GPU-1".into(), model: "A100-80GB".into(), ..Default::default() }],
             health: Health::Healthy,
             endpoints: [("web".to_string(), "10.0.0.1:7100".to_string()), ("idle".to_string(), String::new())].into(),
+            observed_digest: u64::MAX,
         };
         let json = node.to_json();
         assert_eq!(NodeStatus::applied_version(&json), 7);
+        assert_eq!(NodeStatus::observed_digest(&json), u64::MAX, "every bit of the digest");
         assert!(NodeStatus::is_healthy(&json) && !NodeStatus::is_unhealthy(&json));
         assert_eq!(NodeStatus::endpoints(&json).collect::<Vec<_>>(), [("web", "10.0.0.1:7100")]);
         assert_eq!(serde_json::from_value::<NodeStatus>(json.clone()).unwrap(), node, "it reads back");
@@ -195,6 +213,7 @@ mod tests {
         assert!(NodeStatus::is_unhealthy(&marked) && !NodeStatus::is_healthy(&marked));
         assert_eq!(serde_json::from_value::<NodeStatus>(marked.clone()).unwrap().health, Health::Unhealthy);
         assert_eq!(NodeStatus::applied_version(&marked), 7, "the rest is kept");
+        assert_eq!(NodeStatus::observed_digest(&marked), 0, "but the report's digest: the next report carries the GPUs");
         assert_eq!(NodeStatus::marked_unhealthy(&marked), None, "once");
         // A Node that never reported has no status at all.
         assert!(NodeStatus::is_unhealthy(&NodeStatus::marked_unhealthy(&Value::Null).unwrap()));

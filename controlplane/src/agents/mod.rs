@@ -14,5 +14,5 @@ pub mod watch_ends;
 pub use desired::{desired_state, placement, Placed, Placement, SentVersions};
 pub use report_pace::ReportPace;
 pub use reports::{AgentReports, Heard, NodeReport};
-pub use status_writer::{fingerprint, StatusWriter};
+pub use status_writer::StatusWriter;
 pub use watch_ends::WatchEnds;

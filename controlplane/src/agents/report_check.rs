@@ -56,6 +56,13 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, placed: &Pla
     let node_host = host_of(&node.address);
 
     bounded_list("gpus", report.gpus.len(), MAX_GPUS_PER_NODE)?;
+    if report.gpus_unchanged && !report.gpus.is_empty() {
+        return Err(FieldError::invalid(
+            "gpus",
+            format!("{} GPUs in a report that leaves them out (gpus_unchanged is set): it carries none", report.gpus.len()),
+        )
+        .into());
+    }
     for (i, gpu) in report.gpus.iter().enumerate() {
         if !own_gpus.contains(gpu.gpu_uuid.as_str()) {
             return Err(ReportRefusal::NotTheNodes(FieldError::invalid(
@@ -186,7 +193,7 @@ mod tests {
             applied_version: 3,
             gpus: vec![proto::ObservedGpu { gpu_uuid: "GPU-0".into(), ..Default::default() }],
             metrics: m,
-            watch_session: 0,
+            ..Default::default()
         }
     }
 
@@ -243,6 +250,15 @@ mod tests {
         let mut r = report(vec![]);
         r.gpus[0].gpu_uuid = "GPU-of-n2".into();
         assert_eq!(field(check_report(&r, &node(), &placed(&[]))), ("gpus[0].gpu_uuid".into(), "denied"));
+    }
+
+    #[test]
+    fn a_report_that_leaves_its_gpus_out_carries_none() {
+        let mut r = report(vec![]);
+        r.gpus_unchanged = true;
+        assert_eq!(field(check_report(&r, &node(), &placed(&[]))), ("gpus".into(), "invalid"));
+        r.gpus.clear();
+        assert_eq!(check_report(&r, &node(), &placed(&[])), Ok(vec![]));
     }
 
     #[test]

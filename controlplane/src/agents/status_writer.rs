@@ -1,13 +1,13 @@
 //! Writes agents' observed state to their Node's status off the report path. A report is
 //! answered at once; what it observed goes through Raft only when it differs from what was
-//! last written for that node (compared by a fingerprint of the report, not by building and
-//! comparing JSON), at most one write per node in flight (a newer state waiting replaces an
-//! older one). Nodes' states share Raft entries (`Command::PutStatuses`, up to
-//! `MAX_STATUSES_PER_ENTRY`), with a bounded number of entries in flight: while they are in
-//! flight the next entry fills up, so a quiet fleet writes a state at once and a fleet-wide
-//! re-plan, after which every agent's status changes, costs tens of entries, not one per
-//! host (each entry costs every controller a proposal, a flush, a replication round and an
-//! apply), without holding up any report behind Raft.
+//! last written for that node (compared by the report's digest, `proto::observed_digest`,
+//! not by building and comparing JSON), at most one write per node in flight (a newer state
+//! waiting replaces an older one). Nodes' states share Raft entries (`Command::PutStatuses`,
+//! up to `MAX_STATUSES_PER_ENTRY`), with a bounded number of entries in flight: while they
+//! are in flight the next entry fills up, so a quiet fleet writes a state at once and a
+//! fleet-wide re-plan, after which every agent's status changes, costs tens of entries, not
+//! one per host (each entry costs every controller a proposal, a flush, a replication round
+//! and an apply), without holding up any report behind Raft.
 //!
 //! A plan being committed goes first: while one is ([`StatusWriter::hold_back`]) no status
 //! write starts, as after a fleet-wide re-plan thousands of them (a few KB each) would
@@ -19,10 +19,7 @@
 //! by that writer.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
-
-use prost::Message;
 
 use crate::controller::Controller;
 use crate::resources::limits::{MAX_STATUSES_PER_ENTRY, MAX_STATUS_ENTRY_BYTES};
@@ -33,19 +30,6 @@ use crate::state::{Command, Request, StatusPut};
 /// a burst of them does not crowd other writes out, and that the next entry fills up while
 /// they commit.
 const MAX_ENTRIES_IN_FLIGHT: usize = 4;
-
-/// What of a report the Node's status shows, as a fingerprint.
-pub fn fingerprint(report: &proto::ReportRequest) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    report.applied_version.hash(&mut h);
-    for g in &report.gpus {
-        g.encode_to_vec().hash(&mut h);
-    }
-    for m in report.metrics.iter().filter(|m| !m.endpoint.is_empty()) {
-        (&m.service, &m.endpoint).hash(&mut h);
-    }
-    h.finish()
-}
 
 /// A node's newest observed state waiting to be written.
 struct Pending {
@@ -95,11 +79,13 @@ impl StatusWriter {
         self.plan_first.clone().write_owned().await
     }
 
-    /// Whether a report with `fingerprint` shows nothing new for `node` (in `term`).
-    pub fn is_current(&self, term: u64, node: &str, fingerprint: u64) -> bool {
+    /// Whether a report with digest `fingerprint` shows nothing new for `node` (in `term`):
+    /// the state waiting to be written, else the one this leader last wrote, else the one
+    /// stored (`stored`: the digest in the node's status) has it.
+    pub fn is_current(&self, term: u64, node: &str, stored: u64, fingerprint: u64) -> bool {
         let mut m = self.memory.lock().expect("status writer lock");
         m.reset_if_new(term);
-        m.pending.get(node).map(|p| p.fingerprint).or_else(|| m.written.get(node).copied()) == Some(fingerprint)
+        m.pending.get(node).map(|p| p.fingerprint).or_else(|| m.written.get(node).copied()).unwrap_or(stored) == fingerprint
     }
 
     /// Forgets what was written for `node`: its next report is compared with the stored status.

@@ -19,7 +19,7 @@ use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::agents::report_check::{check_report, slo_windows, ReportRefusal, SloWindow};
 use crate::agents::report_relay::MAX_REPORTS_PER_BATCH;
 use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
-use crate::agents::{desired_state, fingerprint, placement, SentVersions};
+use crate::agents::{desired_state, placement, SentVersions};
 use crate::controller::Controller;
 use crate::resources::{validate_name, ErrorCode, FieldError, Health, Kind, NodeStatus, ObservedGpu, ObservedWorkload, Spec};
 use crate::security::{caller, Principal};
@@ -53,7 +53,8 @@ impl AgentService {
 
     /// [`Self::check`] against `cluster`, borrowing from it (nothing of the state is copied).
     fn check_against(&self, cluster: &ClusterState, req: &mut proto::ReportRequest, leading: bool) -> Result<Checked, Status> {
-        let spec = cluster.get(Kind::Node, &req.node).and_then(|n| match &n.spec {
+        let node = cluster.get(Kind::Node, &req.node);
+        let spec = node.and_then(|n| match &n.spec {
             Spec::Node(s) => Some(s),
             _ => None,
         });
@@ -89,26 +90,37 @@ impl AgentService {
         let report_interval_ms =
             u32::try_from(self.controller.report_pace.interval(cluster.count(Kind::Node)).as_millis()).unwrap_or(u32::MAX);
         let windows = if leading { slo_windows(req, &placed) } else { Vec::new() };
-        Ok(Checked::Answered(proto::ReportResponse { desired_version: placed.version, report_interval_ms }, windows))
+        let observed_digest = node.map_or(0, |n| NodeStatus::observed_digest(&n.status));
+        Ok(Checked::Answered(proto::ReportResponse { desired_version: placed.version, report_interval_ms, observed_digest }, windows))
     }
 
-    /// The leader keeps a checked report and counts its SLO windows.
-    fn keep_counted(&self, req: proto::ReportRequest, windows: Vec<SloWindow>) {
+    /// The leader keeps a checked report and counts its SLO windows; `answer` is what
+    /// checking it answered (with the digest of the node's stored status).
+    fn keep_counted(&self, req: proto::ReportRequest, answer: &proto::ReportResponse, windows: Vec<SloWindow>) {
         for w in windows {
             self.controller.telemetry.observe_slo_window(&w.tenant, &w.service, w.met);
             self.controller.slo_tally.add(&w.tenant, w.met);
         }
-        self.keep(req);
+        self.keep(req, answer.observed_digest);
     }
 
     /// The leader keeps a checked report: observed state goes through Raft only when it
-    /// changes, written in the background (`StatusWriter`), so the report is answered without
-    /// waiting for Raft; metrics stay in memory.
-    fn keep(&self, req: proto::ReportRequest) {
-        let term = self.controller.term();
-        let print = fingerprint(&req);
-        if !self.controller.status_writer.is_current(term, &req.node, print) {
-            self.controller.status_writer.submit(&self.controller, term, &req.node, print, observed_status(&req), req.encoded_len());
+    /// differs from the status (whose report's digest is `stored`), written in the
+    /// background (`StatusWriter`), so the report is answered without waiting for Raft;
+    /// metrics stay in memory.
+    ///
+    /// A report without its GPUs writes nothing. Its observed state is the stored one; or,
+    /// when its digest is not the stored one (the node was marked unhealthy, or a newer
+    /// report written, since the agent was last answered), the answer named the stored
+    /// digest and the agent's next report carries its GPUs.
+    fn keep(&self, req: proto::ReportRequest, stored: u64) {
+        if !req.gpus_unchanged {
+            let term = self.controller.term();
+            let digest = proto::observed_digest(&req);
+            if !self.controller.status_writer.is_current(term, &req.node, stored, digest) {
+                let status = observed_status(&req, digest);
+                self.controller.status_writer.submit(&self.controller, term, &req.node, digest, status, req.encoded_len());
+            }
         }
         self.controller.reports.record(req, Instant::now());
     }
@@ -132,7 +144,7 @@ impl AgentService {
             .await;
         };
         if leading {
-            self.keep_counted(req, windows);
+            self.keep_counted(req, &answer, windows);
         } else {
             // Answered here from this controller's state; the leader gets it in a batch.
             self.controller.report_relay.submit(req).map_err(Status::unavailable)?;
@@ -168,8 +180,9 @@ fn relayed<T>(request: Request<T>, field: &str, items: impl FnOnce(&T) -> usize,
 
 type DesiredStream = Pin<Box<dyn Stream<Item = Result<proto::DesiredState, Status>> + Send>>;
 
-/// The observed part of a report as the Node's status (what `gpuctl get node` shows).
-fn observed_status(r: &proto::ReportRequest) -> serde_json::Value {
+/// The observed part of a report, whose digest is `digest`, as the Node's status (what
+/// `gpuctl get node` shows).
+fn observed_status(r: &proto::ReportRequest, digest: u64) -> serde_json::Value {
     let gpus = r
         .gpus
         .iter()
@@ -197,7 +210,7 @@ fn observed_status(r: &proto::ReportRequest) -> serde_json::Value {
     // (watching Nodes) read. Only these stable fields go to the status, not the per-second
     // metrics, so reports do not churn the log.
     let endpoints = r.metrics.iter().filter(|m| !m.endpoint.is_empty()).map(|m| (m.service.clone(), m.endpoint.clone())).collect();
-    NodeStatus { applied_version: r.applied_version, gpus, health: Health::Healthy, endpoints }.to_json()
+    NodeStatus { applied_version: r.applied_version, gpus, health: Health::Healthy, endpoints, observed_digest: digest }.to_json()
 }
 
 #[tonic::async_trait]
@@ -255,7 +268,7 @@ impl Agent for AgentService {
                 .map_err(|e| Status::from(ApiError::from(e)))
                 .and_then(|()| self.check(&mut report, true))
             {
-                Ok(Checked::Answered(_, windows)) => self.keep_counted(report, windows),
+                Ok(Checked::Answered(answer, windows)) => self.keep_counted(report, &answer, windows),
                 // Not with `leading` set: the leader judges every report.
                 Ok(Checked::ToLeader) => tracing::error!(report = i, "a relayed report was sent on from the leader"),
                 Err(e) => tracing::warn!(report = i, error = %e.message(), "relayed report refused"),

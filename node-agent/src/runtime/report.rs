@@ -34,7 +34,9 @@ impl Agent {
                 };
                 match sent.await {
                     Ok(answer) => {
-                        interval = proto::report_pace::next_report_in(own, answer.into_inner().report_interval_ms);
+                        let answer = answer.into_inner();
+                        self.held_digest.store(answer.observed_digest, Ordering::Relaxed);
+                        interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
                         break;
                     }
                     Err(e) => {
@@ -72,6 +74,7 @@ impl Agent {
                 desired.gpus.values().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
             report.metrics.retain(|m| wanted.contains(m.service.as_str()));
         }
+        proto::observed::leave_out_unchanged(&mut report, self.held_digest.load(Ordering::Relaxed));
         report
     }
 
@@ -117,8 +120,7 @@ impl Agent {
             node: self.cfg.node.clone(),
             applied_version: if converged { desired.map_or(0, |d| d.version) } else { 0 },
             gpus,
-            metrics: Vec::new(),
-            watch_session: 0,
+            ..Default::default()
         }
     }
 }

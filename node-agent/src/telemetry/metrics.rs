@@ -215,7 +215,7 @@ mod tests {
                     ..Default::default()
                 }],
                 metrics: vec![],
-                watch_session: 0,
+                ..Default::default()
             }),
             // The standby w3 is not routed to: no busy time.
             busy: [("w1", 1500), ("w2", 500), ("c1", 250), ("gone", 900)]

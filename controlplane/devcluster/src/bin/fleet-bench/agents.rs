@@ -29,6 +29,9 @@ pub struct Observed {
     /// When each of those reports was sent, in the same order.
     pub report_sent: Mutex<Vec<Instant>>,
     pub reports_failed: std::sync::atomic::AtomicU64,
+    /// Reports answered that carried the agent's GPUs (its observed state had changed since
+    /// the controllers last wrote it); the others left them out.
+    pub reports_with_gpus: std::sync::atomic::AtomicU64,
     /// Failed reports by gRPC code and the start of the message.
     pub report_errors: Mutex<BTreeMap<String, u64>>,
     /// Agents killed: they drop their stream and stop reporting, as a host that dies.
@@ -52,6 +55,7 @@ impl Default for Observed {
             report_ms: Mutex::default(),
             report_sent: Mutex::default(),
             reports_failed: Default::default(),
+            reports_with_gpus: Default::default(),
             report_errors: Mutex::default(),
             dead: tokio::sync::watch::Sender::new(BTreeSet::new()),
             runtime_lag_ms: Mutex::default(),
@@ -209,6 +213,9 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
     // for (at most a minute), and at once on a new stream.
     let own = Duration::from_secs(1);
     let mut interval = own;
+    // What the last answer said the controllers hold (as `node-agent`: GPUs are left out
+    // while it is this agent's observed state).
+    let mut held = 0;
     loop {
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
@@ -217,13 +224,17 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
         if observed.is_dead(&name) {
             return;
         }
-        let r = report(&name, link.session.load(std::sync::atomic::Ordering::Relaxed), link.latest.lock().unwrap().as_ref());
+        let mut r = report(&name, link.session.load(std::sync::atomic::Ordering::Relaxed), link.latest.lock().unwrap().as_ref());
+        proto::observed::leave_out_unchanged(&mut r, held);
+        let with_gpus = !r.gpus_unchanged;
         let sent = Instant::now();
         match client.report(r).await {
             Ok(answer) => {
                 let mut ms = observed.report_ms.lock().unwrap();
                 ms.push(sent.elapsed().as_secs_f64() * 1e3);
                 observed.report_sent.lock().unwrap().push(sent);
+                observed.reports_with_gpus.fetch_add(u64::from(with_gpus), std::sync::atomic::Ordering::Relaxed);
+                held = answer.observed_digest;
                 interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
             }
             Err(status) => {

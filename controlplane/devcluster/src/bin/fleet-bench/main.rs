@@ -173,6 +173,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let reports_from = observed.report_ms.lock().unwrap().len();
+    let with_gpus_from = observed.reports_with_gpus.load(std::sync::atomic::Ordering::Relaxed);
     eprintln!(
         "[{:>6.1} s] {n} hosts: registered in {registered_all_s:?} s; applying {} services",
         started.elapsed().as_secs_f64(),
@@ -275,6 +276,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         report_handler_p99_ms,
         runtime_lag_p99_ms,
         reports: reports.len(),
+        reports_with_gpus: observed.reports_with_gpus.load(std::sync::atomic::Ordering::Relaxed) - with_gpus_from,
         reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),
         leader_changes: end_terms.iter().max().copied().unwrap_or(0).saturating_sub(start_terms.iter().max().copied().unwrap_or(0)),
         unhealthy_marked: unhealthy.of_healthy(&victims),

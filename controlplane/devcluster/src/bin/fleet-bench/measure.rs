@@ -438,6 +438,8 @@ pub struct Row {
     /// Each controller's p99 wait for a worker of its API runtime (bucket upper bounds).
     pub runtime_lag_p99_ms: Vec<Option<f64>>,
     pub reports: usize,
+    /// Of those, the reports that carried the agent's GPUs (the others left them out).
+    pub reports_with_gpus: u64,
     pub reports_failed: u64,
     pub leader_changes: u64,
     pub unhealthy_marked: u64,
@@ -483,6 +485,7 @@ impl Row {
             "report_handler_p99_ms": self.report_handler_p99_ms,
             "runtime_lag_p99_ms": self.runtime_lag_p99_ms,
             "reports": self.reports,
+            "reports_with_gpus": self.reports_with_gpus,
             "reports_failed": self.reports_failed,
             "leader_changes": self.leader_changes,
             "unhealthy_marked": self.unhealthy_marked,
@@ -539,6 +542,7 @@ pub fn print_table(rows: &[Row]) {
         rows.iter().map(|r| r.runtime_lag_p99_ms.iter().map(|v| opt(*v, 1)).collect::<Vec<_>>().join("/")).collect(),
     );
     line("reports sent/failed", rows.iter().map(|r| format!("{}/{}", r.reports, r.reports_failed)).collect());
+    line("  of which carried the agent's GPUs", rows.iter().map(|r| r.reports_with_gpus.to_string()).collect());
     line("leader changes", rows.iter().map(|r| r.leader_changes.to_string()).collect());
     line("healthy nodes marked unhealthy", rows.iter().map(|r| r.unhealthy_marked.to_string()).collect());
     line(

@@ -1,0 +1,110 @@
+//! The digest of what an agent's report observes. The agent computes it to leave its GPUs
+//! out of a report when the controllers already hold them; the leader computes its own from
+//! a report that carries them, to tell whether the Node's status changes and to store with
+//! it. SHA-256 rather than std's hasher, whose output is not promised stable across Rust
+//! releases: agents and controllers of different builds must agree. Should they not, agents
+//! only keep sending whole reports; a status is never wrong for it.
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+use crate::ReportRequest;
+
+/// The digest of `report`'s applied version, GPUs (as encoded) and routers' endpoints (in
+/// service order): what a Node's status shows of a report. Never 0 (0 means "none").
+pub fn observed_digest(report: &ReportRequest) -> u64 {
+    let mut hash = Sha256::new();
+    hash.update(report.applied_version.to_le_bytes());
+    hash.update((report.gpus.len() as u64).to_le_bytes());
+    let mut encoded = Vec::new();
+    for gpu in &report.gpus {
+        encoded.clear();
+        gpu.encode_length_delimited(&mut encoded).expect("a Vec grows as needed");
+        hash.update(&encoded);
+    }
+    let mut endpoints: Vec<(&str, &str)> =
+        report.metrics.iter().filter(|m| !m.endpoint.is_empty()).map(|m| (m.service.as_str(), m.endpoint.as_str())).collect();
+    endpoints.sort_unstable();
+    for (service, endpoint) in endpoints {
+        for text in [service, endpoint] {
+            hash.update((text.len() as u64).to_le_bytes());
+            hash.update(text.as_bytes());
+        }
+    }
+    let first: [u8; 8] = hash.finalize()[..8].try_into().expect("SHA-256 has 32 bytes");
+    u64::from_be_bytes(first).max(1)
+}
+
+/// Sets `report`'s digest, and leaves its GPUs out when the digest is `stored` (what the
+/// last answer said the controllers hold): the agent's side of change-only reports.
+pub fn leave_out_unchanged(report: &mut ReportRequest, stored: u64) {
+    report.observed_digest = observed_digest(report);
+    report.gpus_unchanged = report.observed_digest == stored;
+    if report.gpus_unchanged {
+        report.gpus.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ObservedGpu, ObservedWorkload, ServiceMetrics};
+
+    fn report() -> ReportRequest {
+        ReportRequest {
+            node: "n1".into(),
+            applied_version: 7,
+            gpus: vec![ObservedGpu {
+                gpu_uuid: "GPU-1".into(),
+                workloads: vec![ObservedWorkload { service: "web".into(), mps_percent: 50.0, ..Default::default() }],
+                ..Default::default()
+            }],
+            metrics: vec![
+                ServiceMetrics { service: "web".into(), endpoint: "n1:9000".into(), p99_ms: 20.0, ..Default::default() },
+                ServiceMetrics { service: "ocr".into(), endpoint: "n1:9001".into(), ..Default::default() },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_digest_follows_what_the_status_shows_and_nothing_else() {
+        let base = observed_digest(&report());
+        // Per-window numbers, the stream's session and the node's name are not observed state.
+        let mut same = report();
+        same.metrics[0].p99_ms = 99.0;
+        same.metrics.reverse();
+        same.watch_session = 9;
+        same.observed_digest = 123;
+        assert_eq!(observed_digest(&same), base);
+        // Each part the status shows changes it.
+        let mut version = report();
+        version.applied_version = 8;
+        let mut share = report();
+        share.gpus[0].workloads[0].mps_percent = 51.0;
+        let mut endpoint = report();
+        endpoint.metrics[1].endpoint = "n1:9002".into();
+        let mut no_gpus = report();
+        no_gpus.gpus.clear();
+        for changed in [version, share, endpoint, no_gpus] {
+            assert_ne!(observed_digest(&changed), base, "{changed:?}");
+        }
+        assert_ne!(observed_digest(&ReportRequest::default()), 0);
+    }
+
+    #[test]
+    fn gpus_are_left_out_only_while_the_controllers_hold_the_same_digest() {
+        let mut sent = report();
+        leave_out_unchanged(&mut sent, 0);
+        assert!(!sent.gpus_unchanged && sent.gpus.len() == 1 && sent.observed_digest == observed_digest(&report()));
+        let held = sent.observed_digest;
+        let mut again = report();
+        leave_out_unchanged(&mut again, held);
+        assert!(again.gpus_unchanged && again.gpus.is_empty());
+        assert_eq!(again.observed_digest, held, "the digest of what is left out");
+        let mut changed = report();
+        changed.applied_version += 1;
+        leave_out_unchanged(&mut changed, held);
+        assert!(!changed.gpus_unchanged && changed.gpus.len() == 1);
+    }
+}
