@@ -257,6 +257,23 @@ async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_
     assert_eq!(next_version, version + 1, "the slim reports wrote nothing");
     assert_eq!(NodeStatus::observed_digest(&status), proto::observed_digest(&changed));
     assert_eq!(status["gpus"][0]["gpu_uuid"], "GPU-n1");
+
+    // An operator overwrites the status: what is stored counts, not what the leader last
+    // wrote. Answers name the new digest (none), and the agent's next report, with its
+    // GPUs, writes its observed state again.
+    client.put_status("Node", "n1", r#"{"health": "healthy"}"#.into(), 0).await.unwrap();
+    let mut slim = changed.clone();
+    proto::observed::leave_out_unchanged(&mut slim, proto::observed_digest(&changed));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while agent.report(slim.clone()).await.unwrap().into_inner().observed_digest != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "answers never named the overwritten status");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut full = changed.clone();
+    proto::observed::leave_out_unchanged(&mut full, 0);
+    agent.report(full).await.unwrap();
+    let (status, _) = node_status_when(&client, "n1", |s| NodeStatus::applied_version(s) == 9).await;
+    assert_eq!(NodeStatus::observed_digest(&status), proto::observed_digest(&changed));
 }
 
 /// Loop settings under which reports are never late: only ended streams mark a node.

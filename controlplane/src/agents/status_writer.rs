@@ -14,11 +14,11 @@
 //! otherwise share the log with the plan's parts and hold up the desired state that every
 //! agent waits for, for an observed state nobody waits for.
 //!
-//! Leader memory: it is forgotten when the term changes (another leader may have written
-//! since), and a node whose status someone else writes (the failure detector) is forgotten
-//! by that writer.
+//! What counts as written is the digest stored in the node's status (the applied state),
+//! or the state waiting or in flight for the node: what another leader or the failure
+//! detector wrote since this leader's last write counts without any memory to forget.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::controller::Controller;
@@ -41,15 +41,12 @@ struct Pending {
 
 #[derive(Default)]
 struct Memory {
-    term: u64,
-    /// Fingerprint of the status last written (or found already stored) per node.
-    written: HashMap<String, u64>,
     /// The newest status waiting to be written per node.
     pending: HashMap<String, Pending>,
     /// Nodes with a pending status and none in flight, oldest first.
     ready: VecDeque<String>,
-    /// Nodes with a write in flight.
-    writing: HashSet<String>,
+    /// Nodes with a write in flight, and the fingerprint of the state being written.
+    writing: HashMap<String, u64>,
     /// Whether a task is forming entries from `ready`.
     forming: bool,
 }
@@ -79,28 +76,21 @@ impl StatusWriter {
         self.plan_first.clone().write_owned().await
     }
 
-    /// Whether a report with digest `fingerprint` shows nothing new for `node` (in `term`):
-    /// the state waiting to be written, else the one this leader last wrote, else the one
-    /// stored (`stored`: the digest in the node's status) has it.
-    pub fn is_current(&self, term: u64, node: &str, stored: u64, fingerprint: u64) -> bool {
-        let mut m = self.memory.lock().expect("status writer lock");
-        m.reset_if_new(term);
-        m.pending.get(node).map(|p| p.fingerprint).or_else(|| m.written.get(node).copied()).unwrap_or(stored) == fingerprint
-    }
-
-    /// Forgets what was written for `node`: its next report is compared with the stored status.
-    pub fn forget(&self, node: &str) {
-        self.memory.lock().expect("status writer lock").written.remove(node);
+    /// Whether a report with digest `fingerprint` shows nothing new for `node`: the state
+    /// waiting to be written, else the one in flight, else the one stored (`stored`: the
+    /// digest in the node's status) has it.
+    pub fn is_current(&self, node: &str, stored: u64, fingerprint: u64) -> bool {
+        let m = self.memory.lock().expect("status writer lock");
+        m.pending.get(node).map(|p| p.fingerprint).or_else(|| m.writing.get(node).copied()).unwrap_or(stored) == fingerprint
     }
 
     /// Queues `status` (from a report of `bytes` encoded) for `node`'s Node; writes it
     /// unless it is already stored.
-    pub fn submit(&self, controller: &Controller, term: u64, node: &str, fingerprint: u64, status: serde_json::Value, bytes: usize) {
+    pub fn submit(&self, controller: &Controller, node: &str, fingerprint: u64, status: serde_json::Value, bytes: usize) {
         let start = {
             let mut m = self.memory.lock().expect("status writer lock");
-            m.reset_if_new(term);
             let waited = m.pending.insert(node.to_string(), Pending { fingerprint, status: Arc::new(status), bytes }).is_some();
-            if !waited && !m.writing.contains(node) {
+            if !waited && !m.writing.contains_key(node) {
                 m.ready.push_back(node.to_string());
             }
             m.start_forming()
@@ -135,55 +125,43 @@ impl StatusWriter {
     }
 
     /// Writes the states in `entry` that differ from the stored ones, as one Raft entry.
-    /// Returns each node's fingerprint and whether its state is now stored.
-    async fn write_entry(&self, controller: &Controller, entry: Vec<(String, Pending)>) -> Vec<(String, u64, bool)> {
+    /// Returns the entry's nodes (none in flight any more). A state not written (the write
+    /// failed, or the node was deleted) is not retried: the agent's next report, compared
+    /// with what is stored, brings it again.
+    async fn write_entry(&self, controller: &Controller, entry: Vec<(String, Pending)>) -> Vec<String> {
         let mut done = Vec::with_capacity(entry.len());
         let mut puts = Vec::with_capacity(entry.len());
         controller.read(|d| {
             for (node, p) in entry {
                 match d.cluster.get(Kind::Node, &node) {
-                    None => done.push((node, p.fingerprint, false)), // deleted meanwhile
-                    Some(n) if *n.status == *p.status => done.push((node, p.fingerprint, true)),
-                    Some(_) => puts.push((p.fingerprint, StatusPut { name: node, status: p.status })),
+                    Some(n) if *n.status != *p.status => puts.push(StatusPut { name: node, status: p.status }),
+                    // Deleted meanwhile, or already stored.
+                    _ => done.push(node),
                 }
             }
         });
         if puts.is_empty() {
             return done;
         }
-        // Names and fingerprints kept aside: the statuses themselves move into the command.
-        let sent: Vec<(String, u64)> = puts.iter().map(|(print, s)| (s.name.clone(), *print)).collect();
-        let statuses: Vec<StatusPut> = puts.into_iter().map(|(_, s)| s).collect();
+        let (n, first) = (puts.len(), puts[0].name.clone());
+        done.extend(puts.iter().map(|s| s.name.clone()));
         // No request id: an unconditional write of the latest observed states is
         // idempotent, and thousands of agents' writes must not fill the de-duplication
         // window (kept in memory and in every snapshot).
-        let write = Request { request_id: String::new(), command: Command::PutStatuses { kind: Kind::Node, statuses }, trace_parent: None };
-        let written: HashSet<String> = match controller.write(write).await {
-            Ok(outcome) => outcome.batch.into_iter().map(|item| item.name).collect(),
-            Err(e) => {
-                tracing::warn!(nodes = sent.len(), first = %sent[0].0, error = %e,
-                    "could not write the nodes' observed states; their next reports retry");
-                HashSet::new()
-            }
-        };
-        for (node, print) in sent {
-            let stored = written.contains(&node);
-            done.push((node, print, stored));
+        let write =
+            Request { request_id: String::new(), command: Command::PutStatuses { kind: Kind::Node, statuses: puts }, trace_parent: None };
+        if let Err(e) = controller.write(write).await {
+            tracing::warn!(nodes = n, %first, error = %e, "could not write the nodes' observed states; their next reports retry");
         }
         done
     }
 
-    /// Records what was written and readies the nodes whose newer state waited meanwhile.
-    fn finish(&self, controller: &Controller, done: Vec<(String, u64, bool)>) {
+    /// Takes `done`'s nodes out of flight and readies those whose newer state waited meanwhile.
+    fn finish(&self, controller: &Controller, done: Vec<String>) {
         let start = {
             let mut m = self.memory.lock().expect("status writer lock");
-            for (node, fingerprint, stored) in done {
+            for node in done {
                 m.writing.remove(&node);
-                if stored {
-                    m.written.insert(node.clone(), fingerprint);
-                } else {
-                    m.written.remove(&node);
-                }
                 if m.pending.contains_key(&node) {
                     m.ready.push_back(node);
                 }
@@ -197,13 +175,6 @@ impl StatusWriter {
 }
 
 impl Memory {
-    fn reset_if_new(&mut self, term: u64) {
-        if term != self.term {
-            self.term = term;
-            self.written.clear();
-        }
-    }
-
     /// Whether the caller is to start the task forming entries (none runs).
     fn start_forming(&mut self) -> bool {
         !std::mem::replace(&mut self.forming, true)
@@ -223,7 +194,7 @@ impl Memory {
             let node = self.ready.pop_front().expect("front exists");
             if let Some(p) = self.pending.remove(&node) {
                 bytes += p.bytes;
-                self.writing.insert(node.clone());
+                self.writing.insert(node.clone(), p.fingerprint);
                 entry.push((node, p));
             }
         }
@@ -241,6 +212,21 @@ mod tests {
     }
 
     #[test]
+    fn a_state_is_current_against_the_one_waiting_else_in_flight_else_stored() {
+        let writer = StatusWriter::default();
+        let (stored, in_flight, waiting) = (1, 2, 3);
+        assert!(writer.is_current("a", stored, stored));
+        assert!(!writer.is_current("a", stored, in_flight));
+        writer.memory.lock().unwrap().writing.insert("a".into(), in_flight);
+        assert!(writer.is_current("a", stored, in_flight) && !writer.is_current("a", stored, stored));
+        writer.memory.lock().unwrap().pending.insert("a".into(), Pending { fingerprint: waiting, status: Default::default(), bytes: 1 });
+        assert!(writer.is_current("a", stored, waiting) && !writer.is_current("a", stored, in_flight));
+        // Another node's memory says nothing of this one: a status someone else wrote (the
+        // failure detector's mark drops the digest) is what counts.
+        assert!(!writer.is_current("b", 0, waiting));
+    }
+
+    #[test]
     fn an_entry_takes_the_oldest_ready_nodes_up_to_the_count_and_byte_bounds() {
         let mut m = Memory::default();
         for i in 0..MAX_STATUSES_PER_ENTRY + 3 {
@@ -249,7 +235,7 @@ mod tests {
         let first = m.take_entry();
         assert_eq!(first.len(), MAX_STATUSES_PER_ENTRY);
         assert_eq!(first[0].0, "n0");
-        assert!(first.iter().all(|(n, _)| m.writing.contains(n) && !m.pending.contains_key(n)));
+        assert!(first.iter().all(|(n, _)| m.writing.contains_key(n) && !m.pending.contains_key(n)));
         assert_eq!(m.take_entry().len(), 3);
         assert!(m.take_entry().is_empty());
 

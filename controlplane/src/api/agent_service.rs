@@ -115,11 +115,10 @@ impl AgentService {
     /// digest and the agent's next report carries its GPUs.
     fn keep(&self, req: proto::ReportRequest, stored: u64) {
         if !req.gpus_unchanged {
-            let term = self.controller.term();
             let digest = proto::observed_digest(&req);
-            if !self.controller.status_writer.is_current(term, &req.node, stored, digest) {
+            if !self.controller.status_writer.is_current(&req.node, stored, digest) {
                 let status = observed_status(&req, digest);
-                self.controller.status_writer.submit(&self.controller, term, &req.node, digest, status, req.encoded_len());
+                self.controller.status_writer.submit(&self.controller, &req.node, digest, status, req.encoded_len());
             }
         }
         self.controller.reports.record(req, Instant::now());

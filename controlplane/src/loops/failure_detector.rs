@@ -134,11 +134,9 @@ impl Reconciler for FailureDetector {
         controller.reports.forget(&std::mem::take(&mut self.gone));
         for ((name, why), result) in self.marking.drain(..).zip(settled.writes) {
             match result {
-                Ok(_) => {
-                    // Its next report must turn it healthy again, whatever was written before.
-                    controller.status_writer.forget(&name);
-                    tracing::warn!(node = %name, timeout_ms = self.timeout.as_millis() as u64, why, "node marked unhealthy")
-                }
+                // Its next report turns it healthy again: the mark dropped the digest of the
+                // report the status was written from (`NodeStatus::marked_unhealthy`).
+                Ok(_) => tracing::warn!(node = %name, timeout_ms = self.timeout.as_millis() as u64, why, "node marked unhealthy"),
                 Err(e) => tracing::warn!(node = %name, error = %e, "could not mark the node unhealthy"),
             }
         }
