@@ -512,9 +512,12 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 pub fn print_table(rows: &[Row]) {
+    // Wide enough for the widest cell (controllers' and simulator's CPU), so that columns
+    // never run into each other.
+    const CELL: usize = 22;
     let header: Vec<String> = rows.iter().map(|r| format!("{} hosts", r.agents)).collect();
-    println!("{:<44} {}", "", header.iter().map(|h| format!("{h:>16}")).collect::<String>());
-    let line = |name: &str, cells: Vec<String>| println!("{name:<44} {}", cells.iter().map(|c| format!("{c:>16}")).collect::<String>());
+    println!("{:<44} {}", "", header.iter().map(|h| format!("{h:>CELL$}")).collect::<String>());
+    let line = |name: &str, cells: Vec<String>| println!("{name:<44} {}", cells.iter().map(|c| format!("{c:>CELL$}")).collect::<String>());
     line("services", rows.iter().map(|r| r.services.to_string()).collect());
     line("all registered (s)", rows.iter().map(|r| opt(r.registered_all_s, 2)).collect());
     line("services applied → last agent has work (s)", rows.iter().map(|r| opt(r.apply_fanout_s, 2)).collect());
