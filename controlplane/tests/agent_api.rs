@@ -217,7 +217,7 @@ async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_
     // As the agent does: the controllers hold nothing yet, so the GPUs go with the report;
     // they are written with the report's digest, which answers then name.
     let mut full = observed.clone();
-    proto::observed::leave_out_unchanged(&mut full, 0);
+    proto::leave_out_unchanged(&mut full, 0);
     assert!(!full.gpus_unchanged && full.gpus.len() == 1);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while agent.report(full.clone()).await.unwrap().into_inner().observed_digest != digest {
@@ -230,7 +230,7 @@ async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_
     // Then the GPUs stay out. The report still counts as the node's heartbeat, and the
     // status keeps the GPUs.
     let mut slim = observed.clone();
-    proto::observed::leave_out_unchanged(&mut slim, digest);
+    proto::leave_out_unchanged(&mut slim, digest);
     assert!(slim.gpus_unchanged && slim.gpus.is_empty());
     let before = cluster.node(leader).controller.reports.get("n1").map(|r| r.received);
     assert_eq!(agent.report(slim.clone()).await.unwrap().into_inner().observed_digest, digest);
@@ -250,7 +250,7 @@ async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_
     assert_eq!(agent.report(wrong).await.unwrap().into_inner().observed_digest, digest);
     let changed = proto::ReportRequest { applied_version: 9, ..observed.clone() };
     let mut next = changed.clone();
-    proto::observed::leave_out_unchanged(&mut next, digest);
+    proto::leave_out_unchanged(&mut next, digest);
     assert!(!next.gpus_unchanged, "a changed state carries its GPUs");
     agent.report(next).await.unwrap();
     let (status, next_version) = node_status_when(&client, "n1", |s| NodeStatus::applied_version(s) == 9).await;
@@ -263,14 +263,14 @@ async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_
     // GPUs, writes its observed state again.
     client.put_status("Node", "n1", r#"{"health": "healthy"}"#.into(), 0).await.unwrap();
     let mut slim = changed.clone();
-    proto::observed::leave_out_unchanged(&mut slim, proto::observed_digest(&changed));
+    proto::leave_out_unchanged(&mut slim, proto::observed_digest(&changed));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while agent.report(slim.clone()).await.unwrap().into_inner().observed_digest != 0 {
         assert!(tokio::time::Instant::now() < deadline, "answers never named the overwritten status");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut full = changed.clone();
-    proto::observed::leave_out_unchanged(&mut full, 0);
+    proto::leave_out_unchanged(&mut full, 0);
     agent.report(full).await.unwrap();
     let (status, _) = node_status_when(&client, "n1", |s| NodeStatus::applied_version(s) == 9).await;
     assert_eq!(NodeStatus::observed_digest(&status), proto::observed_digest(&changed));
@@ -342,7 +342,7 @@ async fn a_node_whose_agent_stream_ends_is_marked_unhealthy_unless_it_reports_a_
     let mut back = watch(&at_other, "dies", 12).await;
     next(&mut back).await;
     let mut slim = report("dies", 12);
-    proto::observed::leave_out_unchanged(&mut slim, proto::observed_digest(&report("dies", 11)));
+    proto::leave_out_unchanged(&mut slim, proto::observed_digest(&report("dies", 11)));
     assert!(slim.gpus_unchanged);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while at_other.report(slim.clone()).await.unwrap().into_inner().observed_digest != 0 {
@@ -350,7 +350,7 @@ async fn a_node_whose_agent_stream_ends_is_marked_unhealthy_unless_it_reports_a_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut full = report("dies", 12);
-    proto::observed::leave_out_unchanged(&mut full, 0);
+    proto::leave_out_unchanged(&mut full, 0);
     at_other.report(full).await.unwrap();
     node_status_when(&client, "dies", healthy).await;
     // Only controllers (and operators) may relay ends; the leader checks what it is sent.

@@ -74,6 +74,7 @@ mod tests {
         let mut same = report();
         same.metrics[0].p99_ms = 99.0;
         same.metrics.reverse();
+        same.node = "n2".into();
         same.watch_session = 9;
         same.observed_digest = 123;
         assert_eq!(observed_digest(&same), base);

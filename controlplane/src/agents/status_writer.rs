@@ -33,7 +33,7 @@ const MAX_ENTRIES_IN_FLIGHT: usize = 4;
 
 /// A node's newest observed state waiting to be written.
 struct Pending {
-    fingerprint: u64,
+    digest: u64,
     status: Arc<serde_json::Value>,
     /// Encoded size of the report it came from, to bound an entry's size.
     bytes: usize,
@@ -45,7 +45,7 @@ struct Memory {
     pending: HashMap<String, Pending>,
     /// Nodes with a pending status and none in flight, oldest first.
     ready: VecDeque<String>,
-    /// Nodes with a write in flight, and the fingerprint of the state being written.
+    /// Nodes with a write in flight, and the digest of the state being written.
     writing: HashMap<String, u64>,
     /// Whether a task is forming entries from `ready`.
     forming: bool,
@@ -76,20 +76,20 @@ impl StatusWriter {
         self.plan_first.clone().write_owned().await
     }
 
-    /// Whether a report with digest `fingerprint` shows nothing new for `node`: the state
+    /// Whether a report with `digest` shows nothing new for `node`: the state
     /// waiting to be written, else the one in flight, else the one stored (`stored`: the
     /// digest in the node's status) has it.
-    pub fn is_current(&self, node: &str, stored: u64, fingerprint: u64) -> bool {
+    pub fn is_current(&self, node: &str, stored: u64, digest: u64) -> bool {
         let m = self.memory.lock().expect("status writer lock");
-        m.pending.get(node).map(|p| p.fingerprint).or_else(|| m.writing.get(node).copied()).unwrap_or(stored) == fingerprint
+        m.pending.get(node).map(|p| p.digest).or_else(|| m.writing.get(node).copied()).unwrap_or(stored) == digest
     }
 
     /// Queues `status` (from a report of `bytes` encoded) for `node`'s Node; writes it
     /// unless it is already stored.
-    pub fn submit(&self, controller: &Controller, node: &str, fingerprint: u64, status: serde_json::Value, bytes: usize) {
+    pub fn submit(&self, controller: &Controller, node: &str, digest: u64, status: serde_json::Value, bytes: usize) {
         let start = {
             let mut m = self.memory.lock().expect("status writer lock");
-            let waited = m.pending.insert(node.to_string(), Pending { fingerprint, status: Arc::new(status), bytes }).is_some();
+            let waited = m.pending.insert(node.to_string(), Pending { digest, status: Arc::new(status), bytes }).is_some();
             if !waited && !m.writing.contains_key(node) {
                 m.ready.push_back(node.to_string());
             }
@@ -194,7 +194,7 @@ impl Memory {
             let node = self.ready.pop_front().expect("front exists");
             if let Some(p) = self.pending.remove(&node) {
                 bytes += p.bytes;
-                self.writing.insert(node.clone(), p.fingerprint);
+                self.writing.insert(node.clone(), p.digest);
                 entry.push((node, p));
             }
         }
@@ -207,7 +207,7 @@ mod tests {
     use super::*;
 
     fn ready(m: &mut Memory, node: &str, bytes: usize) {
-        m.pending.insert(node.to_string(), Pending { fingerprint: 1, status: Default::default(), bytes });
+        m.pending.insert(node.to_string(), Pending { digest: 1, status: Default::default(), bytes });
         m.ready.push_back(node.to_string());
     }
 
@@ -219,7 +219,7 @@ mod tests {
         assert!(!writer.is_current("a", stored, in_flight));
         writer.memory.lock().unwrap().writing.insert("a".into(), in_flight);
         assert!(writer.is_current("a", stored, in_flight) && !writer.is_current("a", stored, stored));
-        writer.memory.lock().unwrap().pending.insert("a".into(), Pending { fingerprint: waiting, status: Default::default(), bytes: 1 });
+        writer.memory.lock().unwrap().pending.insert("a".into(), Pending { digest: waiting, status: Default::default(), bytes: 1 });
         assert!(writer.is_current("a", stored, waiting) && !writer.is_current("a", stored, in_flight));
         // Another node's memory says nothing of this one: a status someone else wrote (the
         // failure detector's mark drops the digest) is what counts.

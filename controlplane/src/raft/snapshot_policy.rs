@@ -118,7 +118,8 @@ pub const BURST_BYTES_PER_CHECK: u64 = 4 * 1024 * 1024;
 /// it due). A roll-out's status writes are what make a snapshot due, so without this the
 /// controllers encoded their 100 MB snapshots while the roll-out still had both cores busy
 /// (at 10,000 hosts three builds of 2-4 s each fell in its seconds, and the reports sent
-/// then had a p99 of 180-440 ms, against 14-50 ms in the quiet windows of the same runs).
+/// then had a p99 of 180-440 ms, against mostly 14-53 ms in the quiet windows of the same
+/// runs).
 pub fn waits_out_burst(recent: u64, entries: u64, bytes: u64, last_snapshot_bytes: u64, every: u64) -> bool {
     recent >= BURST_BYTES_PER_CHECK && !overdue(2, entries, bytes, last_snapshot_bytes, every)
 }

@@ -74,7 +74,7 @@ impl Agent {
                 desired.gpus.values().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
             report.metrics.retain(|m| wanted.contains(m.service.as_str()));
         }
-        proto::observed::leave_out_unchanged(&mut report, self.held_digest.load(Ordering::Relaxed));
+        proto::leave_out_unchanged(&mut report, self.held_digest.load(Ordering::Relaxed));
         report
     }
 

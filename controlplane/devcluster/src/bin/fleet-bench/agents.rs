@@ -225,7 +225,7 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
             return;
         }
         let mut r = report(&name, link.session.load(std::sync::atomic::Ordering::Relaxed), link.latest.lock().unwrap().as_ref());
-        proto::observed::leave_out_unchanged(&mut r, held);
+        proto::leave_out_unchanged(&mut r, held);
         let with_gpus = !r.gpus_unchanged;
         let sent = Instant::now();
         match client.report(r).await {
