@@ -109,6 +109,10 @@ pub struct LoopsConfig {
     /// Reports a second the whole fleet may send (default 2000): past `budget × heartbeat`
     /// nodes, agents are told to report less often, up to once a minute.
     pub report_budget_per_s: Option<u32>,
+    /// KiB of agents' reports a second whose observed state the leader writes into Nodes'
+    /// statuses (default 4096, bursts of twice that; in [8, 1048576]): after a fleet-wide
+    /// re-plan the statuses trail by seconds instead of crowding out reports.
+    pub status_write_kib_per_s: Option<u32>,
     /// Seconds the load must stay up before an autoscaling service is sized up (default 60).
     pub scale_window_s: Option<f64>,
     /// Seconds before sizing down or terminating an idle launched node (default 300).
@@ -180,6 +184,14 @@ impl LoopsConfig {
             Some(n) => n,
             None => d.report_budget_per_s,
         };
+        use crate::agents::status_pace::{MAX_KIB_PER_S, MIN_KIB_PER_S};
+        let status_write_kib_per_s = match self.status_write_kib_per_s {
+            Some(n) if !(MIN_KIB_PER_S..=MAX_KIB_PER_S).contains(&n) => {
+                return Err(format!("loops.status_write_kib_per_s: must be in [{MIN_KIB_PER_S}, {MAX_KIB_PER_S}], got {n}"))
+            }
+            Some(n) => n,
+            None => d.status_write_kib_per_s,
+        };
         let non_negative = |name: &str, v: Option<f64>, default: f64| match v {
             Some(x) if !(x >= 0.0 && x.is_finite()) => Err(format!("loops.{name}: must be a non-negative number, got {x}")),
             Some(x) => Ok(x),
@@ -190,6 +202,7 @@ impl LoopsConfig {
             mig_strategy: self.mig_strategy.unwrap_or(d.mig_strategy),
             heartbeat_interval: heartbeat,
             report_budget_per_s,
+            status_write_kib_per_s,
             missed_heartbeats: missed,
             watch_grace,
             enabled,
@@ -421,5 +434,16 @@ heartbeat_interval_ms = 50
         assert_eq!(loops("[loops]\nwatch_grace_ms = 500").unwrap().watch_grace, std::time::Duration::from_millis(500));
         assert_eq!(loops("[loops]\nwatch_grace_ms = 0").unwrap_err(), "loops.watch_grace_ms: must be in [1, 600000], got 0");
         assert!(loops("[loops]\nwatch_grace_ms = 600001").unwrap_err().starts_with("loops.watch_grace_ms: "));
+    }
+
+    #[test]
+    fn the_status_write_pace_defaults_to_4_mib_a_second_and_is_bounded() {
+        assert_eq!(loops("").unwrap().status_write_kib_per_s, 4096);
+        assert_eq!(loops("[loops]\nstatus_write_kib_per_s = 65536").unwrap().status_write_kib_per_s, 65536);
+        assert_eq!(
+            loops("[loops]\nstatus_write_kib_per_s = 7").unwrap_err(),
+            "loops.status_write_kib_per_s: must be in [8, 1048576], got 7"
+        );
+        assert!(loops("[loops]\nstatus_write_kib_per_s = 1048577").unwrap_err().starts_with("loops.status_write_kib_per_s: "));
     }
 }

@@ -215,7 +215,7 @@ where
         watch_ends: Default::default(),
         slo_tally: Default::default(),
         report_relay: Default::default(),
-        status_writer: Default::default(),
+        status_writer: crate::agents::StatusWriter::new(crate::agents::StatusPace::new(opts.loops.status_write_kib_per_s)),
         planned_demand: Default::default(),
         report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),

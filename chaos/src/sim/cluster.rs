@@ -101,6 +101,9 @@ pub fn loop_settings() -> LoopSettings {
         // Inline and on the one runtime, so that a seed replays (another thread is outside
         // turmoil's clock).
         plan_off_runtime: false,
+        // The status pace's bucket runs on the real clock, outside turmoil's: one this deep
+        // never makes a write wait, so it cannot change a replay.
+        status_write_kib_per_s: controlplane::agents::status_pace::MAX_KIB_PER_S,
         ..LoopSettings::default()
     }
 }

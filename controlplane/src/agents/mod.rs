@@ -8,11 +8,13 @@ pub mod report_check;
 pub mod report_pace;
 pub mod report_relay;
 mod reports;
+pub mod status_pace;
 mod status_writer;
 pub mod watch_ends;
 
 pub use desired::{desired_state, placement, Placed, Placement, SentVersions};
 pub use report_pace::ReportPace;
 pub use reports::{AgentReports, Heard, NodeReport};
+pub use status_pace::StatusPace;
 pub use status_writer::StatusWriter;
 pub use watch_ends::WatchEnds;

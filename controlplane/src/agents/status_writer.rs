@@ -9,6 +9,10 @@
 //! one per host (each entry costs every controller a proposal, a flush, a replication round
 //! and an apply), without holding up any report behind Raft.
 //!
+//! They are paced ([`StatusPace`], `[loops] status_write_kib_per_s`): after a fleet-wide
+//! re-plan they trail by seconds rather than crowd the controllers' CPU out from under the
+//! reports.
+//!
 //! A plan being committed goes first: while one is ([`StatusWriter::hold_back`]) no status
 //! write starts, as after a fleet-wide re-plan thousands of them (a few KB each) would
 //! otherwise share the log with the plan's parts and hold up the desired state that every
@@ -21,6 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use super::StatusPace;
 use crate::controller::Controller;
 use crate::resources::limits::{MAX_STATUSES_PER_ENTRY, MAX_STATUS_ENTRY_BYTES};
 use crate::resources::Kind;
@@ -55,6 +60,7 @@ struct Memory {
 pub struct StatusWriter {
     memory: Arc<Mutex<Memory>>,
     slots: Arc<tokio::sync::Semaphore>,
+    pace: Arc<StatusPace>,
     /// Status writes take it shared; a plan commit exclusively (fair: once a plan waits,
     /// new status writes wait behind it).
     plan_first: Arc<tokio::sync::RwLock<()>>,
@@ -62,15 +68,20 @@ pub struct StatusWriter {
 
 impl Default for StatusWriter {
     fn default() -> Self {
-        StatusWriter {
-            memory: Arc::default(),
-            slots: Arc::new(tokio::sync::Semaphore::new(MAX_ENTRIES_IN_FLIGHT)),
-            plan_first: Arc::default(),
-        }
+        Self::new(StatusPace::default())
     }
 }
 
 impl StatusWriter {
+    pub fn new(pace: StatusPace) -> Self {
+        StatusWriter {
+            memory: Arc::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_ENTRIES_IN_FLIGHT)),
+            pace: Arc::new(pace),
+            plan_first: Arc::default(),
+        }
+    }
+
     /// Holds status writes back until the guard is dropped, once those in flight are done.
     pub async fn hold_back(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
         self.plan_first.clone().write_owned().await
@@ -103,7 +114,6 @@ impl StatusWriter {
     /// Takes ready nodes into entries, one entry per free slot, until none is ready.
     async fn form_entries(self, controller: Controller) {
         loop {
-            let turn = self.plan_first.clone().read_owned().await;
             let slot = self.slots.clone().acquire_owned().await.expect("never closed");
             let entry = {
                 let mut m = self.memory.lock().expect("status writer lock");
@@ -114,6 +124,10 @@ impl StatusWriter {
                 }
                 entry
             };
+            // Paced before taking a turn, which a plan commit waits for. Meanwhile the
+            // entry's states count as in flight, and newer ones wait for the next entry.
+            self.pace.until_ready(entry.iter().map(|(_, p)| p.bytes).sum()).await;
+            let turn = self.plan_first.clone().read_owned().await;
             let writer = self.clone();
             let controller = controller.clone();
             tokio::spawn(async move {

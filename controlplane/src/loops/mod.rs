@@ -35,6 +35,9 @@ pub struct LoopSettings {
     /// Reports a second the whole fleet may send: past `budget × heartbeat` nodes, agents
     /// are told to report less often (`agents::report_pace`).
     pub report_budget_per_s: u32,
+    /// KiB of reports a second whose observed state is written to statuses
+    /// (`agents::status_pace`).
+    pub status_write_kib_per_s: u32,
     /// Heartbeats a node may miss before it is marked unhealthy.
     pub missed_heartbeats: u32,
     /// How long after its agent's desired-state stream ended (with no report from a new
@@ -76,6 +79,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("mig_strategy", &self.mig_strategy)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("report_budget_per_s", &self.report_budget_per_s)
+            .field("status_write_kib_per_s", &self.status_write_kib_per_s)
             .field("missed_heartbeats", &self.missed_heartbeats)
             .field("watch_grace", &self.watch_grace)
             .field("enabled", &self.enabled)
@@ -106,6 +110,7 @@ impl Default for LoopSettings {
             mig_strategy: MigStrategy::default(),
             heartbeat_interval: Duration::from_secs(1),
             report_budget_per_s: crate::agents::ReportPace::default().budget_per_s,
+            status_write_kib_per_s: crate::agents::status_pace::DEFAULT_KIB_PER_S,
             missed_heartbeats: 5,
             watch_grace: Duration::from_secs(2),
             enabled: true,

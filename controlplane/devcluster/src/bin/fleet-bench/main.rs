@@ -141,7 +141,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let start_terms = probe.terms().await;
     let cpu_start = probe.cpu_seconds();
     let wall_start = Instant::now();
-    let unhealthy = measure::UnhealthyMarks::watch(servers.clone());
+    let nodes_seen = measure::NodeWatch::watch(servers.clone());
 
     // 1. Registration.
     let observed = Arc::new(Observed::default());
@@ -204,6 +204,8 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let settled_replan = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
     let (all, replan_puts_s) = put_all(&admin, (0..services).map(|i| service(i, args.rate * if i == 0 { 1.25 } else { 1.1 }))).await;
     let replan = measure::fan_out(&observed, all, args.quiet_s, timeout, false).await;
+    let held: BTreeMap<String, u64> = observed.held.lock().unwrap().iter().map(|(n, h)| (n.clone(), h.version)).collect();
+    let replan_statuses_s = nodes_seen.statuses_written(&held, all, timeout).await;
 
     // 5. Dead hosts: 1% of the agents (at least 5) die at once, as hosts that lose power
     // (their streams end; the controllers relay that to the leader's failure detector).
@@ -213,7 +215,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let victims: BTreeSet<String> = (0..k).map(|j| agents::node_name(j * step)).collect();
     let killed = Instant::now();
     observed.kill(&victims.iter().cloned().collect::<Vec<_>>());
-    let detected = unhealthy.detected(&victims, killed, timeout).await;
+    let detected = nodes_seen.detected(&victims, killed, timeout).await;
     eprintln!(
         "[{:>6.1} s] {} hosts killed (after {settle_dead:.1} s of settling): marked unhealthy after {:?} s (max)",
         started.elapsed().as_secs_f64(),
@@ -268,6 +270,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         one_service: one_service.clone(),
         replan_fanout_s: replan.last_s,
         replan_puts_s,
+        replan_statuses_s,
         agents_changed_one_service: one_service.agents,
         agents_changed_replan: replan.agents,
         provision_pass_s: planning,
@@ -279,7 +282,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         reports_with_gpus: observed.reports_with_gpus.load(std::sync::atomic::Ordering::Relaxed) - with_gpus_from,
         reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),
         leader_changes: end_terms.iter().max().copied().unwrap_or(0).saturating_sub(start_terms.iter().max().copied().unwrap_or(0)),
-        unhealthy_marked: unhealthy.of_healthy(&victims),
+        unhealthy_marked: nodes_seen.of_healthy(&victims),
         dead_hosts: victims.len(),
         dead_host_detected_p50_s: detected.as_deref().and_then(|d| percentile(d, 50.0)),
         dead_host_detected_max_s: detected.as_deref().and_then(|d| d.iter().copied().reduce(f64::max)),
@@ -303,7 +306,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         if let Err(e) = admin.transfer_leader(0).await {
             eprintln!("leader transfer: {}", e.message());
         }
-        let detected = unhealthy.detected(&victims, killed, timeout).await;
+        let detected = nodes_seen.detected(&victims, killed, timeout).await;
         let max = detected.as_deref().and_then(|d| d.iter().copied().reduce(f64::max));
         eprintln!(
             "[{:>6.1} s] {} more hosts killed and the leader handed over (after {settle_transfer:.1} s of settling): marked unhealthy after {max:?} s (max)",

@@ -61,18 +61,20 @@ pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout:
     }
 }
 
-/// When nodes' statuses turned unhealthy, from now on (a Node watch).
+/// What a Node watch saw, from now on: when nodes' statuses turned unhealthy, and when each
+/// node's status last showed a new applied version.
 #[derive(Default)]
-pub struct UnhealthyMarks {
+pub struct NodeWatch {
     marks: Mutex<Vec<(String, Instant)>>,
+    applied: Mutex<std::collections::HashMap<String, (u64, Instant)>>,
 }
 
-impl UnhealthyMarks {
+impl NodeWatch {
     /// The watch decodes every Node change of the fleet (thousands per roll-out): it runs
     /// on a thread and runtime of its own, so that the measuring does not delay the
     /// simulated agents' reports it measures.
     pub fn watch(servers: Vec<String>) -> Arc<Self> {
-        let marks = Arc::new(UnhealthyMarks::default());
+        let marks = Arc::new(NodeWatch::default());
         let m = marks.clone();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime for the Node watch");
         std::thread::spawn(move || {
@@ -91,6 +93,14 @@ impl UnhealthyMarks {
                     };
                     let Some(r) = ev.resource else { continue };
                     let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+                    let version = status.get("applied_version").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                    {
+                        let mut applied = m.applied.lock().unwrap();
+                        let seen = applied.entry(r.name.clone()).or_insert((version, Instant::now()));
+                        if seen.0 != version {
+                            *seen = (version, Instant::now());
+                        }
+                    }
                     let is = controlplane::resources::NodeStatus::is_unhealthy(&status);
                     if is && unhealthy.insert(r.name.clone()) {
                         m.marks.lock().unwrap().push((r.name, Instant::now()));
@@ -101,6 +111,32 @@ impl UnhealthyMarks {
             })
         });
         marks
+    }
+
+    /// Seconds from `since` until the status of every agent in `held` showed the version
+    /// the agent holds (the observed state written, which trails the desired state; `None`:
+    /// not within `timeout`).
+    pub async fn statuses_written(&self, held: &std::collections::BTreeMap<String, u64>, since: Instant, timeout: Duration) -> Option<f64> {
+        loop {
+            let (mut behind, mut last) = (0usize, since);
+            {
+                let applied = self.applied.lock().unwrap();
+                for (node, version) in held {
+                    match applied.get(node) {
+                        Some((v, at)) if v >= version => last = last.max(*at),
+                        _ => behind += 1,
+                    }
+                }
+            }
+            if behind == 0 {
+                return Some(last.duration_since(since).as_secs_f64());
+            }
+            if since.elapsed() > timeout {
+                eprintln!("statuses: {behind} of {} not written after {timeout:?}", held.len());
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Marks of nodes other than `dead`.
@@ -426,6 +462,9 @@ pub struct Row {
     pub one_service: FanOut,
     pub replan_fanout_s: Option<f64>,
     pub replan_puts_s: f64,
+    /// From the re-plan's puts until every agent's status showed the version it holds
+    /// (statuses are written at `[loops] status_write_kib_per_s`).
+    pub replan_statuses_s: Option<f64>,
     pub agents_changed_one_service: usize,
     pub agents_changed_replan: usize,
     pub provision_pass_s: Option<f64>,
@@ -477,6 +516,7 @@ impl Row {
             "one_service_fanout_max_s": self.one_service.last_s,
             "replan_fanout_s": self.replan_fanout_s,
             "replan_puts_s": self.replan_puts_s,
+            "replan_statuses_s": self.replan_statuses_s,
             "agents_changed_one_service": self.agents_changed_one_service,
             "agents_changed_replan": self.agents_changed_replan,
             "provision_pass_s": self.provision_pass_s,
@@ -537,6 +577,7 @@ pub fn print_table(rows: &[Row]) {
     line("all services +10% → last agent (s)", rows.iter().map(|r| opt(r.replan_fanout_s, 2)).collect());
     line("  of which putting the services (s)", rows.iter().map(|r| format!("{:.2}", r.replan_puts_s)).collect());
     line("all services +10%: agents changed", rows.iter().map(|r| r.agents_changed_replan.to_string()).collect());
+    line("  … every agent's status written (s)", rows.iter().map(|r| opt(r.replan_statuses_s, 2)).collect());
     line("provisioning pass that planned, mean (s)", rows.iter().map(|r| opt(r.provision_pass_s, 3)).collect());
     line("reports p50/p99 (ms)", rows.iter().map(|r| format!("{}/{}", opt(r.report_p50_ms, 1), opt(r.report_p99_ms, 1))).collect());
     line("  p99 in the controllers' handlers (ms, ≤)", rows.iter().map(|r| opt(r.report_handler_p99_ms, 1)).collect());
