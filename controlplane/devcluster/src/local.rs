@@ -81,8 +81,9 @@ impl LocalCluster {
     }
 
     /// Starts (or restarts) controller `id`; controller 1 bootstraps the cluster.
-    pub fn start_controller(&mut self, id: u64) -> Result<(), String> {
-        self.controllers.start(id, id == 1).map(|_| ())
+    /// Starts (or restarts) controller `id`; returns the log of this start.
+    pub fn start_controller(&mut self, id: u64) -> Result<std::path::PathBuf, String> {
+        self.controllers.start(id, id == 1)
     }
 
     fn agent_config(&self, node: &DemoNode, first: u16) -> String {

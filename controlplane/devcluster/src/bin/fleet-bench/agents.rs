@@ -26,8 +26,9 @@ pub struct Observed {
     pub registered: Mutex<Vec<Instant>>,
     /// Report round trips (ms) and failures.
     pub report_ms: Mutex<Vec<f64>>,
-    /// When each of those reports was sent, in the same order.
-    pub report_sent: Mutex<Vec<Instant>>,
+    /// When each of those reports was sent, and whether it carried the agent's GPUs, in
+    /// the same order.
+    pub report_sent: Mutex<Vec<(Instant, bool)>>,
     pub reports_failed: std::sync::atomic::AtomicU64,
     /// Reports answered that carried the agent's GPUs (its observed state had changed since
     /// the controllers last wrote it); the others left them out.
@@ -232,7 +233,7 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
             Ok(answer) => {
                 let mut ms = observed.report_ms.lock().unwrap();
                 ms.push(sent.elapsed().as_secs_f64() * 1e3);
-                observed.report_sent.lock().unwrap().push(sent);
+                observed.report_sent.lock().unwrap().push((sent, with_gpus));
                 observed.reports_with_gpus.fetch_add(u64::from(with_gpus), std::sync::atomic::Ordering::Relaxed);
                 held = answer.observed_digest;
                 interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);

@@ -225,7 +225,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
 
     let reports: Vec<f64> = observed.report_ms.lock().unwrap()[reports_from..].to_vec();
     // Where the slow reports are: p99 per 5 s of the run.
-    let sent: Vec<Instant> = observed.report_sent.lock().unwrap()[reports_from..].to_vec();
+    let sent: Vec<(Instant, bool)> = observed.report_sent.lock().unwrap()[reports_from..].to_vec();
     let per_window = |timed: &mut dyn Iterator<Item = (Instant, f64)>| {
         let mut windows: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
         for (at, ms) in timed {
@@ -233,17 +233,28 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         }
         windows
     };
-    let windows = per_window(&mut sent.iter().copied().zip(reports.iter().copied()));
+    let windows = per_window(&mut sent.iter().map(|(at, _)| *at).zip(reports.iter().copied()));
+    // The same, of the reports that carried the agent's GPUs (an observed state to check
+    // and write) and of those that did not (a heartbeat with metrics).
+    let windows_of = |with_gpus: bool| {
+        per_window(&mut sent.iter().zip(reports.iter()).filter(|((_, g), _)| *g == with_gpus).map(|((at, _), ms)| (*at, *ms)))
+    };
+    let (full, slim) = (windows_of(true), windows_of(false));
     let lags = per_window(&mut observed.runtime_lag_ms.lock().unwrap().iter().copied());
     let report_lags = per_window(&mut observed.report_runtime_lag_ms.lock().unwrap().iter().copied());
     let p99 = |windows: &BTreeMap<u64, Vec<f64>>, from| windows.get(from).and_then(|l| percentile(l, 99.0)).unwrap_or(0.0);
+    let count = |windows: &BTreeMap<u64, Vec<f64>>, from| windows.get(from).map_or(0, Vec::len);
     for (from, ms) in &windows {
         eprintln!(
-            "  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms; the simulator's own wake-up lag p99 {:>6.1} ms (watches), {:>6.1} ms (reports)",
+            "  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms ({} with GPUs: p99 {:.1}; {} without: {:.1}); the simulator's own wake-up lag p99 {:>6.1} ms (watches), {:>6.1} ms (reports)",
             from + 5,
             ms.len(),
             percentile(ms, 50.0).unwrap_or(0.0),
             percentile(ms, 99.0).unwrap_or(0.0),
+            count(&full, from),
+            p99(&full, from),
+            count(&slim, from),
+            p99(&slim, from),
             p99(&lags, from),
             p99(&report_lags, from),
         );

@@ -332,10 +332,14 @@ impl ControllerProbe {
             }
             Err(e) => eprintln!("catch-up: compacting the leader's log: {e}"),
         }
-        if let Err(e) = cluster.start_controller(id) {
-            eprintln!("catch-up: {e}");
-            return result;
-        }
+        // This start's own log (a restarted controller logs to a new file).
+        let log = match cluster.start_controller(id) {
+            Ok(log) => log,
+            Err(e) => {
+                eprintln!("catch-up: {e}");
+                return result;
+            }
+        };
         // Compacting can cost an election at this size (a leader that has just taken over
         // still streams its log tail to the follower while it builds the snapshot): wait
         // for the next leader, and say so.
@@ -366,7 +370,6 @@ impl ControllerProbe {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let log = cluster.dir.join(format!("controller-{id}.log"));
         let installed = || std::fs::read_to_string(&log).ok().and_then(|l| installed_seconds(&l));
         while started.elapsed() < timeout {
             tokio::time::sleep(Duration::from_millis(100)).await;
