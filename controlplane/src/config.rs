@@ -110,8 +110,8 @@ pub struct LoopsConfig {
     /// nodes, agents are told to report less often, up to once a minute.
     pub report_budget_per_s: Option<u32>,
     /// KiB of agents' reports a second whose observed state the leader writes into Nodes'
-    /// statuses (default 4096, bursts of twice that; in [8, 1048576]): after a fleet-wide
-    /// re-plan the statuses trail by seconds instead of crowding out reports.
+    /// statuses (default 4096, bursts of twice that; in [8, 1048576]): bounds how much of a
+    /// burst of changed statuses (after a fleet-wide re-plan) goes into the log at once.
     pub status_write_kib_per_s: Option<u32>,
     /// Seconds the load must stay up before an autoscaling service is sized up (default 60).
     pub scale_window_s: Option<f64>,

@@ -9,9 +9,8 @@
 //! one per host (each entry costs every controller a proposal, a flush, a replication round
 //! and an apply), without holding up any report behind Raft.
 //!
-//! They are paced ([`StatusPace`], `[loops] status_write_kib_per_s`): after a fleet-wide
-//! re-plan they trail by seconds rather than crowd the controllers' CPU out from under the
-//! reports.
+//! They are paced ([`StatusPace`], `[loops] status_write_kib_per_s`): of a burst of changed
+//! states (after a fleet-wide re-plan) at most the bucket's worth goes into the log at once.
 //!
 //! A plan being committed goes first: while one is ([`StatusWriter::hold_back`]) no status
 //! write starts, as after a fleet-wide re-plan thousands of them (a few KB each) would
