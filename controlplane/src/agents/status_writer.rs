@@ -125,7 +125,9 @@ impl StatusWriter {
             };
             // Paced before taking a turn, which a plan commit waits for. Meanwhile the
             // entry's states count as in flight, and newer ones wait for the next entry.
+            let waited = std::time::Instant::now();
             self.pace.until_ready(entry.iter().map(|(_, p)| p.bytes).sum()).await;
+            controller.telemetry.observe_status_pace_wait(waited.elapsed());
             let turn = self.plan_first.clone().read_owned().await;
             let writer = self.clone();
             let controller = controller.clone();

@@ -70,6 +70,7 @@ struct Inner {
     proposal_seconds: Histogram,
     report_seconds: Histogram,
     runtime_lag_seconds: Histogram,
+    status_pace_wait_seconds: Histogram,
     proposals: Family<Labels, Counter>,
     loop_pass_seconds: HistogramFamily,
     loop_failures: Family<Labels, Counter>,
@@ -111,6 +112,7 @@ impl Default for ControllerMetrics {
             // From 0.1 ms: most reports are answered in well under the 0.5 ms of the others.
             report_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             runtime_lag_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            status_pace_wait_seconds: seconds_buckets(),
             proposals: Family::default(),
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
             loop_failures: Family::default(),
@@ -159,6 +161,11 @@ impl Default for ControllerMetrics {
             "runtime_wake_lag_seconds",
             "How late a task of the runtime serving the API woke from a 10 ms timer, sampled every 10 ms: how long a request that arrives waits for a worker (agents' reports included) before its handler runs",
             inner.runtime_lag_seconds.clone(),
+        );
+        r.register(
+            "status_pace_wait_seconds",
+            "How long each of the leader's status entries (agents' observed states) waited for the status pace ([loops] status_write_kib_per_s) before it was proposed",
+            inner.status_pace_wait_seconds.clone(),
         );
         r.register(
             "raft_proposals",
@@ -275,6 +282,10 @@ impl ControllerMetrics {
     }
 
     /// Records how late a task of the API's runtime woke (see `telemetry::probe_runtime_lag`).
+    pub fn observe_status_pace_wait(&self, waited: Duration) {
+        self.inner.status_pace_wait_seconds.observe(waited.as_secs_f64());
+    }
+
     pub fn observe_runtime_lag(&self, late: Duration) {
         self.inner.runtime_lag_seconds.observe(late.as_secs_f64());
     }
@@ -375,6 +386,7 @@ mod tests {
         m.observe_proposal(Duration::from_millis(3), "ok");
         m.observe_proposal(Duration::from_millis(4), "refused");
         m.observe_loop_pass("provisioner", Duration::from_millis(20));
+        m.observe_status_pace_wait(Duration::from_millis(250));
         let snap = Snapshot {
             raft: RaftFigures {
                 term: 3,
@@ -405,6 +417,8 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_raft_is_leader"), Some(1.0));
         assert_eq!(value(&text, "gpuplane_plan_cost_per_hour"), Some(10.24));
         assert_eq!(value(&text, "gpuplane_raft_proposal_duration_seconds_count"), Some(2.0));
+        assert_eq!(value(&text, "gpuplane_status_pace_wait_seconds_count"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_status_pace_wait_seconds_sum"), Some(0.25));
         assert_eq!(value(&text, "gpuplane_raft_proposals_total{result=\"refused\"}"), Some(1.0));
         assert_eq!(value(&text, "gpuplane_loop_pass_duration_seconds_count{loop=\"provisioner\"}"), Some(1.0));
         assert!(!text.contains("loop=\"autoscaler\""), "no autoscaler pass yet: {text}");
