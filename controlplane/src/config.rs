@@ -440,6 +440,8 @@ heartbeat_interval_ms = 50
     fn the_status_write_pace_defaults_to_4_mib_a_second_and_is_bounded() {
         assert_eq!(loops("").unwrap().status_write_kib_per_s, 4096);
         assert_eq!(loops("[loops]\nstatus_write_kib_per_s = 65536").unwrap().status_write_kib_per_s, 65536);
+        assert_eq!(loops("[loops]\nstatus_write_kib_per_s = 8").unwrap().status_write_kib_per_s, 8, "the lower bound itself");
+        assert_eq!(loops("[loops]\nstatus_write_kib_per_s = 1048576").unwrap().status_write_kib_per_s, 1_048_576, "the upper bound");
         assert_eq!(
             loops("[loops]\nstatus_write_kib_per_s = 7").unwrap_err(),
             "loops.status_write_kib_per_s: must be in [8, 1048576], got 7"

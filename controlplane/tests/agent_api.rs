@@ -29,6 +29,14 @@ async fn agent_client(addr: &str) -> AgentClient<tonic::transport::Channel> {
     AgentClient::connect(format!("http://{addr}")).await.unwrap()
 }
 
+/// The leader's id, and an agent client connected to a follower (which answers reports from
+/// its own state and relays them to the leader).
+async fn agent_at_a_follower(cluster: &TestCluster) -> (u64, AgentClient<tonic::transport::Channel>) {
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    (leader, agent_client(&cluster.node(follower).addr.to_string()).await)
+}
+
 async fn next(stream: &mut tonic::Streaming<proto::DesiredState>) -> proto::DesiredState {
     tokio::time::timeout(Duration::from_secs(10), stream.message()).await.expect("a desired state in time").unwrap().expect("stream open")
 }
@@ -159,9 +167,7 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
         "mig_layout": [{"profile": "7g", "start": 0}],
         "workloads": [{"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 8}]}]});
     client.put(resource("Plan", "current", "", plan), proto::WriteMode::Create).await.unwrap();
-    let leader = cluster.wait_leader().await;
-    let follower = (1..=3).find(|&id| id != leader).unwrap();
-    let mut agent = agent_client(&cluster.node(follower).addr.to_string()).await;
+    let (leader, mut agent) = agent_at_a_follower(&cluster).await;
     let report = proto::ReportRequest {
         node: "n1".into(),
         applied_version: 3,
@@ -205,9 +211,7 @@ async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_
     let client = cluster.client();
     seed(&client).await;
     client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
-    let leader = cluster.wait_leader().await;
-    let follower = (1..=3).find(|&id| id != leader).unwrap();
-    let mut agent = agent_client(&cluster.node(follower).addr.to_string()).await;
+    let (leader, mut agent) = agent_at_a_follower(&cluster).await;
     let observed = proto::ReportRequest {
         node: "n1".into(),
         gpus: vec![proto::ObservedGpu { gpu_uuid: "GPU-n1".into(), model: "A100-80GB".into(), ..Default::default() }],
