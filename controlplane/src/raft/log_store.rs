@@ -422,8 +422,16 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
             .map_err(|e| StorageIOError::write_vote(anyerror::AnyError::error(e.to_string())).into())
     }
 
+    /// The stored vote, as not yet granted by a quorum. openraft 0.9 restarts a node whose
+    /// stored vote is committed and its own as the leader of the same term at once, with the
+    /// commit index it finds stored; that index is not durable (`save_committed`), so such a
+    /// leader could answer linearizable reads from a state that lacked acknowledged writes.
+    /// Read back uncommitted, a restarted node is a follower, as in the Raft paper and etcd:
+    /// a leader it was runs a new election, and its first entry in the new term is committed
+    /// before it serves a read. The vote still binds the node: it grants no other candidate
+    /// of its term.
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.read_json(Tree::Meta, VOTE)
+        Ok(self.read_json::<Vote>(Tree::Meta, VOTE)?.map(|v| Vote { committed: false, ..v }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
@@ -586,6 +594,14 @@ mod tests {
         let err = store.purge(later).await.unwrap_err().to_string();
         assert!(err.contains("removing purged log entries failed earlier: injected"), "{err}");
         assert_eq!(store.get_log_state().await.unwrap().last_purged_log_id, Some(upto), "a purge after a fault records nothing");
+    }
+
+    /// A leader that restarts is a follower until it wins a new election (see `read_vote`).
+    #[tokio::test]
+    async fn a_vote_reads_back_as_not_yet_granted_and_still_for_its_term_and_node() {
+        let mut store = LogStore::open(Arc::new(MemBackend::new()), Watermark::disabled()).unwrap();
+        store.save_vote(&Vote::new_committed(7, 2)).await.unwrap();
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(7, 2)));
     }
 
     #[test]
