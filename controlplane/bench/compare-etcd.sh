@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compares gpuplane's replicated writes and leader failover with etcd's, back to back on
 # this machine, in the same shape:
-#   - gpuplane: target/release/raft-bench (3 controller processes on loopback, sled, each
+#   - gpuplane: target/release/raft-bench (3 controller processes on loopback, each
 #     write acknowledged once a majority flushed it), whose stdout is parsed as its interface;
 #   - etcd: a 3-member cluster on loopback (separate processes, own data dirs, default
 #     durability: fsync on), loaded through its v3 JSON gateway (POST /v3/kv/put, one

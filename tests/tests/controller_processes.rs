@@ -89,12 +89,11 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let original = std::fs::read_to_string(&format_file).unwrap();
 
     for (what, contents, expect) in [
-        // A data dir of the version before values were stored in parts and the snapshot in
-        // files of its own.
+        // A data dir of the version before the Raft log was in files of its own.
         (
             "old version",
-            original.replace(&format!("format_version={FORMAT_VERSION}"), "format_version=4"),
-            "format version 4, this binary reads version 5",
+            original.replace(&format!("format_version={FORMAT_VERSION}"), "format_version=5"),
+            "format version 5, this binary reads version 6",
         ),
         ("truncated", original[..original.len() / 2].to_string(), "FORMAT"),
         ("other node", original.replace("node_id=1", "node_id=2"), "belongs to node 2"),

@@ -220,9 +220,9 @@ pub async fn full_disk(cluster: &mut Cluster, id: u64, client: &Client, within: 
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Corruption {
-    /// The database file cut to half its length.
+    /// The file cut to half its length.
     Truncate,
-    /// 4 KiB in the middle of the database file inverted.
+    /// 4 KiB in the middle of the file inverted.
     FlipMiddle,
 }
 
@@ -250,7 +250,20 @@ fn corrupt_file(path: &Path, how: Corruption) -> Result<String, String> {
     }
 }
 
-/// Stops follower `id`, damages its database, and restarts it cut off from its peers (so
+/// The newest of a controller's Raft log segment files (`raft-log/<first index>.seg`, named
+/// so that the newest sorts last): the file every append writes.
+fn newest_log_segment(data_dir: &Path) -> Result<std::path::PathBuf, String> {
+    let dir = data_dir.join("raft-log");
+    let mut segments: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segments.sort();
+    segments.pop().ok_or_else(|| format!("{} holds no log segment", dir.display()))
+}
+
+/// Stops follower `id`, damages its newest Raft log file, and restarts it cut off from its peers (so
 /// a node that accepted the damage could not be repaired before it is looked at). It must
 /// stop with a clear message; as an operator would, the runner then removes it from the
 /// cluster, wipes its data dir and adds it back empty.
@@ -265,8 +278,7 @@ pub async fn corrupt(
     let before = client.node_status(&addr).await.map_err(|e| format!("status of controller {id}: {e}"))?;
     let at = Instant::now();
     cluster.kill9(id);
-    let db = cluster.controllers.members[&id].data_dir.join("sled").join("db");
-    let what = corrupt_file(&db, how)?;
+    let what = corrupt_file(&newest_log_segment(&cluster.controllers.members[&id].data_dir)?, how)?;
     let mut out = StorageOutcome { node: id, how: what, ..Default::default() };
     let peers: Vec<u64> = cluster.controllers.members.keys().copied().filter(|&i| i != id).collect();
     for p in peers {

@@ -10,9 +10,11 @@ use openraft::{OptionalSend, RaftLogId, StorageIOError};
 use super::types::*;
 use crate::storage::{KvBackend, Tree, Watermark};
 
+// In `Tree::HardState`, which every write makes durable at once.
 const VOTE: &[u8] = b"vote";
-const COMMITTED: &[u8] = b"committed";
 const LAST_PURGED: &[u8] = b"last_purged";
+// In `Tree::Meta`: losing it in a crash is safe (see `save_committed`).
+const COMMITTED: &[u8] = b"committed";
 
 /// openraft's log storage over any `KvBackend`. Votes and appended entries are flushed
 /// before they are acknowledged.
@@ -21,6 +23,8 @@ pub struct LogStore<B> {
     watermark: Arc<Watermark>,
     /// Latest committed index openraft reported, for status pages.
     committed: Arc<AtomicU64>,
+    /// The committed index last stored (see `save_committed`).
+    committed_saved: Arc<AtomicU64>,
     appended_bytes: Arc<AtomicU64>,
     /// The newest entries, shared by the writer and the readers (see [`RecentEntries`]).
     recent: Arc<Mutex<RecentEntries>>,
@@ -39,6 +43,7 @@ impl<B> Clone for LogStore<B> {
             backend: self.backend.clone(),
             watermark: self.watermark.clone(),
             committed: self.committed.clone(),
+            committed_saved: self.committed_saved.clone(),
             appended_bytes: self.appended_bytes.clone(),
             recent: self.recent.clone(),
             purge_in_background: self.purge_in_background,
@@ -47,6 +52,9 @@ impl<B> Clone for LogStore<B> {
         }
     }
 }
+
+/// Committed entries between two stores of the committed index (`save_committed`).
+const COMMITTED_SAVE_EVERY: u64 = 256;
 
 /// Encoded bytes of the newest entries kept decoded in memory.
 const RECENT_BYTES: usize = 16 * 1024 * 1024;
@@ -161,6 +169,7 @@ impl<B: KvBackend> LogStore<B> {
             backend,
             watermark: Arc::new(watermark),
             committed: Arc::default(),
+            committed_saved: Arc::default(),
             appended_bytes: Arc::default(),
             recent: Arc::default(),
             purge_in_background: false,
@@ -179,10 +188,11 @@ impl<B: KvBackend> LogStore<B> {
         Ok(store)
     }
 
-    /// Checks that the stored log has no hole. sled can recover a damaged file without an
-    /// error yet without some entries in the middle of a tree (the damaged-database test
-    /// in `storage::data_dir` saw it), which the watermark cannot see: the last index is
-    /// intact. Reads the log once, in batches; it is bounded by the snapshot policy.
+    /// Checks that the stored log has no hole: a backend may lose entries in the middle
+    /// (sled, where the log was until data-dir format 6, recovered a damaged file without
+    /// an error and without some of them; a segment file of `log_files` may go missing),
+    /// which the watermark cannot see: the last index is intact. Reads the log once, in
+    /// batches; it is bounded by the snapshot policy.
     fn check_contiguous(&self) -> Result<(), String> {
         const BATCH: usize = 4096;
         let mut previous: Option<u64> = None;
@@ -242,7 +252,7 @@ impl<B: KvBackend> LogStore<B> {
             last = Some(index);
         }
         self.appended_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.backend.insert_batch(Tree::Logs, batch).and_then(|_| self.backend.flush()).map_err(io_write)?;
+        self.backend.insert_batch(Tree::Logs, batch).and_then(|_| self.backend.flush_tree(Tree::Logs)).map_err(io_write)?;
         if let Some(last) = last {
             self.watermark.advance(last).map_err(|e| io_write(format!("writing the log watermark: {e}")))?;
         }
@@ -266,14 +276,14 @@ impl<B: KvBackend> LogStore<B> {
         }
     }
 
-    fn write_meta<T: serde::Serialize>(&self, k: &[u8], value: &T) -> Result<(), StorageError> {
+    fn write_hard_state<T: serde::Serialize>(&self, k: &[u8], value: &T) -> Result<(), StorageError> {
         let bytes = serde_json::to_vec(value).map_err(io_write)?;
-        self.backend.insert(Tree::Meta, k, bytes).map_err(io_write)?;
-        self.backend.flush().map_err(io_write)
+        self.backend.insert(Tree::HardState, k, bytes).map_err(io_write)?;
+        self.backend.flush_tree(Tree::HardState).map_err(io_write)
     }
 
     fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
-        self.read_json(Tree::Meta, LAST_PURGED)
+        self.read_json(Tree::HardState, LAST_PURGED)
     }
 
     /// The index up to which the log was purged (0: never), as stored.
@@ -417,27 +427,35 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         self.slow_disk().await;
         let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(anyerror::AnyError::new(&e)))?;
         self.backend
-            .insert(Tree::Meta, VOTE, bytes)
-            .and_then(|_| self.backend.flush())
+            .insert(Tree::HardState, VOTE, bytes)
+            .and_then(|_| self.backend.flush_tree(Tree::HardState))
             .map_err(|e| StorageIOError::write_vote(anyerror::AnyError::error(e.to_string())).into())
     }
 
     /// The stored vote, as not yet granted by a quorum. openraft 0.9 restarts a node whose
     /// stored vote is committed and its own as the leader of the same term at once, with the
     /// commit index it finds stored; that index is not durable (`save_committed`), so such a
-    /// leader could answer linearizable reads from a state that lacked acknowledged writes.
-    /// Read back uncommitted, a restarted node is a follower, as in the Raft paper and etcd:
-    /// a leader it was runs a new election, and its first entry in the new term is committed
-    /// before it serves a read. The vote still binds the node: it grants no other candidate
-    /// of its term.
+    /// leader answered linearizable reads from a state that lacked acknowledged writes (a
+    /// full restart in `tests/cluster.rs` listed no Services at all). Read back uncommitted,
+    /// a restarted node is a follower, as in the Raft paper and etcd: a leader it was runs a
+    /// new election, and its first entry in the new term is committed before it serves a
+    /// read. The vote still binds the node: it grants no other candidate of its term.
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.read_json::<Vote>(Tree::Meta, VOTE)?.map(|v| Vote { committed: false, ..v }))
+        Ok(self.read_json::<Vote>(Tree::HardState, VOTE)?.map(|v| Vote { committed: false, ..v }))
     }
 
+    /// Stored only every [`COMMITTED_SAVE_EVERY`] entries, and not flushed on its own: a
+    /// committed index that is older or lost in a crash only makes the restarted node wait
+    /// for the leader before re-applying the rest, which is safe. Stored at every commit,
+    /// it was a sled write (and sled's I/O threads' `sync_file_range`) per Raft write.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        // Not flushed on its own: a committed index that is lost in a crash only makes the
-        // restarted node wait for the leader before re-applying, which is safe.
-        self.committed.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
+        let index = committed.map_or(0, |c| c.index);
+        let previous = self.committed.swap(index, Ordering::Relaxed);
+        let saved = self.committed_saved.load(Ordering::Relaxed);
+        if previous != 0 && index < saved.saturating_add(COMMITTED_SAVE_EVERY) {
+            return Ok(());
+        }
+        self.committed_saved.store(index, Ordering::Relaxed);
         let bytes = serde_json::to_vec(&committed).map_err(io_write)?;
         self.backend.insert(Tree::Meta, COMMITTED, bytes).map_err(io_write)
     }
@@ -467,7 +485,10 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.recent.lock().expect("recent entries lock").truncate(log_id.index);
-        self.backend.remove_range(Tree::Logs, &key(log_id.index), None).and_then(|_| self.backend.flush()).map_err(io_write)?;
+        self.backend
+            .remove_range(Tree::Logs, &key(log_id.index), None)
+            .and_then(|_| self.backend.flush_tree(Tree::Logs))
+            .map_err(io_write)?;
         self.watermark.reset_to(log_id.index.saturating_sub(1)).map_err(io_write)
     }
 
@@ -480,14 +501,14 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         self.removal_fault()?;
         // Record the purge point first, so a crash in between never leaves a hole.
-        self.write_meta(LAST_PURGED, &log_id)?;
+        self.write_hard_state(LAST_PURGED, &log_id)?;
         self.recent.lock().expect("recent entries lock").purge(log_id.index);
         let (backend, removal, failed) = (self.backend.clone(), self.removal.clone(), self.removal_failed.clone());
         let upto = key(log_id.index + 1);
         let remove = move || {
             let _one_at_a_time = removal.lock().expect("removal lock");
             if failed.get().is_none() {
-                if let Err(e) = backend.remove_range(Tree::Logs, &key(0), Some(&upto)).and_then(|_| backend.flush()) {
+                if let Err(e) = backend.remove_range(Tree::Logs, &key(0), Some(&upto)).and_then(|_| backend.flush_tree(Tree::Logs)) {
                     tracing::error!(error = %e, "removing purged log entries failed; the node stops at its next log write");
                     let _ = failed.set(e.to_string());
                 }

@@ -6,21 +6,27 @@ pub type KvPair = (Vec<u8>, Vec<u8>);
 /// The separate keyspaces the controller keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Tree {
-    /// Raft log entries, keyed by big-endian log index.
+    /// Raft log entries, keyed by big-endian log index: appended at the end, removed only
+    /// from either end (what a Raft log does; the production backend takes nothing else).
     Logs,
-    /// Vote, committed log id, last purged log id, format version.
+    /// Committed log id, format version, node id: what may be lost in a crash or is
+    /// checked at start.
     Meta,
+    /// Raft's state that must never be lost or silently go back, written rarely: the vote
+    /// and the purge point. Every write is durable when it returns.
+    HardState,
     /// The latest state-machine snapshot.
     Snapshot,
 }
 
 impl Tree {
-    pub const ALL: [Tree; 3] = [Tree::Logs, Tree::Meta, Tree::Snapshot];
+    pub const ALL: [Tree; 4] = [Tree::Logs, Tree::Meta, Tree::HardState, Tree::Snapshot];
 
     pub fn name(self) -> &'static str {
         match self {
             Tree::Logs => "logs",
             Tree::Meta => "meta",
+            Tree::HardState => "hard_state",
             Tree::Snapshot => "snapshot",
         }
     }
@@ -54,6 +60,12 @@ pub trait KvBackend: Send + Sync + 'static {
     fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError>;
     /// Makes every earlier write durable.
     fn flush(&self) -> Result<(), BackendError>;
+    /// Makes every earlier write to `tree` durable (and may do more). The Raft log flushes
+    /// only its entries on each append, not the committed index it writes between them.
+    fn flush_tree(&self, tree: Tree) -> Result<(), BackendError> {
+        let _ = tree;
+        self.flush()
+    }
     /// True when no tree holds any key.
     fn is_empty(&self) -> Result<bool, BackendError> {
         for tree in Tree::ALL {

@@ -1,12 +1,12 @@
-//! The controller's data directory: a `FORMAT` marker file, the sled database and the
-//! snapshot's files. A directory that is not ours, of another format version, of another
+//! The controller's data directory: a `FORMAT` marker file, the sled database (metadata),
+//! the Raft log's files and the snapshot's files. A directory that is not ours, of another format version, of another
 //! node, or damaged is refused with a message that says which; it is never reset or rewritten.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{KvBackend, SledBackend, Tree};
+use super::{BackendDirs, KvBackend, SledBackend, Tree};
 
 /// Version of the on-disk layout. Bump it on any incompatible change of keys or encodings.
 /// 2: openraft's `single-term-leader` ids (one leader per term); the votes and log ids of
@@ -14,13 +14,12 @@ use super::{KvBackend, SledBackend, Tree};
 /// (group commit, `state::Proposal`), where it held one. 4: sled's segments are 8 MiB
 /// (`sled_backend::SEGMENT_BYTES`), which sled cannot open with another size. 5: values are
 /// stored in parts (`sled_backend::PART_BYTES`) and the snapshot in files of our own
-/// (`file_tree`), so that nothing acknowledged is in a file sled never syncs.
-pub const FORMAT_VERSION: u32 = 5;
+/// (`file_tree`), so that nothing acknowledged is in a file sled never syncs. 6: the Raft log
+/// is in segment files of our own (`log_files`), and the vote and purge point in synced files
+/// (`file_tree`), not in sled.
+pub const FORMAT_VERSION: u32 = 6;
 const MARKER: &str = "gpuplane-controller-data";
 const FORMAT_FILE: &str = "FORMAT";
-const SLED_DIR: &str = "sled";
-/// The snapshot's files (`file_tree`).
-const SNAPSHOT_DIR: &str = "snapshot";
 pub(crate) const META_FORMAT_KEY: &[u8] = b"format_version";
 pub(crate) const META_NODE_KEY: &[u8] = b"node_id";
 
@@ -46,7 +45,7 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     };
     if fresh {
         fs::create_dir_all(dir).map_err(io)?;
-        let backend = SledBackend::open(&dir.join(SLED_DIR), &dir.join(SNAPSHOT_DIR)).map_err(|e| refused(dir, e.to_string()))?;
+        let backend = SledBackend::open(&BackendDirs::in_dir(dir)).map_err(|e| refused(dir, e.to_string()))?;
         backend
             .insert_batch(
                 Tree::Meta,
@@ -80,12 +79,16 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     if marker_node != node_id {
         return Err(refused(dir, format!("belongs to node {marker_node}, this is node {node_id}")));
     }
-    let sled_dir = dir.join(SLED_DIR);
-    if !sled_dir.join("db").is_file() || !sled_dir.join("conf").is_file() {
+    let dirs = BackendDirs::in_dir(dir);
+    if !dirs.sled.join("db").is_file() || !dirs.sled.join("conf").is_file() {
         return Err(refused(dir, "database files are missing"));
     }
-    let backend =
-        SledBackend::open(&sled_dir, &dir.join(SNAPSHOT_DIR)).map_err(|e| refused(dir, format!("database cannot be opened: {e}")))?;
+    for part in [&dirs.logs, &dirs.hard_state, &dirs.snapshot] {
+        if !part.is_dir() {
+            return Err(refused(dir, format!("{} is missing", part.display())));
+        }
+    }
+    let backend = SledBackend::open(&dirs).map_err(|e| refused(dir, format!("database cannot be opened: {e}")))?;
     let stored = |key: &[u8]| -> Result<Option<Vec<u8>>, DataDirError> {
         backend.get(Tree::Meta, key).map_err(|e| refused(dir, format!("database unreadable: {e}")))
     };
@@ -133,6 +136,7 @@ fn parse_marker(text: &str) -> Result<(u32, u64), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::KvPairs;
 
     fn snapshot_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         let mut out = vec![];
@@ -171,11 +175,11 @@ mod tests {
         let dir = tmp.path().join("n1");
         {
             let b = open_data_dir(&dir, 1).unwrap();
-            b.insert(Tree::Logs, b"k", b"v".to_vec()).unwrap();
+            b.insert(Tree::Logs, &1u64.to_be_bytes(), b"v".to_vec()).unwrap();
             b.flush().unwrap();
         }
         let b = open_data_dir(&dir, 1).unwrap();
-        assert_eq!(b.get(Tree::Logs, b"k").unwrap(), Some(b"v".to_vec()));
+        assert_eq!(b.get(Tree::Logs, &1u64.to_be_bytes()).unwrap(), Some(b"v".to_vec()));
     }
 
     #[test]
@@ -191,11 +195,11 @@ mod tests {
         drop(open_data_dir(tmp.path(), 1).unwrap());
         let marker = tmp.path().join(FORMAT_FILE);
         // Data dirs of versions 1 (leader ids before single-term-leader), 2 (one request
-        // per log entry), 3 (sled's default segments) and 4 (whole values in sled, the
-        // snapshot in it too) name both versions.
-        for old in [1, 2, 3, 4] {
+        // per log entry), 3 (sled's default segments), 4 (whole values in sled, the
+        // snapshot in it too) and 5 (the Raft log in sled) name both versions.
+        for old in [1, 2, 3, 4, 5] {
             fs::write(&marker, format!("{MARKER}\nformat_version={old}\nnode_id=1\n")).unwrap();
-            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 5"));
+            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 6"));
         }
         fs::write(&marker, format!("{MARKER}\nformat_version={}\nnode_id=1\n", FORMAT_VERSION + 1)).unwrap();
         assert_refused(tmp.path(), 1, &format!("format version {}", FORMAT_VERSION + 1));
@@ -205,45 +209,86 @@ mod tests {
         assert_refused(tmp.path(), 1, "FORMAT");
     }
 
-    /// sled panics while recovering some damaged files ("tried to serialize
-    /// Uninitialized"); the node must refuse with a message instead (found by `chaos real`,
-    /// which inverts 4 KiB in the middle of a stopped follower's database). sled may also
-    /// recover such a file to an earlier consistent point without an error, or read past
-    /// the damage; what start-up must never do is panic or come up with fewer log entries
-    /// than it made durable. So, as a node starts: the data dir refuses, or the Raft log
-    /// refuses against its watermark, or every entry reads back intact. (Requiring the
-    /// first of these failed about one run in twelve: where sled's file puts the damage
-    /// varies.)
-    #[test]
-    fn database_damaged_in_the_middle_is_refused_or_loses_nothing_and_never_panics() {
+    const ENTRIES: u64 = 2000;
+
+    fn vote() -> crate::raft::Vote {
+        crate::raft::Vote::new_committed(7, 2)
+    }
+
+    /// A data dir with `ENTRIES` log entries of 900 bytes of `x`, a vote, the watermark the
+    /// log store would have recorded, and as many values of sled's metadata (so that sled's
+    /// file has something to damage).
+    fn data_dir_with_entries(dir: &Path) {
         use crate::raft::LogStore;
         use crate::storage::Watermark;
-        const ENTRIES: u64 = 2000;
+        use openraft::storage::RaftLogStorage;
+        let b = std::sync::Arc::new(open_data_dir(dir, 1).unwrap());
+        for batch in 0..ENTRIES / 50 {
+            let items: KvPairs = (0..50u64).map(|i| ((batch * 50 + i).to_be_bytes().to_vec(), vec![b'x'; 900])).collect();
+            b.insert_batch(Tree::Logs, items.clone()).unwrap();
+            b.insert_batch(Tree::Meta, items.into_iter().map(|(k, v)| ([b"filler-".as_slice(), &k].concat(), v)).collect()).unwrap();
+            b.flush().unwrap();
+        }
+        let mut log = LogStore::open(b, Watermark::disabled()).unwrap();
+        futures::executor::block_on(log.save_vote(&vote())).unwrap();
+        Watermark::in_dir(dir).advance(ENTRIES - 1).unwrap();
+    }
+
+    fn invert_middle(path: &Path) {
+        let mut bytes = fs::read(path).unwrap();
+        let middle = bytes.len() / 2;
+        let end = (middle + 4096).min(bytes.len());
+        bytes[middle..end].iter_mut().for_each(|b| *b = !*b);
+        fs::write(path, bytes).unwrap();
+    }
+
+    /// Starts a node on `dir` as the controller does: the data dir, then the Raft log
+    /// against its watermark; then reads its vote and every log entry back.
+    /// What a node that started holds: its vote and each log entry.
+    type Started = (Option<crate::raft::Vote>, Vec<Option<Vec<u8>>>);
+
+    fn start_and_read(dir: &Path) -> Result<Started, String> {
+        use crate::raft::LogStore;
+        use crate::storage::Watermark;
+        use openraft::storage::RaftLogStorage;
+        let backend = std::sync::Arc::new(open_data_dir(dir, 1).map_err(|e| e.to_string())?);
+        let mut log = LogStore::open(backend.clone(), Watermark::in_dir(dir)).map_err(|e| e.to_string())?;
+        let vote = futures::executor::block_on(log.read_vote()).map_err(|e| e.to_string())?;
+        Ok((vote, (0..ENTRIES).map(|i| backend.get(Tree::Logs, &i.to_be_bytes()).ok().flatten()).collect()))
+    }
+
+    /// The Raft log's files check every record: 4 KiB inverted in the middle of the log
+    /// (what `chaos real` does to a stopped follower) is always a refusal naming the file.
+    #[test]
+    fn a_log_damaged_in_the_middle_is_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("n1");
-        {
-            let b = open_data_dir(&dir, 1).unwrap();
-            for batch in 0..ENTRIES / 50 {
-                let items = (0..50u64).map(|i| ((batch * 50 + i).to_be_bytes().to_vec(), vec![b'x'; 900])).collect();
-                b.insert_batch(Tree::Logs, items).unwrap();
-                b.flush().unwrap();
-            }
-            // What the Raft log store records after its flushes.
-            Watermark::in_dir(&dir).advance(ENTRIES - 1).unwrap();
-        }
-        let db = dir.join(SLED_DIR).join("db");
-        let mut bytes = fs::read(&db).unwrap();
-        let middle = bytes.len() / 2;
-        bytes[middle..middle + 4096].iter_mut().for_each(|b| *b = !*b);
-        fs::write(&db, bytes).unwrap();
-        let start = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let backend = std::sync::Arc::new(open_data_dir(&dir, 1).map_err(|e| e.to_string())?);
-            LogStore::open(backend.clone(), Watermark::in_dir(&dir)).map_err(|e| e.to_string())?;
-            Ok::<_, String>((0..ENTRIES).map(|i| backend.get(Tree::Logs, &i.to_be_bytes()).ok().flatten()).collect::<Vec<_>>())
-        }));
+        data_dir_with_entries(&dir);
+        let segments: Vec<PathBuf> = fs::read_dir(BackendDirs::in_dir(&dir).logs).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(segments.len(), 1, "{segments:?}");
+        invert_middle(&segments[0]);
+        let refusal = start_and_read(&dir).expect_err("a damaged log must be refused");
+        assert!(refusal.contains("refusing to start") && refusal.contains("is damaged at offset"), "{refusal}");
+    }
+
+    /// sled panics while recovering some damaged files ("tried to serialize
+    /// Uninitialized"); the node must refuse with a message instead (found by `chaos real`).
+    /// sled may also recover such a file to an earlier consistent point without an error,
+    /// or read past the damage, losing values silently: so sled holds nothing whose loss
+    /// is unsafe. What start-up must never do is panic, or come up with its vote or any log
+    /// entry lost or changed: it refuses, or they read back intact.
+    #[test]
+    fn a_damaged_database_is_refused_or_costs_neither_the_vote_nor_the_log_and_never_panics() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("n1");
+        data_dir_with_entries(&dir);
+        invert_middle(&BackendDirs::in_dir(&dir).sled.join("db"));
+        let start = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start_and_read(&dir)));
         match start.expect("start-up must not panic") {
             Err(refusal) => assert!(refusal.contains("refusing to start"), "{refusal}"),
-            Ok(entries) => {
+            Ok((stored_vote, entries)) => {
+                // Read back as not yet granted (`LogStore::read_vote`), for the same term and node.
+                assert_eq!(stored_vote, Some(crate::raft::Vote::new(7, 2)), "the vote must survive");
                 let damaged: Vec<String> = entries
                     .iter()
                     .enumerate()

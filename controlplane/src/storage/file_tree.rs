@@ -1,4 +1,5 @@
-//! A small tree kept as files of our own, each synced before a write returns: the snapshot.
+//! A small tree kept as files of our own, each synced before a write returns: the snapshot,
+//! and Raft's hard state (the vote and the purge point).
 //! sled writes an item larger than a quarter of its segment (a snapshot is ~100 MB at 10,000
 //! hosts) to a file of its own that its flush never syncs, and reads a damaged one back as
 //! absent without an error; storing the snapshot in small items of sled's log instead puts

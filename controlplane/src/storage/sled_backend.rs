@@ -2,32 +2,62 @@ use std::path::Path;
 
 use super::backend::{KvPair, KvPairs};
 use super::file_tree::FileTree;
+use super::log_files::LogFiles;
 use super::part_keys;
 use super::{BackendError, KvBackend, Tree};
 
-/// sled-backed storage for the Raft log and its metadata; the snapshot is in synced files of
-/// our own (`FileTree`). sled acknowledges writes before they reach the disk, so nothing
-/// here is durable until `flush`; the Raft log store flushes before it acknowledges a vote
-/// or an append.
+/// The production backend: the Raft log in segment files of our own (`LogFiles`), made
+/// durable with `fdatasync`; the vote and purge point, and the snapshot, in synced files of
+/// our own (`FileTree`); the rest of the metadata in sled. sled acknowledges writes before they reach
+/// the disk, so nothing here is durable until `flush`; the Raft log store flushes before it
+/// acknowledges a vote or an append.
 ///
 /// Every value is stored in parts of at most [`PART_BYTES`] (`part_keys`), so that no item
 /// sled writes is ever one of the files its flush does not sync: see [`SEGMENT_BYTES`].
 /// Writers of one key do not race (the log store is a single writer): a write removes the
 /// parts a longer old value had, found just before it.
+/// Where [`SledBackend`] keeps each part.
+pub struct BackendDirs {
+    /// sled's database: `Tree::Meta`.
+    pub sled: std::path::PathBuf,
+    /// `Tree::Logs` (`LogFiles`).
+    pub logs: std::path::PathBuf,
+    /// `Tree::HardState` (`FileTree`).
+    pub hard_state: std::path::PathBuf,
+    /// `Tree::Snapshot` (`FileTree`).
+    pub snapshot: std::path::PathBuf,
+}
+
+impl BackendDirs {
+    /// The layout of a data dir: one subdirectory each.
+    pub fn in_dir(dir: &Path) -> Self {
+        BackendDirs {
+            sled: dir.join("sled"),
+            logs: dir.join("raft-log"),
+            hard_state: dir.join("raft-state"),
+            snapshot: dir.join("snapshot"),
+        }
+    }
+}
+
 pub struct SledBackend {
     db: sled::Db,
-    trees: [sled::Tree; 2],
+    meta: sled::Tree,
+    logs: LogFiles,
+    hard_state: FileTree,
     snapshot: FileTree,
 }
 
 impl SledBackend {
-    /// Opens the database at `path` and the snapshot's files in `snapshot_dir`.
-    pub fn open(path: &Path, snapshot_dir: &Path) -> Result<Self, BackendError> {
+    /// Opens the database in `dirs.sled` and the files of the others.
+    pub fn open(dirs: &BackendDirs) -> Result<Self, BackendError> {
+        let path = &dirs.sled;
         let db = Self::open_db(path).map_err(|e| BackendError::new("open", Tree::Meta, format!("{}: {e}", path.display())))?;
-        let open = |t: Tree| db.open_tree(t.name()).map_err(|e| BackendError::new("open", t, e));
-        let trees = [open(Tree::Logs)?, open(Tree::Meta)?];
-        let snapshot = FileTree::open(snapshot_dir, Tree::Snapshot)?;
-        Ok(Self { db, trees, snapshot })
+        let meta = db.open_tree(Tree::Meta.name()).map_err(|e| BackendError::new("open", Tree::Meta, e))?;
+        let logs = LogFiles::open(&dirs.logs)?;
+        let hard_state = FileTree::open(&dirs.hard_state, Tree::HardState)?;
+        let snapshot = FileTree::open(&dirs.snapshot, Tree::Snapshot)?;
+        Ok(Self { db, meta, logs, hard_state, snapshot })
     }
 
     /// Opens the database, waiting up to [`LOCK_WAIT`] for its file lock: after a `Db` is
@@ -69,12 +99,10 @@ impl SledBackend {
         })
     }
 
+    /// The one tree kept in sled: `Tree::Meta` (the others are routed to their files first).
     fn tree(&self, tree: Tree) -> &sled::Tree {
-        match tree {
-            Tree::Logs => &self.trees[0],
-            Tree::Meta => &self.trees[1],
-            Tree::Snapshot => unreachable!("the snapshot is in files"),
-        }
+        debug_assert_eq!(tree, Tree::Meta);
+        &self.meta
     }
 
     /// The value at `key` from its parts (`None` if it has none).
@@ -92,8 +120,7 @@ impl SledBackend {
 }
 
 /// Most bytes of a value in one sled item. A tree page (a leaf holds up to 17 items before
-/// sled splits it) then stays well under a quarter of [`SEGMENT_BYTES`]; a log entry of a
-/// few hundred KB is a handful of parts.
+/// sled splits it) then stays well under a quarter of [`SEGMENT_BYTES`].
 pub(crate) const PART_BYTES: usize = 64 * 1024;
 
 /// That the part numbered `found` of `key` is its `n`-th: a value's parts are numbered from
@@ -131,36 +158,41 @@ fn assemble(
     Ok(out)
 }
 
-/// How long opening waits for a lock that a just-dropped handle of this process may hold.
-/// sled's page cache (its default is 1 GiB). The controller reads sled only to replicate
-/// to a lagging follower, to rebuild its state at start and to send a snapshot; everything
-/// else is served from memory, so a large cache only makes every controller's RSS grow with
-/// the bytes written (655 MiB at 1,000 hosts in fleet-bench with the default).
-const SLED_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// sled's page cache (its default is 1 GiB). sled holds only the metadata (the vote, the
+/// committed index, the purge point, the format and node id: a few hundred bytes), so a
+/// large cache would only let RSS grow with what sled writes (655 MiB at 1,000 hosts in
+/// fleet-bench with the default, when the log was in sled too).
+const SLED_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// sled's segment (its IO buffer): 8 MiB, where its default is 512 KiB. sled writes an item
 /// larger than a quarter of a segment to a file of its own ("blob"), which its `flush` never
 /// syncs, and reads a damaged one back as absent. An item is a tree page: a leaf holds up to
-/// 17 values, so with whole log entries of a few hundred KB (a plan patch of 256 GPUs, 64
-/// nodes' statuses) most leaves of the log were such files and those entries were
-/// acknowledged before they were on disk; creating the files was also 9% of a follower's
-/// samples in a fleet-wide re-plan at 10,000 hosts (perf). Values are therefore stored in
-/// parts of [`PART_BYTES`], so every leaf stays in the log, which `flush` syncs.
+/// 17 values, so with whole log entries of a few hundred KB (when the log was in sled) most
+/// leaves of the log were such files and those entries were acknowledged before they were
+/// on disk. Values are therefore stored in parts of [`PART_BYTES`], so every leaf stays in
+/// the log, which `flush` syncs; the metadata sled holds now is far smaller, and this
+/// stays the bound on any value it is given.
 pub(crate) const SEGMENT_BYTES: usize = 8 * 1024 * 1024;
 
+/// How long opening waits for a lock that a just-dropped handle of this process may hold.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl KvBackend for SledBackend {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         match tree {
             Tree::Snapshot => self.snapshot.get(key),
-            _ => self.get_parts(tree, key),
+            Tree::HardState => self.hard_state.get(key),
+            Tree::Logs => self.logs.get(key),
+            Tree::Meta => self.get_parts(tree, key),
         }
     }
 
     fn insert_batch(&self, tree: Tree, items: KvPairs) -> Result<(), BackendError> {
-        if tree == Tree::Snapshot {
-            return self.snapshot.insert_batch(items);
+        match tree {
+            Tree::Snapshot => return self.snapshot.insert_batch(items),
+            Tree::HardState => return self.hard_state.insert_batch(items),
+            Tree::Logs => return self.logs.insert_batch(items),
+            Tree::Meta => {}
         }
         let t = self.tree(tree);
         // One batch: sled applies it atomically, the removals first (a later write to a key
@@ -188,8 +220,11 @@ impl KvBackend for SledBackend {
     }
 
     fn remove_range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>) -> Result<(), BackendError> {
-        if tree == Tree::Snapshot {
-            return self.snapshot.remove_range(from, to);
+        match tree {
+            Tree::Snapshot => return self.snapshot.remove_range(from, to),
+            Tree::HardState => return self.hard_state.remove_range(from, to),
+            Tree::Logs => return self.logs.remove_range(from, to),
+            Tree::Meta => {}
         }
         let t = self.tree(tree);
         let mut batch = sled::Batch::default();
@@ -205,8 +240,11 @@ impl KvBackend for SledBackend {
     }
 
     fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<KvPairs, BackendError> {
-        if tree == Tree::Snapshot {
-            return self.snapshot.range(from, to, limit);
+        match tree {
+            Tree::Snapshot => return self.snapshot.range(from, to, limit),
+            Tree::HardState => return self.hard_state.range(from, to, limit),
+            Tree::Logs => return self.logs.range(from, to, limit),
+            Tree::Meta => {}
         }
         let t = self.tree(tree);
         let (from, to) = (part_keys::prefix(from), to.map(part_keys::prefix));
@@ -217,17 +255,30 @@ impl KvBackend for SledBackend {
     }
 
     fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError> {
-        if tree == Tree::Snapshot {
-            return self.snapshot.last();
+        match tree {
+            Tree::Snapshot => return self.snapshot.last(),
+            Tree::HardState => return self.hard_state.last(),
+            Tree::Logs => return self.logs.last(),
+            Tree::Meta => {}
         }
         let Some((stored, _)) = self.tree(tree).last().map_err(|e| BackendError::new("last", tree, e))? else { return Ok(None) };
         let (key, _) = part_keys::decode(&stored).map_err(|e| BackendError::new("last", tree, e))?;
         Ok(self.get_parts(tree, &key)?.map(|v| (key, v)))
     }
 
-    /// The snapshot's files are synced as they are written; this flushes sled.
+    /// The hard state's and the snapshot's files are synced as they are written; this syncs
+    /// the log's files and flushes sled.
     fn flush(&self) -> Result<(), BackendError> {
-        self.db.flush().map(|_| ()).map_err(|e| BackendError::new("flush", Tree::Meta, e))
+        self.logs.sync()?;
+        self.flush_tree(Tree::Meta)
+    }
+
+    fn flush_tree(&self, tree: Tree) -> Result<(), BackendError> {
+        match tree {
+            Tree::Logs => self.logs.sync(),
+            Tree::Snapshot | Tree::HardState => Ok(()),
+            Tree::Meta => self.db.flush().map(|_| ()).map_err(|e| BackendError::new("flush", Tree::Meta, e)),
+        }
     }
 }
 
@@ -236,29 +287,34 @@ mod tests {
     use super::*;
     use crate::storage::MemBackend;
 
+    fn open_in(dir: &Path) -> SledBackend {
+        SledBackend::open(&BackendDirs::in_dir(dir)).unwrap()
+    }
+
     /// A value missing a part is damage, named, never a shorter value.
     #[test]
     fn a_value_with_a_part_missing_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
-        let sled = SledBackend::open(&dir.path().join("sled"), &dir.path().join("snapshot")).unwrap();
-        sled.insert(Tree::Logs, &7u64.to_be_bytes(), vec![1; 3 * PART_BYTES]).unwrap();
-        sled.tree(Tree::Logs).remove(part_keys::part(&7u64.to_be_bytes(), 1)).unwrap();
+        let sled = open_in(dir.path());
+        sled.insert(Tree::Meta, &7u64.to_be_bytes(), vec![1; 3 * PART_BYTES]).unwrap();
+        sled.tree(Tree::Meta).remove(part_keys::part(&7u64.to_be_bytes(), 1)).unwrap();
         for e in [
-            sled.get(Tree::Logs, &7u64.to_be_bytes()).unwrap_err(),
-            sled.range(Tree::Logs, &[], None, 10).unwrap_err(),
-            sled.last(Tree::Logs).unwrap_err(),
+            sled.get(Tree::Meta, &7u64.to_be_bytes()).unwrap_err(),
+            sled.range(Tree::Meta, &[], None, 10).unwrap_err(),
+            sled.last(Tree::Meta).unwrap_err(),
         ] {
             assert!(e.to_string().contains("lacks part 1"), "{e}");
         }
     }
 
-    /// Random writes and reads on sled (values in parts) and on the in-memory backend (the
-    /// reference) give the same answers: keys with zero bytes and keys that are prefixes of
+    /// Random writes and reads on sled (values in parts) and the snapshot's files, and on the
+    /// in-memory backend (the reference), give the same answers (the log's files, which take
+    /// only what a log does, have a test of their own in `log_files`): keys with zero bytes and keys that are prefixes of
     /// others, values of zero, one, around one and several parts, values that shrink.
     #[test]
     fn values_in_parts_read_as_the_reference_backend_reads() {
         let dir = tempfile::tempdir().unwrap();
-        let sled = SledBackend::open(&dir.path().join("sled"), &dir.path().join("snapshot")).unwrap();
+        let sled = open_in(dir.path());
         let reference = MemBackend::new();
         let keys: [&[u8]; 8] = [b"", &[0], &[0, 0], &[0, 1], &[1], &[1, 0], b"vote", &[0xFF, 0]];
         let sizes = [0, 1, PART_BYTES - 1, PART_BYTES, PART_BYTES + 1, 3 * PART_BYTES + 7];
@@ -267,7 +323,7 @@ mod tests {
             seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (seed >> 33) as usize % n
         };
-        for (tree, steps) in [(Tree::Logs, 400), (Tree::Meta, 200), (Tree::Snapshot, 60)] {
+        for (tree, steps) in [(Tree::Meta, 400), (Tree::HardState, 60), (Tree::Snapshot, 60)] {
             for step in 0..steps {
                 let (a, b) = (keys[next(keys.len())], keys[next(keys.len())]);
                 let (from, to) = if a <= b { (a, b) } else { (b, a) };

@@ -1,10 +1,10 @@
 //! An independent record of how far the Raft log was durable.
 //!
-//! sled recovers a damaged or truncated database to its last consistent point without an
-//! error, which would silently drop log entries this node had acknowledged. The watermark
-//! file, written outside sled after flushes, lets start-up notice that the database lost
-//! entries it had reported durable, and refuse to start instead of rejoining with a
-//! shortened log.
+//! The log's files check every record (`log_files`), but a log cut short at its end (a
+//! file truncated by a broken disk or by hand) looks like a log that simply ends there,
+//! which would silently drop entries this node had acknowledged. The watermark file,
+//! written beside the log after its syncs, lets start-up notice that the log lost entries
+//! it had reported durable, and refuse to start instead of rejoining with a shortened log.
 
 use std::fs;
 use std::io::Write;

@@ -1,4 +1,4 @@
-//! Benchmark of the replicated controller: 3 controller processes on loopback with sled.
+//! Benchmark of the replicated controller: 3 controller processes on loopback, each with its own data dir.
 //!
 //!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20]
 //!
@@ -118,7 +118,7 @@ async fn main() {
     leader_of(&client).await;
     seed(&client).await;
 
-    println!("3 controllers on loopback (separate processes, sled, fsync per append batch)");
+    println!("3 controllers on loopback (separate processes, fdatasync of the Raft log per append batch)");
     println!("{:<10} {:>14} {:>12} {:>12} {:>8}", "clients", "writes/s", "p50", "p99", "errors");
     for &n in &args.clients {
         let (rate, p50, p99, errors) = throughput(endpoints.clone(), n, args.seconds).await;
