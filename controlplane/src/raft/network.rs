@@ -170,7 +170,16 @@ pub(crate) fn snapshot_request(payload: RaftPayload) -> Result<InstallSnapshotRe
     Ok(request)
 }
 
+/// How long openraft waits before it sends to a peer again after the peer was unreachable
+/// (openraft's default, made ours to name it: a restarted controller waits at least this
+/// long to hear from the leader, see `raft::start`).
+pub const PEER_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl RaftNetwork<TypeConfig> for PeerClient {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(PEER_RETRY))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
