@@ -109,10 +109,11 @@ pub struct RaftHandle {
 }
 
 /// The state is rebuilt from the snapshot and the log after it, so a log purged past the
-/// snapshot cannot rebuild it. sled keeps a snapshot in a file of its own that it never
-/// syncs (README, "sled's own files"), and after a power loss shortly after one was taken
-/// sled reads it back as absent: starting then would serve a state without everything the
-/// purged entries wrote.
+/// snapshot cannot rebuild it. Until data-dir format 5 sled kept the snapshot in a file it
+/// never synced (README, "sled's own files") and read it back as absent after a power
+/// loss; the snapshot is in synced files now (`storage::file_tree`), and this check stays
+/// as a defence: starting then would serve a state without everything the purged entries
+/// wrote.
 fn check_rebuildable(purged_index: u64, snapshot_index: u64) -> anyhow::Result<()> {
     if purged_index > snapshot_index {
         anyhow::bail!(
