@@ -48,7 +48,7 @@ pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest payload of one record: an entry reaches a follower in one peer message
 /// (`raft::network::MAX_PEER_MESSAGE`), so a larger length is damage, and nothing larger is
 /// ever allocated for one while reading.
-pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+pub const MAX_RECORD_BYTES: usize = crate::raft::MAX_PEER_MESSAGE;
 
 const HEADER: usize = 16;
 const SUFFIX: &str = ".seg";
@@ -604,6 +604,11 @@ mod tests {
             let err = log.insert_batch(bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");
         }
+        // An entry at the bound is taken; one byte more is refused, naming the bound.
+        log.insert_batch(vec![(k(11), vec![0; MAX_RECORD_BYTES])]).unwrap();
+        let err = log.insert_batch(vec![(k(12), vec![0; MAX_RECORD_BYTES + 1])]).unwrap_err().to_string();
+        assert!(err.contains(&format!("over the bound of {MAX_RECORD_BYTES}")), "{err}");
+        log.remove_range(&k(11), None).unwrap();
         let err = log.remove_range(&k(6), Some(&k(8))).unwrap_err().to_string();
         assert!(err.contains("only a prefix or a suffix"), "{err}");
         assert_eq!(log.range(&k(0), None, 100).unwrap().len(), 6, "refused writes change nothing");
