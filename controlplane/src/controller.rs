@@ -59,6 +59,8 @@ pub struct Controller {
     pub telemetry: ControllerMetrics,
     /// Proposes this node's writes, several to an entry when they arrive together.
     pub proposer: Proposer,
+    /// When this node may stand for election.
+    pub elections: crate::raft::ElectionGate,
 }
 
 /// Why a request meant for the leader cannot be sent to it from this controller.

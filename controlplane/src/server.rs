@@ -220,6 +220,7 @@ where
         report_pace: opts.loops.report_pace(),
         telemetry: ControllerMetrics::default(),
         proposer: handle.proposer.clone(),
+        elections: handle.elections.clone(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     // HTTP/2 pings on idle connections: a host that dies without closing its connection

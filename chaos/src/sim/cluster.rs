@@ -88,6 +88,8 @@ pub fn raft_settings(election_timeout_ms: u64) -> RaftSettings {
         own_runtime: false,
         // See `RaftSettings::hold_elections_on_start`: with it a seed did not always replay.
         hold_elections_on_start: false,
+        // Its timeouts are distinct and pinned from the seed; a random hold would not replay.
+        break_split_votes: false,
     }
 }
 

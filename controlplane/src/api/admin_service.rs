@@ -137,7 +137,7 @@ impl Admin for AdminService {
             return Ok(self.membership_response());
         }
         let channel = c.channels.get(&target.address).map_err(Status::internal)?;
-        consensus::hold_leadership(&c.raft, true);
+        consensus::hold_leadership(&c.raft, &c.elections, true);
         let lease = consensus::leader_lease(&c.raft);
         let deadline = tokio::time::Instant::now() + lease * 10;
         let mut moved = false;
@@ -150,7 +150,7 @@ impl Admin for AdminService {
                 break;
             }
         }
-        consensus::hold_leadership(&c.raft, false);
+        consensus::hold_leadership(&c.raft, &c.elections, false);
         if !moved {
             return Err(Status::unavailable(format!("node {} did not take over leadership in time", target.node_id)));
         }

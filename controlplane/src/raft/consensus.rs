@@ -192,9 +192,9 @@ pub async fn stopped(raft: &Raft) -> String {
 /// Holds (or resumes) this leader's heartbeats and its own elections, for a leader
 /// transfer: openraft 0.9 has no transfer primitive, so the leader falls silent until the
 /// followers' lease ([`leader_lease`]) expires and the target is asked to elect itself.
-pub fn hold_leadership(raft: &Raft, hold: bool) {
+pub fn hold_leadership(raft: &Raft, elections: &super::ElectionGate, hold: bool) {
     raft.runtime_config().heartbeat(!hold);
-    raft.runtime_config().elect(!hold);
+    elections.hold(super::Hold::Transfer, hold);
 }
 
 /// How long followers keep following a silent leader.

@@ -3,6 +3,7 @@
 //! network and the Raft peer service.
 
 pub mod consensus;
+mod election_gate;
 mod log_store;
 mod network;
 mod node_wakers;
@@ -14,6 +15,7 @@ mod state_machine;
 mod types;
 
 pub use consensus::{ConsensusError, RaftStatus};
+pub use election_gate::{ElectionGate, Hold, VoteReplies};
 pub use log_store::LogStore;
 pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use own_runtime::RaftRuntime;
@@ -55,6 +57,12 @@ pub struct RaftSettings {
     /// differently in 1 of 3 runs of its test binary and without it in none of 4; the cause
     /// is not found yet).
     pub hold_elections_on_start: bool,
+    /// A candidate whose round has not ended stands again after a time drawn anew, off
+    /// openraft's ticks (`election_gate`: openraft 0.9 draws the timeout once per process,
+    /// and two candidates whose ticks coincide split the vote round after round). Off in
+    /// the deterministic simulation, which pins distinct timeouts from its seed instead and
+    /// whose replay would not hold a random draw.
+    pub break_split_votes: bool,
 }
 
 /// The defaults give a leader failover of about 0.4 s. openraft (0.9) lets a follower that
@@ -74,6 +82,7 @@ impl Default for RaftSettings {
             snapshot_off_runtime: true,
             own_runtime: true,
             hold_elections_on_start: true,
+            break_split_votes: true,
         }
     }
 }
@@ -106,6 +115,8 @@ pub struct RaftHandle {
     pub appended_bytes: Arc<std::sync::atomic::AtomicU64>,
     /// Where this node's writes are proposed (group commit).
     pub proposer: Proposer,
+    /// When this node may stand for election.
+    pub elections: ElectionGate,
 }
 
 /// The state is rebuilt from the snapshot and the log after it, so a log purged past the
@@ -151,14 +162,8 @@ fn open_stores<B: KvBackend>(
 /// `smaller_log_timeout`, 400 ms, which it adds to a node's election timeout once that node
 /// has seen a longer log than its own). Elections start after the hold even if no leader
 /// is heard from (a whole cluster restarted: about 0.7 s more).
-fn hold_elections_after_restart(raft: &Raft, settings: &RaftSettings) {
-    let hold = std::time::Duration::from_millis(settings.election_timeout_max_ms) + network::PEER_RETRY;
-    raft.runtime_config().elect(false);
-    let raft = raft.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(hold).await;
-        raft.runtime_config().elect(true);
-    });
+fn hold_elections_after_restart(elections: &ElectionGate, settings: &RaftSettings) {
+    elections.hold_for(Hold::Start, std::time::Duration::from_millis(settings.election_timeout_max_ms) + network::PEER_RETRY);
 }
 
 /// Starts the Raft node `id` over `backend`. Fails (without touching the data) when the
@@ -176,13 +181,18 @@ pub async fn start<B: KvBackend>(
     let committed = log_store.committed_index();
     let appended_bytes = log_store.appended_bytes();
     let state = sm.shared();
-    let raft = Raft::new(id, config, Network::new(channels), log_store, sm).await?;
+    let vote_replies = Arc::new(VoteReplies::default());
+    let raft = Raft::new(id, config, Network::new(channels, vote_replies.clone()), log_store, sm).await?;
+    let elections = ElectionGate::new(raft.clone(), vote_replies);
     if settings.hold_elections_on_start {
-        hold_elections_after_restart(&raft, settings);
+        hold_elections_after_restart(&elections, settings);
+    }
+    if settings.break_split_votes {
+        elections.spawn_split_vote_breaker();
     }
     tokio::spawn(snapshot_policy::run(id, raft.clone(), appended_bytes.clone(), state.snapshot_bytes.clone(), settings.snapshot_every));
     let proposer = Proposer::start(raft.clone());
-    Ok(RaftHandle { raft, state, committed, appended_bytes, proposer })
+    Ok(RaftHandle { raft, state, committed, appended_bytes, proposer, elections })
 }
 
 #[cfg(test)]

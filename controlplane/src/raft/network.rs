@@ -14,6 +14,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::types::*;
+use super::VoteReplies;
 
 /// Largest gRPC message between peers (log batches, JSON-encoded, and snapshot chunks).
 pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
@@ -86,11 +87,14 @@ impl PeerChannels {
 
 pub struct Network {
     channels: PeerChannels,
+    vote_replies: Arc<VoteReplies>,
 }
 
 impl Network {
-    pub fn new(channels: PeerChannels) -> Self {
-        Self { channels }
+    /// Peers reached over `channels`; what vote requests hear back is noted in `vote_replies`
+    /// (for `election_gate`).
+    pub fn new(channels: PeerChannels, vote_replies: Arc<VoteReplies>) -> Self {
+        Self { channels, vote_replies }
     }
 }
 
@@ -98,7 +102,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        PeerClient { target, addr: node.addr.clone(), channels: self.channels.clone() }
+        PeerClient { target, addr: node.addr.clone(), channels: self.channels.clone(), vote_replies: self.vote_replies.clone() }
     }
 }
 
@@ -106,6 +110,7 @@ pub struct PeerClient {
     target: NodeId,
     addr: String,
     channels: PeerChannels,
+    vote_replies: Arc<VoteReplies>,
 }
 
 #[derive(Clone, Copy)]
@@ -202,7 +207,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        self.call(Rpc::Vote, json_payload(&rpc)?, option.hard_ttl()).await
+        let reply: VoteResponse<NodeId> = self.call(Rpc::Vote, json_payload(&rpc)?, option.hard_ttl()).await?;
+        self.vote_replies.note(&rpc, &reply);
+        Ok(reply)
     }
 }
 

@@ -25,7 +25,14 @@ struct Args {
     /// Concurrency levels to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
+    /// Run the controllers in this directory and leave it (data dirs, and logs at openraft's
+    /// info level, which names every vote), to look into a slow failover.
+    #[arg(long)]
+    keep: Option<std::path::PathBuf>,
 }
+
+/// A failover slower than this is printed on its own, with its election's share.
+const SLOW_FAILOVER: Duration = Duration::from_secs(1);
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -110,8 +117,15 @@ async fn main() {
         eprintln!("raft-bench: {} not found; build it first: cargo build --release -p controlplane --bin controlplane", bin.display());
         std::process::exit(2);
     }
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let mut cluster = Controllers::three_on_loopback(&bin, dir.path()).with_env("RUST_LOG", "error");
+    let temporary = tempfile::tempdir().expect("a temporary directory");
+    let (dir, log_level) = match &args.keep {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).expect("creating --keep's directory");
+            (dir.as_path(), "warn,openraft=info")
+        }
+        None => (temporary.path(), "error"),
+    };
+    let mut cluster = Controllers::three_on_loopback(&bin, dir).with_env("RUST_LOG", log_level);
     cluster.start_all().expect("starting the controllers");
     let endpoints = cluster.servers();
     let client = Client::new(endpoints.clone());
@@ -153,7 +167,7 @@ async fn main() {
         let writer = Client::new(endpoints.clone()).with_retry(fast.clone());
         writer.put(service("failover", 1.0), proto::WriteMode::Unspecified).await.expect("write before kill");
         let survivors: Vec<String> = cluster.servers().into_iter().filter(|a| a != cluster.addr(leader)).collect();
-        let killed_at = Instant::now();
+        let (killed_at, killed_wall) = (Instant::now(), std::time::SystemTime::now());
         cluster.kill9(leader);
         // When a survivor first names another leader: the election's share of the
         // failover, the rest being the new leader's first commit and the client finding it.
@@ -171,8 +185,19 @@ async fn main() {
             }
         });
         writer.put(service("failover", 2.0 + k as f64), proto::WriteMode::Unspecified).await.expect("write after kill");
-        times.push(killed_at.elapsed());
-        elections.push(elected.await.expect("election watcher"));
+        let (failover, election) = (killed_at.elapsed(), elected.await.expect("election watcher"));
+        if failover > SLOW_FAILOVER {
+            let unix = killed_wall.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            println!(
+                "  kill {} (controller-{leader}, at Unix time {:.3}): failover {:.0}ms, of which the election {:.0}ms",
+                k + 1,
+                unix.as_secs_f64(),
+                failover.as_secs_f64() * 1e3,
+                election.as_secs_f64() * 1e3
+            );
+        }
+        times.push(failover);
+        elections.push(election);
         cluster.start(leader, leader == 1).expect("restarting the killed controller");
         // Let the restarted node catch up before the next kill.
         let restarted = Client::new(vec![cluster.addr(leader).to_string()]);
