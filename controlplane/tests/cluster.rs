@@ -254,3 +254,32 @@ async fn a_watch_gets_every_change_of_an_entry_that_changes_several_resources() 
     assert_eq!(seen.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), names);
     assert!(seen.iter().all(|(_, r)| *r == seen[0].1), "one entry, one revision: {seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_start_hold_ends_when_the_node_hears_from_a_leader_not_at_its_bound() {
+    let mut cluster = TestCluster::start(3, fast_settings()).await;
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    // A follower that knows its leader: the hold, bounded at an hour, ends at once.
+    let gate = cluster.node(follower).controller.elections.clone();
+    gate.hold_until_leader_heard(Duration::from_secs(3600));
+    let lifted = async {
+        while !gate.may_elect() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), lifted).await.expect("the hold ends once a leader is heard from");
+
+    // Restarted (its start hold on, as by default), it hears from the leader and may stand
+    // again: a leader dying next is replaced with it voting and standing.
+    cluster.stop(follower).await;
+    cluster.restart(follower).await;
+    let restarted = cluster.node(follower).controller.elections.clone();
+    let lifted = async {
+        while !restarted.may_elect() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), lifted).await.expect("the restarted node's start hold ends");
+    assert!(cluster.node(follower).controller.leader().is_some(), "it heard from a leader");
+}

@@ -2,7 +2,7 @@
 //! owned here for the three reasons to hold it, so that one reason ending does not lift
 //! another.
 //!
-//! * [`Hold::Start`]: a starting node waits to hear from a leader first
+//! * [`Hold::Start`]: a starting node waits to hear from a leader first, up to a bound
 //!   (`RaftSettings::hold_elections_on_start`).
 //! * [`Hold::Transfer`]: a leader handing over stays out of the election it asks for
 //!   (`consensus::hold_leadership`).
@@ -116,13 +116,22 @@ impl ElectionGate {
         self.raft.runtime_config().elect(may_elect);
     }
 
-    /// Holds elections for `duration` from now (a task on the current runtime lifts it).
-    pub fn hold_for(&self, why: Hold, duration: Duration) {
-        self.hold(why, true);
+    /// Whether no reason holds this node's elections.
+    pub fn may_elect(&self) -> bool {
+        *self.holds.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) == Holds::default()
+    }
+
+    /// Holds elections for `Hold::Start` until this node hears from a leader (its server
+    /// metrics name one), or for `at_most` when none is heard from (a whole cluster
+    /// starting). A task on the current runtime lifts it.
+    pub fn hold_until_leader_heard(&self, at_most: Duration) {
+        self.hold(Hold::Start, true);
         let gate = self.clone();
+        let mut metrics = self.raft.server_metrics();
         tokio::spawn(async move {
-            tokio::time::sleep(duration).await;
-            gate.hold(why, false);
+            // Ends early, too, when Raft shuts down (the metrics' sender is dropped).
+            let _ = tokio::time::timeout(at_most, metrics.wait_for(|m| m.current_leader.is_some())).await;
+            gate.hold(Hold::Start, false);
         });
     }
 
