@@ -95,8 +95,14 @@ impl PlanSpec {
     /// Sorts the GPUs by (node, gpu_uuid) and the predictions by service, the order
     /// [`PlanSpec::apply_patch`] relies on.
     pub fn normalise(&mut self) {
-        self.gpus.sort_by(|a, b| gpu_key(a).cmp(&gpu_key(b)));
-        self.services.sort_by(|a, b| a.service.cmp(&b.service));
+        // A plan usually comes sorted (the provisioner's placement sorts it): checking is
+        // one pass, while sorting a persistent vector costs a lookup per comparison.
+        if !self.gpus.iter().is_sorted_by_key(gpu_key) {
+            self.gpus.sort_by(|a, b| gpu_key(a).cmp(&gpu_key(b)));
+        }
+        if !self.services.iter().is_sorted_by_key(|s| s.service.as_str()) {
+            self.services.sort_by(|a, b| a.service.cmp(&b.service));
+        }
     }
 
     /// The patch that turns `self` into `next` (both normalised). O(both plans), once, by
@@ -260,6 +266,25 @@ mod tests {
         let retraced = PlanSpec { trace_parent: "00-cc-dd-01".into(), inputs_digest: "fnv1a64:9".into(), ..old.clone() };
         assert!(old.diff(&retraced).moves_nothing());
         assert!(!old.diff(&next).moves_nothing());
+    }
+
+    #[test]
+    fn normalising_sorts_a_plan_in_any_order_and_keeps_a_sorted_one() {
+        let sorted = plan(
+            vec![gpu("a", "G1", "web", 8), gpu("a", "G2", "web", 8), gpu("b", "G0", "api", 8)],
+            vec![prediction("api", 1.0), prediction("web", 2.0)],
+        );
+        let mut shuffled = PlanSpec {
+            gpus: sorted.gpus.iter().rev().cloned().collect(),
+            services: sorted.services.iter().rev().cloned().collect(),
+            ..sorted.clone()
+        };
+        assert_ne!(shuffled, sorted);
+        shuffled.normalise();
+        assert_eq!(shuffled, sorted);
+        let mut again = sorted.clone();
+        again.normalise();
+        assert_eq!(again, sorted);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::LoopSettings;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launch_room, launches_for, shortfall};
-use crate::provision::{fleet, instance_types, plan_services, GpuDemand, MigStrategy};
+use crate::provision::{fleet_gpus_by_model, instance_types, plan_services, GpuDemand, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command};
 
@@ -64,10 +64,7 @@ impl FleetView {
                 planned
             }
         };
-        let mut available: BTreeMap<String, u32> = BTreeMap::new();
-        for g in fleet(cluster) {
-            *available.entry(g.model).or_default() += 1;
-        }
+        let available = fleet_gpus_by_model(cluster);
         let types = instance_types(cluster);
         let autoscaled = cluster
             .list(Kind::Node)

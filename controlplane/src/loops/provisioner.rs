@@ -141,7 +141,7 @@ impl Reconciler for Provisioner {
             self.memory = previous;
             return Pass::default();
         }
-        let Some((plan, pools)) = provision_keeping(&inputs, self.strategy, previous.as_ref(), cancelled) else {
+        let Some((plan, pools)) = provision_keeping(&inputs, self.strategy, digest.clone(), previous.as_ref(), cancelled) else {
             // Stopped: leadership moved.
             return Pass::default();
         };

@@ -7,7 +7,7 @@
 use super::kept;
 use crate::resources::{GpuAssignment, MigPlacement, PlanSpec, WorkloadAssignment};
 use planner::plan::{GpuPlan, Plan, Sharing};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 
 /// One physical GPU of the fleet.
@@ -110,17 +110,34 @@ type FreeSet = BTreeSet<(bool, usize)>;
 /// (any of those keeps as much as another).
 const CANDIDATES_PER_WORKLOAD: usize = 8;
 
-/// The free GPUs of the fleet, indexed four ways: by model, by (model, current MIG layout),
-/// by (model, current assignment) and by (model, a workload it runs now). Taking a GPU
-/// removes it from all four, so each lookup and removal is O(log n) (times its workloads)
-/// and a whole assignment O(n log n) in the plan's and the fleet's size.
+/// The GPUs that already run exactly a content, per (model, content), each list in the
+/// order GPUs are taken ([`FreeSet`]'s): the first round of an assignment, and at fleet
+/// scale most of it (a change to one service leaves nearly every planned GPU as it is).
+/// Built alone, before the other indices, which then hold only the GPUs this round left:
+/// a GPU's workloads are digested and indexed only when it may be taken for a changed GPU.
+fn exact_contents<'a>(fleet: &'a [FleetGpu], now: &HashMap<&str, &GpuAssignment>) -> HashMap<(&'a str, ContentKey), VecDeque<usize>> {
+    let mut out: HashMap<(&str, ContentKey), VecDeque<usize>> = HashMap::new();
+    // Operators' nodes first, then launched ones, each in fleet order.
+    for launched in [false, true] {
+        for (k, f) in fleet.iter().enumerate().filter(|(_, f)| f.autoscaled == launched) {
+            if let Some(a) = now.get(f.uuid.as_str()) {
+                out.entry((f.model.as_str(), content_key(a))).or_default().push_back(k);
+            }
+        }
+    }
+    out
+}
+
+/// The free GPUs of the fleet after the exact matches, indexed three ways: by model, by
+/// (model, current MIG layout) and by (model, a workload it runs now). Taking a GPU removes
+/// it from all three, so each lookup and removal is O(log n) (times its workloads) and a
+/// whole assignment O(n log n) in the plan's and the fleet's size.
 struct FreeGpus<'a> {
     fleet: &'a [FleetGpu],
     by_model: HashMap<&'a str, FreeSet>,
     by_layout: HashMap<(&'a str, LayoutKey), FreeSet>,
-    by_content: HashMap<(&'a str, ContentKey), FreeSet>,
     by_workload: HashMap<(&'a str, u64), FreeSet>,
-    current: Vec<Option<(LayoutKey, ContentKey)>>,
+    current: Vec<Option<LayoutKey>>,
     /// Digests of the workloads each GPU runs now (sorted): `running[spans[k].0..spans[k].1]`,
     /// in one vector rather than one per GPU.
     running: Vec<u64>,
@@ -128,30 +145,32 @@ struct FreeGpus<'a> {
 }
 
 impl<'a> FreeGpus<'a> {
-    fn new(fleet: &'a [FleetGpu], current: Option<&PlanSpec>) -> Self {
-        let now: HashMap<&str, &GpuAssignment> =
-            current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
+    /// The fleet's GPUs but those `taken`; `now`: what each GPU runs, by uuid.
+    fn new(fleet: &'a [FleetGpu], now: &HashMap<&str, &GpuAssignment>, taken: &[bool]) -> Self {
         let mut free = FreeGpus {
             fleet,
             by_model: HashMap::new(),
             by_layout: HashMap::new(),
-            by_content: HashMap::new(),
             by_workload: HashMap::new(),
-            current: Vec::new(),
+            current: Vec::with_capacity(fleet.len()),
             running: Vec::new(),
             spans: Vec::with_capacity(fleet.len()),
         };
         for (k, f) in fleet.iter().enumerate() {
+            let start = free.running.len();
+            if taken[k] {
+                free.current.push(None);
+                free.spans.push((start, start));
+                continue;
+            }
             let slot = (f.autoscaled, k);
             free.by_model.entry(f.model.as_str()).or_default().insert(slot);
             let runs = now.get(f.uuid.as_str());
-            let keys = runs.map(|a| (layout_key(&a.mig_layout), content_key(a)));
-            if let Some((layout, content)) = &keys {
-                free.by_layout.entry((f.model.as_str(), *layout)).or_default().insert(slot);
-                free.by_content.entry((f.model.as_str(), *content)).or_default().insert(slot);
+            let layout = runs.map(|a| layout_key(&a.mig_layout));
+            if let Some(layout) = layout {
+                free.by_layout.entry((f.model.as_str(), layout)).or_default().insert(slot);
             }
-            free.current.push(keys);
-            let start = free.running.len();
+            free.current.push(layout);
             free.running.extend(runs.into_iter().flat_map(|a| workload_digests(a)));
             for &w in &free.running[start..] {
                 free.by_workload.entry((f.model.as_str(), w)).or_default().insert(slot);
@@ -178,7 +197,7 @@ impl<'a> FreeGpus<'a> {
             for &slot in self.by_workload.get(&(model, w)).into_iter().flatten().take(CANDIDATES_PER_WORKLOAD) {
                 let k = slot.1;
                 let kept = kept::kept_count(self.running_on(k), workloads);
-                let same_layout = self.current[k].is_some_and(|(l, _)| l == layout);
+                let same_layout = self.current[k] == Some(layout);
                 let score = (kept, same_layout, std::cmp::Reverse(slot));
                 if best.is_none_or(|b| score > b) {
                     best = Some(score);
@@ -198,11 +217,8 @@ impl<'a> FreeGpus<'a> {
         if let Some(s) = self.by_model.get_mut(f.model.as_str()) {
             s.remove(&slot);
         }
-        if let Some((layout, content)) = self.current[k].take() {
+        if let Some(layout) = self.current[k].take() {
             if let Some(s) = self.by_layout.get_mut(&(f.model.as_str(), layout)) {
-                s.remove(&slot);
-            }
-            if let Some(s) = self.by_content.get_mut(&(f.model.as_str(), content)) {
                 s.remove(&slot);
             }
         }
@@ -232,17 +248,21 @@ fn workload_digests(a: &GpuAssignment) -> Vec<u64> {
 /// (no repartitioning), then any free GPU of its model. Within a round, planned GPUs go in
 /// plan order.
 pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpec>) -> (Vec<GpuAssignment>, BTreeMap<String, String>) {
-    let mut free = FreeGpus::new(fleet, current);
+    let now: HashMap<&str, &GpuAssignment> = current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
     // The planned content of each GPU, placed on no GPU yet (node and uuid are filled in).
     let planned: Vec<GpuAssignment> = plan.gpus.iter().map(planned_assignment).collect();
     let mut picked: Vec<Option<usize>> = vec![None; planned.len()];
+    let mut taken = vec![false; fleet.len()];
+    let mut exact = exact_contents(fleet, &now);
     for (i, p) in planned.iter().enumerate() {
         let model = plan.gpus[i].gpu_type.as_str();
-        if let Some(k) = FreeGpus::first(free.by_content.get(&(model, content_key(p)))) {
-            free.take(k);
+        if let Some(k) = exact.get_mut(&(model, content_key(p))).and_then(VecDeque::pop_front) {
+            taken[k] = true;
             picked[i] = Some(k);
         }
     }
+    drop(exact);
+    let mut free = FreeGpus::new(fleet, &now, &taken);
     for (i, p) in planned.iter().enumerate() {
         if picked[i].is_some() || p.workloads.is_empty() {
             continue;
@@ -430,6 +450,25 @@ mod tests {
         let p = plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a")]);
         let (placed, _) = assign_to_nodes(&p, &f, None);
         assert_eq!(placed[0].gpu_uuid, "GPU-1");
+    }
+
+    #[test]
+    fn of_gpus_that_run_exactly_the_planned_content_a_launched_one_is_taken_last() {
+        let p = plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a")]);
+        let (first, _) = assign_to_nodes(&p, &fleet(1), None);
+        // Three GPUs run that very content now; the first of them is on a launched node.
+        let mut f = fleet(3);
+        f[0].autoscaled = true;
+        let running = |uuid: &str| GpuAssignment { gpu_uuid: uuid.into(), ..first[0].clone() };
+        let current = PlanSpec {
+            strategy: "t".into(),
+            gpus: vec![running("GPU-0"), running("GPU-1"), running("GPU-2")].into(),
+            ..PlanSpec::default()
+        };
+        let two = plan(vec![gpu(0, &[(MigProfile::G7, 0)], "a"), gpu(1, &[(MigProfile::G7, 0)], "a")]);
+        let (placed, unplaced) = assign_to_nodes(&two, &f, Some(&current));
+        assert!(unplaced.is_empty());
+        assert_eq!(placed.iter().map(|g| g.gpu_uuid.as_str()).collect::<Vec<_>>(), ["GPU-1", "GPU-2"]);
     }
 
     #[test]

@@ -86,6 +86,28 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
         .collect()
 }
 
+/// How many GPUs of each model [`fleet`] holds, counted without copying the fleet (the
+/// autoscaler's view, made again whenever the plan's inputs change: at 10,000 hosts
+/// building the 80,000 entries only to count them was most of its pass).
+pub fn fleet_gpus_by_model(cluster: &ClusterState) -> BTreeMap<String, u32> {
+    let mut out: BTreeMap<String, u32> = BTreeMap::new();
+    let healthy = cluster.list(Kind::Node).filter(|n| !NodeStatus::is_unhealthy(&n.status));
+    for spec in healthy.filter_map(|n| match &n.spec {
+        Spec::Node(spec) => Some(spec),
+        _ => None,
+    }) {
+        for g in &spec.gpus {
+            match out.get_mut(g.model.as_str()) {
+                Some(n) => *n += 1,
+                None => {
+                    out.insert(g.model.clone(), 1);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// What a provisioning pass reads from the state: copied out under the state lock, so that
 /// the planning itself never holds up the state machine.
 ///
@@ -223,16 +245,19 @@ pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
 
 /// [`provision`] from inputs already gathered.
 pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
-    provision_keeping(inputs, strategy, None, &|| false).expect("never stopped").0
+    provision_keeping(inputs, strategy, inputs_digest(inputs, strategy), None, &|| false).expect("never stopped").0
 }
 
 /// [`provision_from`], starting from the pool plans of the previous pass (`previous`) when
 /// only a few services' rates or SLOs changed (minimal re-planning, `replan`); also returns
-/// this pass's pool plans for the next. `stop` is asked between steps (each pool, each
-/// service re-planned, the placement); `None` when it said to stop.
+/// this pass's pool plans for the next. `digest` is `inputs_digest(inputs, strategy)`, which
+/// the caller has computed already (it encodes every GPU of the fleet). `stop` is asked
+/// between steps (each pool, each service re-planned, the placement); `None` when it said
+/// to stop.
 pub fn provision_keeping(
     inputs: &ProvisionInputs,
     strategy: MigStrategy,
+    digest: String,
     previous: Option<&PoolPlans>,
     stop: &dyn Fn() -> bool,
 ) -> Option<(PlanSpec, PoolPlans)> {
@@ -271,7 +296,7 @@ pub fn provision_keeping(
         strategy: plan.strategy,
         gpus: gpus.into(),
         services: services.into(),
-        inputs_digest: inputs_digest(inputs, strategy),
+        inputs_digest: digest,
         trace_parent: String::new(),
     };
     Some((spec, pools))
@@ -392,6 +417,55 @@ spec: {address: "10.0.0.1:7500", instance_type: a2, gpus: [{uuid: GPU-1, model: 
         state.apply(100, &put).0.unwrap();
         assert!(fleet_capacity(&state, &gpus, &types, true).is_empty(), "no limit, no share");
         assert_eq!(fleet_capacity(&state, &gpus, &types, false).len(), 1, "a fleet that cannot grow is limited whatever its types");
+    }
+
+    #[test]
+    fn the_fleet_counted_by_model_is_the_fleet_without_its_unhealthy_nodes() {
+        let yaml = r#"
+kind: GpuModel
+name: A100-80GB
+spec: {sm_count: 108, memory_gib: 80}
+---
+kind: GpuModel
+name: T4-16GB
+spec: {sm_count: 40, memory_gib: 16}
+---
+kind: InstanceType
+name: mixed
+spec: {gpu_model: A100-80GB, gpu_count: 2, price_per_hour: 4, launch_latency_s: 60}
+---
+kind: Node
+name: n1
+spec: {address: "10.0.0.1:7500", instance_type: mixed, gpus: [{uuid: GPU-1, model: A100-80GB}, {uuid: GPU-2, model: T4-16GB}]}
+---
+kind: Node
+name: n2
+spec: {address: "10.0.0.2:7500", instance_type: mixed, gpus: [{uuid: GPU-3, model: A100-80GB}, {uuid: GPU-4, model: A100-80GB}]}
+---
+kind: Node
+name: n3
+spec: {address: "10.0.0.3:7500", instance_type: mixed, gpus: [{uuid: GPU-5, model: T4-16GB}]}
+"#;
+        let resources = crate::manifest::parse("fleet.yaml", yaml, crate::manifest::Format::Yaml).unwrap();
+        let mut state = offline::state_from_resources(&resources).unwrap();
+        let unhealthy = NodeStatus { health: crate::resources::Health::Unhealthy, ..Default::default() }.to_json();
+        let mark = crate::state::Request {
+            request_id: "mark".into(),
+            command: crate::state::Command::PutStatus {
+                kind: Kind::Node,
+                name: "n3".into(),
+                status: unhealthy.into(),
+                expected_version: 0,
+            },
+            trace_parent: None,
+        };
+        state.apply(100, &mark).0.unwrap();
+        let mut from_fleet: BTreeMap<String, u32> = BTreeMap::new();
+        for g in fleet(&state) {
+            *from_fleet.entry(g.model).or_default() += 1;
+        }
+        assert_eq!(fleet_gpus_by_model(&state), from_fleet);
+        assert_eq!(from_fleet, BTreeMap::from([("A100-80GB".to_string(), 3), ("T4-16GB".to_string(), 1)]), "n3 is unhealthy");
     }
 
     #[test]
