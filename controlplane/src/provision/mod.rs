@@ -141,10 +141,20 @@ pub struct ProvisionInputs {
 /// `BTreeMap`s only.
 pub fn inputs_digest(inputs: &ProvisionInputs, strategy: MigStrategy) -> String {
     use std::hash::Hasher;
-    let json = serde_json::to_vec(&(inputs, strategy)).expect("planning inputs hold only JSON-representable data");
-    let mut hasher = fnv::FnvHasher::default();
-    hasher.write(&json);
-    format!("fnv1a64:{:016x}", hasher.finish())
+    /// Hashes the JSON as it is written: at 10,000 hosts it is megabytes, never needed whole.
+    struct HashingWriter(fnv::FnvHasher);
+    impl std::io::Write for HashingWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut writer = HashingWriter(fnv::FnvHasher::default());
+    serde_json::to_writer(&mut writer, &(inputs, strategy)).expect("planning inputs hold only JSON-representable data");
+    format!("fnv1a64:{:016x}", writer.0.finish())
 }
 
 pub fn gather(cluster: &ClusterState) -> ProvisionInputs {
