@@ -73,8 +73,13 @@ impl Controllers {
     }
 
     pub fn with_prepare(mut self, prepare: impl Fn(u64, &mut Command) -> Result<(), String> + Send + Sync + 'static) -> Self {
-        self.prepare = Some(Box::new(prepare));
+        self.set_prepare(prepare);
         self
+    }
+
+    /// [`Controllers::with_prepare`] on controllers already built (e.g. a `LocalCluster`'s).
+    pub fn set_prepare(&mut self, prepare: impl Fn(u64, &mut Command) -> Result<(), String> + Send + Sync + 'static) {
+        self.prepare = Some(Box::new(prepare));
     }
 
     /// Starts (or restarts) controller `id` from its data dir; the node that `bootstrap`s

@@ -5,6 +5,23 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
+/// Makes the program `cmd` starts run at CPU nice value `nice` (higher: less priority),
+/// every thread it starts with it (Linux threads inherit their creator's). Elsewhere, or
+/// when not permitted, it runs at the caller's priority.
+pub fn run_at_nice(cmd: &mut Command, nice: i32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority is async-signal-safe and reads no memory of ours; in the forked
+    // child before exec, `who = 0` is its only thread. Its result is ignored on purpose
+    // (see above).
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+            Ok(())
+        });
+    }
+}
+
 /// A child process, killed (SIGKILL) on drop unless released.
 pub struct Proc {
     child: Option<Child>,
