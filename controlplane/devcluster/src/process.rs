@@ -83,3 +83,20 @@ pub fn kill_recorded_workloads(state_dir: &Path) {
         kill9(&pid.to_string());
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_program_started_at_a_nice_value_runs_at_it() {
+        // SAFETY: getpriority reads no memory of ours; `who = 0` is this thread.
+        let own = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let wanted = (own + 3).min(19);
+        // `nice` without arguments prints the niceness it runs at.
+        let mut cmd = Command::new("nice");
+        run_at_nice(&mut cmd, wanted);
+        let out = cmd.output().expect("nice runs");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), wanted.to_string());
+    }
+}
