@@ -69,19 +69,21 @@ impl MigStrategy {
     }
 }
 
-/// The fleet's GPUs: every GPU of every registered node the failure detector has not
-/// marked unhealthy, with its GpuModel name.
+/// Every registered node the failure detector has not marked unhealthy, with its spec:
+/// what the fleet is made of, for [`fleet`] and [`fleet_gpus_by_model`] alike.
+fn healthy_nodes(cluster: &ClusterState) -> impl Iterator<Item = (&str, &crate::resources::NodeSpec)> {
+    cluster.list(Kind::Node).filter(|n| !NodeStatus::is_unhealthy(&n.status)).filter_map(|n| match &n.spec {
+        Spec::Node(spec) => Some((n.name.as_str(), spec)),
+        _ => None,
+    })
+}
+
+/// The fleet's GPUs: every GPU of every healthy node, with its GpuModel name.
 pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
-    cluster
-        .list(Kind::Node)
-        .filter(|n| !NodeStatus::is_unhealthy(&n.status))
-        .filter_map(|n| match &n.spec {
-            Spec::Node(spec) => Some((n.name.clone(), spec)),
-            _ => None,
-        })
+    healthy_nodes(cluster)
         .flat_map(|(node, spec)| {
             let autoscaled = spec.labels.get(crate::cloud::AUTOSCALED_LABEL).is_some_and(|v| v == "true");
-            spec.gpus.iter().map(move |g| FleetGpu { node: node.clone(), uuid: g.uuid.clone(), model: g.model.clone(), autoscaled })
+            spec.gpus.iter().map(move |g| FleetGpu { node: node.to_string(), uuid: g.uuid.clone(), model: g.model.clone(), autoscaled })
         })
         .collect()
 }
@@ -91,17 +93,11 @@ pub fn fleet(cluster: &ClusterState) -> Vec<FleetGpu> {
 /// building the 80,000 entries only to count them was most of its pass).
 pub fn fleet_gpus_by_model(cluster: &ClusterState) -> BTreeMap<String, u32> {
     let mut out: BTreeMap<String, u32> = BTreeMap::new();
-    let healthy = cluster.list(Kind::Node).filter(|n| !NodeStatus::is_unhealthy(&n.status));
-    for spec in healthy.filter_map(|n| match &n.spec {
-        Spec::Node(spec) => Some(spec),
-        _ => None,
-    }) {
-        for g in &spec.gpus {
-            match out.get_mut(g.model.as_str()) {
-                Some(n) => *n += 1,
-                None => {
-                    out.insert(g.model.clone(), 1);
-                }
+    for g in healthy_nodes(cluster).flat_map(|(_, spec)| &spec.gpus) {
+        match out.get_mut(g.model.as_str()) {
+            Some(n) => *n += 1,
+            None => {
+                out.insert(g.model.clone(), 1);
             }
         }
     }
