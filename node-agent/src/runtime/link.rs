@@ -39,18 +39,18 @@ impl Agent {
         loop {
             let addr = self.cfg.controllers[k % self.cfg.controllers.len()].clone();
             k += 1;
-            match self.follow(&addr, &tx).await {
-                Ok(()) => attempt = 0,
-                Err(e) => {
-                    tracing::warn!(controller = %addr, error = format!("{e:#}"), "controller link lost");
-                    attempt = attempt.saturating_add(1);
-                }
+            let mut followed = false;
+            if let Err(e) = self.follow(&addr, &tx, &mut followed).await {
+                tracing::warn!(controller = %addr, error = format!("{e:#}"), "controller link lost");
             }
+            attempt = next_attempt(attempt, followed);
             tokio::time::sleep(backoff(attempt)).await;
         }
     }
 
-    async fn follow(&self, addr: &str, tx: &watch::Sender<Option<NodeDesired>>) -> anyhow::Result<()> {
+    /// Follows the desired state through the controller at `addr` until the stream ends;
+    /// sets `followed` once the stream is open.
+    async fn follow(&self, addr: &str, tx: &watch::Sender<Option<NodeDesired>>, followed: &mut bool) -> anyhow::Result<()> {
         let channel = self.channel(addr).await?;
         let mut put = tonic::Request::new(proto::PutRequest { resource: Some(self.node_resource()), ..Default::default() });
         put.set_timeout(RPC_TIMEOUT);
@@ -65,6 +65,7 @@ impl Agent {
             .await?
             .into_inner();
         self.watch_session.store(session, Ordering::Relaxed);
+        *followed = true;
         self.report_now.notify_one();
         tracing::info!(controller = %addr, from_version, "registered; following the desired state");
         while let Some(state) = stream.message().await? {
@@ -83,9 +84,41 @@ impl Agent {
     }
 }
 
+/// The attempt after a link that ended: a stream that was followed starts the count again
+/// (its end, a controller going away, is not a failed attempt; the next one goes to the
+/// next controller), else one more. Without that the count only grew over the agent's
+/// life, and after a few controller restarts an agent waited up to 15 s to reconnect:
+/// longer than the leader's grace for its ended stream, so a live host was marked
+/// unhealthy.
+fn next_attempt(attempt: u32, followed: bool) -> u32 {
+    if followed {
+        0
+    } else {
+        attempt.saturating_add(1)
+    }
+}
+
 /// Reconnection delay: 200 ms doubling to 10 s, with ±50% jitter so that a fleet of agents
 /// does not reconnect in lock-step after a controller outage.
 fn backoff(attempt: u32) -> Duration {
     let base = 200u64.saturating_mul(1 << attempt.min(6)).min(10_000);
     Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_followed_stream_starts_the_backoff_again_and_failures_grow_it() {
+        let mut attempt = 0;
+        for _ in 0..10 {
+            attempt = next_attempt(attempt, false);
+        }
+        assert_eq!(attempt, 10);
+        assert!(backoff(attempt) >= Duration::from_secs(5), "failures back off");
+        attempt = next_attempt(attempt, true);
+        assert_eq!(attempt, 0);
+        assert!(backoff(attempt) <= Duration::from_millis(300), "the first retry after a followed stream is quick: {:?}", backoff(attempt));
+    }
 }
