@@ -256,6 +256,11 @@ async fn agents_act_only_for_their_own_node_and_raft_takes_controllers_only() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("controllers only"), "{}", err.message());
 
+    // Nor learn which nodes' agents are connected where (a new leader asks the controllers).
+    let asked = proto::OpenWatchesRequest { nodes: vec!["node-b".into()] };
+    let err = agent.open_watches(asked).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+
     // Nor relay reports in the name of others.
     let batch = proto::ReportBatchRequest { reports: vec![proto::ReportRequest { node: "node-b".into(), ..Default::default() }] };
     let err = agent.report_batch(batch).await.unwrap_err();

@@ -2,6 +2,7 @@
 //! committed Plans (desired state) and the latest agent reports (soft state, leader memory).
 
 mod desired;
+pub mod end_check;
 pub mod endpoints;
 mod relay;
 pub mod report_check;
@@ -14,7 +15,7 @@ pub mod watch_ends;
 
 pub use desired::{desired_state, placement, Placed, Placement, SentVersions};
 pub use report_pace::ReportPace;
-pub use reports::{AgentReports, Heard, NodeReport};
+pub use reports::{AgentReports, EndTaken, Heard, NodeReport};
 pub use status_pace::StatusPace;
 pub use status_writer::StatusWriter;
 pub use watch_ends::WatchEnds;

@@ -49,29 +49,51 @@ impl AgentReports {
     /// the agent closed the stream). Taken as a sign the agent is gone unless the agent has
     /// reported a different stream since (it moved to another controller; the end of the
     /// old stream can reach the leader after the report on the new one). Session 0 (an
-    /// agent that does not name its streams) says nothing. Returns whether it was newly
-    /// taken (a repeat keeps the first time: it does not push the grace further out).
+    /// agent that does not name its streams) says nothing. A repeat keeps the first time:
+    /// it does not push the grace further out.
     ///
     /// The end of a node this leader has no report of (it took over since, or the agent
     /// never reported) cannot be checked that way: the agent may have moved and reported
     /// its new stream to the former leader. It counts from `unheard_wait` (one report
-    /// interval) later, by when a live agent has reported here and cleared it.
-    pub fn watch_ended(&self, node: &str, session: u64, now: Instant, unheard_wait: Duration) -> bool {
+    /// interval) later, by when a live agent has reported here and cleared it, unless the
+    /// controllers' open streams settle it sooner ([`AgentReports::end_confirmed`],
+    /// [`AgentReports::end_refuted`]).
+    pub fn watch_ended(&self, node: &str, session: u64, now: Instant, unheard_wait: Duration) -> EndTaken {
         if session == 0 {
-            return false;
+            return EndTaken::No;
         }
         let mut inner = self.inner.lock().expect("reports lock");
-        let counts_from = match inner.latest.get(node) {
-            Some(r) if r.report.watch_session != session => return false,
-            Some(_) => now,
-            None => now + unheard_wait,
+        let (taken, counts_from) = match inner.latest.get(node) {
+            Some(r) if r.report.watch_session != session => return EndTaken::No,
+            Some(_) => (EndTaken::Now, now),
+            None => (EndTaken::Unheard, now + unheard_wait),
         };
         match inner.watch_ended.entry(node.to_string()) {
-            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Occupied(_) => EndTaken::No,
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert((session, counts_from));
-                true
+                taken
             }
+        }
+    }
+
+    /// No controller holds a stream of `node` open any more (asked at `asked_at`): its end
+    /// of `session` counts from then, if it counted from later.
+    pub fn end_confirmed(&self, node: &str, session: u64, asked_at: Instant) {
+        let mut inner = self.inner.lock().expect("reports lock");
+        if let Some((ended, counts_from)) = inner.watch_ended.get_mut(node) {
+            if *ended == session && asked_at < *counts_from {
+                *counts_from = asked_at;
+            }
+        }
+    }
+
+    /// `node`'s agent holds another stream open on some controller: its end of `session`
+    /// is old news.
+    pub fn end_refuted(&self, node: &str, session: u64) {
+        let mut inner = self.inner.lock().expect("reports lock");
+        if inner.watch_ended.get(node).is_some_and(|(ended, _)| *ended == session) {
+            inner.watch_ended.remove(node);
         }
     }
 
@@ -121,6 +143,18 @@ impl AgentReports {
     }
 }
 
+/// How the leader took the end of a stream ([`AgentReports::watch_ended`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndTaken {
+    /// Not taken: the end of an older or unnamed stream, or a repeat.
+    No,
+    /// The end of the stream the node last reported: it counts from now.
+    Now,
+    /// The end of a node this leader has no report of: it counts from one report interval
+    /// on, unless the controllers' open streams settle it sooner.
+    Unheard,
+}
+
 /// What the failure detector goes by (see [`AgentReports::last_heard`]).
 #[derive(Clone, Debug, Default)]
 pub struct Heard {
@@ -161,9 +195,9 @@ mod tests {
         let reports = AgentReports::default();
         let t0 = Instant::now();
         reports.record(report("a", 7), t0);
-        assert!(reports.watch_ended("a", 7, t0 + Duration::from_secs(1), WAIT));
+        assert_eq!(reports.watch_ended("a", 7, t0 + Duration::from_secs(1), WAIT), EndTaken::Now);
         // A repeat keeps the first time.
-        assert!(!reports.watch_ended("a", 7, t0 + Duration::from_secs(2), WAIT));
+        assert_eq!(reports.watch_ended("a", 7, t0 + Duration::from_secs(2), WAIT), EndTaken::No);
         assert_eq!(reports.last_heard().watch_ended.get("a"), Some(&(t0 + Duration::from_secs(1))));
         // A report the agent sent from the ended stream, arriving late, does not clear it.
         reports.record(report("a", 7), t0 + Duration::from_secs(2));
@@ -180,17 +214,17 @@ mod tests {
         // The agent moved to another controller and reported its new stream before the
         // old controller's word of the old one arrived.
         reports.record(report("a", 8), t0);
-        assert!(!reports.watch_ended("a", 7, t0, WAIT));
+        assert_eq!(reports.watch_ended("a", 7, t0, WAIT), EndTaken::No);
         // Agents that do not name their streams.
         reports.record(report("b", 0), t0);
-        assert!(!reports.watch_ended("b", 0, t0, WAIT));
+        assert_eq!(reports.watch_ended("b", 0, t0, WAIT), EndTaken::No);
         assert!(reports.last_heard().watch_ended.is_empty());
         // A node this leader has not heard from yet: the end counts (a new leader learns
         // of a dead agent without waiting for the report timeout), from one report interval
         // on, in which an agent that moved reports its new stream here.
-        assert!(reports.watch_ended("c", 3, t0, WAIT));
+        assert_eq!(reports.watch_ended("c", 3, t0, WAIT), EndTaken::Unheard);
         assert_eq!(reports.last_heard().watch_ended.into_iter().collect::<Vec<_>>(), [("c".to_string(), t0 + WAIT)]);
-        assert!(reports.watch_ended("moved", 4, t0, WAIT));
+        assert_eq!(reports.watch_ended("moved", 4, t0, WAIT), EndTaken::Unheard);
         reports.record(report("moved", 5), t0 + Duration::from_secs(1));
         assert!(!reports.last_heard().watch_ended.contains_key("moved"));
         // Deleted nodes are forgotten, their reports and ended streams alike.
@@ -198,5 +232,29 @@ mod tests {
         let heard = reports.last_heard();
         assert_eq!(heard.reported.keys().map(String::as_str).collect::<Vec<_>>(), ["b"]);
         assert!(heard.watch_ended.is_empty());
+    }
+
+    #[test]
+    fn the_open_streams_confirm_an_unheard_end_sooner_or_refute_it() {
+        let reports = AgentReports::default();
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(20);
+        for (node, session) in [("dead", 1), ("moved", 2), ("late", 3)] {
+            assert_eq!(reports.watch_ended(node, session, t0, WAIT), EndTaken::Unheard);
+        }
+        // Nobody holds "dead"'s stream: its end counts from when they were asked, not
+        // from a report interval later. "moved" holds another one somewhere.
+        reports.end_confirmed("dead", 1, t1);
+        reports.end_refuted("moved", 2);
+        // Answers about another stream than the one that ended change nothing.
+        reports.end_confirmed("late", 4, t1);
+        reports.end_refuted("late", 4);
+        let ended = reports.last_heard().watch_ended;
+        assert_eq!(ended.get("dead"), Some(&t1));
+        assert!(!ended.contains_key("moved"));
+        assert_eq!(ended.get("late"), Some(&(t0 + WAIT)));
+        // A confirmation never pushes an end further out.
+        reports.end_confirmed("dead", 1, t1 + WAIT);
+        assert_eq!(reports.last_heard().watch_ended.get("dead"), Some(&t1));
     }
 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::relay::Queue;
+use super::reports::EndTaken;
 use crate::controller::Controller;
 use crate::raft::consensus::LeadershipWatch;
 
@@ -44,10 +45,19 @@ const RELAY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Clone)]
 pub struct WatchEnds {
     queue: Arc<Queue<proto::EndedWatch>>,
+    streams: Arc<Mutex<Streams>>,
+    keep_at_most: usize,
+}
+
+#[derive(Default)]
+struct Streams {
     /// Per node, the session and time of the last stream of it that ended here, until the
     /// node opens a stream here again.
-    kept: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
-    keep_at_most: usize,
+    kept: HashMap<String, (u64, Instant)>,
+    /// Per node, the session of the latest stream it opened here, while that stream is
+    /// open: what a new leader asks about when it has no report of a node whose end it
+    /// was sent ([`crate::agents::end_check`]).
+    open: HashMap<String, u64>,
 }
 
 impl Default for WatchEnds {
@@ -57,8 +67,10 @@ impl Default for WatchEnds {
 }
 
 impl WatchEnds {
+    /// At most `queued` ends waiting to be relayed, and at most `kept` nodes' ends kept
+    /// and open streams known (one per node each).
     fn with_bounds(queued: usize, kept: usize) -> Self {
-        WatchEnds { queue: Queue::new(queued), kept: Arc::default(), keep_at_most: kept }
+        WatchEnds { queue: Queue::new(queued), streams: Arc::default(), keep_at_most: kept }
     }
 
     /// The agent of `node` ended its stream `session` (0: an unnamed stream, ignored). Kept
@@ -69,25 +81,38 @@ impl WatchEnds {
             return;
         }
         self.queue.push(proto::EndedWatch { node: node.to_string(), session });
-        let mut kept = self.kept.lock().expect("kept ends lock");
-        if kept.len() < self.keep_at_most || kept.contains_key(node) {
-            kept.insert(node.to_string(), (session, now));
+        let mut streams = self.streams.lock().expect("streams lock");
+        if streams.open.get(node) == Some(&session) {
+            streams.open.remove(node);
+        }
+        if streams.kept.len() < self.keep_at_most || streams.kept.contains_key(node) {
+            streams.kept.insert(node.to_string(), (session, now));
         }
     }
 
-    /// The agent of `node` opened a stream here: its earlier ends here are old news. (An
-    /// end of the old stream noticed after this is kept, and harmless: the agent's next
-    /// report names its new stream, which clears that end at the leader.)
-    pub fn opened(&self, node: &str) {
-        self.kept.lock().expect("kept ends lock").remove(node);
+    /// The agent of `node` opened the stream `session` here: its earlier ends here are old
+    /// news. (An end of the old stream noticed after this is kept, and harmless: the
+    /// agent's next report names its new stream, which clears that end at the leader.)
+    pub fn opened(&self, node: &str, session: u64) {
+        let mut streams = self.streams.lock().expect("streams lock");
+        streams.kept.remove(node);
+        if session != 0 && (streams.open.len() < self.keep_at_most || streams.open.contains_key(node)) {
+            streams.open.insert(node.to_string(), session);
+        }
+    }
+
+    /// The streams open here of `nodes`, the latest of each.
+    pub fn open_of<'a>(&self, nodes: impl IntoIterator<Item = &'a String>) -> Vec<proto::OpenWatch> {
+        let streams = self.streams.lock().expect("streams lock");
+        nodes.into_iter().filter_map(|n| streams.open.get(n).map(|s| proto::OpenWatch { node: n.clone(), session: *s })).collect()
     }
 
     /// Queues again every end kept from the last [`KEEP_ENDS_FOR`], for a new leader;
     /// forgets older ones.
     pub fn resend(&self, now: Instant) {
-        let mut kept = self.kept.lock().expect("kept ends lock");
-        kept.retain(|_, (_, at)| now.saturating_duration_since(*at) <= KEEP_ENDS_FOR);
-        for (node, (session, _)) in kept.iter() {
+        let mut streams = self.streams.lock().expect("streams lock");
+        streams.kept.retain(|_, (_, at)| now.saturating_duration_since(*at) <= KEEP_ENDS_FOR);
+        for (node, (session, _)) in streams.kept.iter() {
             if !self.queue.push(proto::EndedWatch { node: node.clone(), session: *session }) {
                 break;
             }
@@ -169,15 +194,23 @@ impl NewLeader {
     }
 }
 
-/// Records ends at the leader (relayed or its own).
+/// Records ends at the leader (relayed or its own); those of nodes it has no report of are
+/// checked with the controllers ([`crate::agents::end_check`]).
 pub fn record(controller: &Controller, ended: &[proto::EndedWatch]) {
     let now = Instant::now();
     let nodes = controller.read(|d| d.cluster.count(crate::resources::Kind::Node));
     let unheard_wait = controller.report_pace.interval(nodes);
+    let mut unheard = Vec::new();
     for e in ended {
-        if controller.reports.watch_ended(&e.node, e.session, now, unheard_wait) {
-            tracing::info!(node = %e.node, session = e.session, "agent's desired-state stream ended");
+        match controller.reports.watch_ended(&e.node, e.session, now, unheard_wait) {
+            EndTaken::No => continue,
+            EndTaken::Now => {}
+            EndTaken::Unheard => unheard.push((e.node.clone(), e.session)),
         }
+        tracing::info!(node = %e.node, session = e.session, "agent's desired-state stream ended");
+    }
+    if !unheard.is_empty() {
+        tokio::spawn(crate::agents::end_check::check(controller.clone(), unheard));
     }
 }
 
@@ -212,14 +245,14 @@ mod tests {
             ends.ended(node, 1, now);
         }
         assert_eq!(taken(&ends), [("a".into(), 1), ("b".into(), 1)], "the queue holds two");
-        ends.opened("a");
+        ends.opened("a", 2);
         ends.resend(now);
         assert_eq!(taken(&ends), [("b".into(), 1), ("c".into(), 1)]);
         // Kept ends are bounded too: with three kept (b, c, d), e's end is relayed, not kept.
         ends.ended("d", 1, now);
         ends.ended("e", 1, now);
         assert_eq!(taken(&ends), [("d".into(), 1), ("e".into(), 1)]);
-        ends.opened("b");
+        ends.opened("b", 2);
         ends.resend(now);
         assert_eq!(taken(&ends), [("c".into(), 1), ("d".into(), 1)]);
     }
@@ -238,7 +271,7 @@ mod tests {
         ends.ended("blinks", 21, t0);
         ends.ended("old", 31, t0);
         assert_eq!(taken(&ends).len(), 3, "relayed once as they end");
-        ends.opened("blinks");
+        ends.opened("blinks", 22);
         ends.ended("old", 32, t0 + Duration::from_secs(1));
         assert_eq!(taken(&ends), [("old".into(), 32)]);
 
@@ -250,6 +283,27 @@ mod tests {
         assert_eq!(taken(&ends), [("old".into(), 32)]);
         ends.resend(t0 + KEEP_ENDS_FOR + Duration::from_secs(2));
         assert!(taken(&ends).is_empty());
+    }
+
+    #[test]
+    fn the_open_streams_known_are_the_latest_each_node_opened_until_it_ends() {
+        let ends = WatchEnds::with_bounds(10, 2);
+        let now = Instant::now();
+        let asked: Vec<String> = ["a", "b", "c", "unnamed"].map(String::from).into();
+        let open = |ends: &WatchEnds| ends.open_of(&asked).into_iter().map(|o| (o.node, o.session)).collect::<Vec<_>>();
+        ends.opened("a", 1);
+        ends.opened("a", 2);
+        ends.opened("unnamed", 0);
+        assert_eq!(open(&ends), [("a".into(), 2)]);
+        // The end of the stream it replaced leaves the new one open.
+        ends.ended("a", 1, now);
+        assert_eq!(open(&ends), [("a".into(), 2)]);
+        ends.opened("b", 7);
+        // Bounded: a third node's stream is not recorded (its end still is relayed).
+        ends.opened("c", 9);
+        assert_eq!(open(&ends), [("a".into(), 2), ("b".into(), 7)]);
+        ends.ended("a", 2, now);
+        assert_eq!(open(&ends), [("b".into(), 7)]);
     }
 
     #[test]

@@ -228,7 +228,7 @@ impl Agent for AgentService {
         let mut wake = sm.node_wakers.subscribe(&req.node);
         let (tx, rx) = mpsc::channel(16);
         let ends = self.controller.watch_ends.clone();
-        ends.opened(&req.node);
+        ends.opened(&req.node, req.session);
         tokio::spawn(async move {
             let mut sent = SentVersions::from(req.from_version);
             loop {
@@ -292,5 +292,13 @@ impl Agent for AgentService {
         }
         watch_ends::record(&self.controller, &req.ended);
         Ok(Response::new(proto::WatchesEndedResponse {}))
+    }
+
+    async fn open_watches(&self, request: Request<proto::OpenWatchesRequest>) -> Result<Response<proto::OpenWatchesResponse>, Status> {
+        let req = relayed(request, "nodes", |r| r.nodes.len(), MAX_ENDS_PER_RELAY)?;
+        for (i, node) in req.nodes.iter().enumerate() {
+            validate_name(&format!("nodes[{i}]"), node).map_err(ApiError::from)?;
+        }
+        Ok(Response::new(proto::OpenWatchesResponse { open: self.controller.watch_ends.open_of(&req.nodes) }))
     }
 }
