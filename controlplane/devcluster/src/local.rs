@@ -40,6 +40,8 @@ pub struct LocalCluster {
     next_block: u16,
     /// How often agents report.
     heartbeat_ms: u64,
+    /// Left running on purpose (`--keep-running`): not stopped when dropped.
+    released: bool,
 }
 
 impl LocalCluster {
@@ -73,6 +75,7 @@ impl LocalCluster {
             agent_ports: BTreeMap::new(),
             next_block: 21000,
             heartbeat_ms: timings.heartbeat_ms,
+            released: false,
         })
     }
 
@@ -132,13 +135,14 @@ impl LocalCluster {
 
     /// Leaves everything running (`--keep-running`).
     pub fn release_all(&mut self) {
+        self.released = true;
         self.controllers.release_all();
         for p in self.agents.values_mut() {
             p.release();
         }
     }
 
-    /// Stops the agents (and their workloads) and the controllers.
+    /// Stops the agents (and their workloads) and the controllers (idempotent).
     pub fn shutdown(&mut self) {
         let nodes: Vec<String> = self.agents.keys().cloned().collect();
         for n in nodes {
@@ -196,4 +200,68 @@ fn controller_config(id: u64, dir: &Path, bins: &Binaries, metrics: &str, mig_st
         first = 40000 + (id as u16 - 1) * 6000,
         scale = t.launch_time_scale,
     )
+}
+
+/// A run that ends early (an error, a panic) stops what it started: dropping the agents'
+/// processes alone would leave their workloads running, in process groups of their own.
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if !self.released {
+            self.shutdown();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::Command;
+
+    /// A cluster in `dir` whose binaries are never run, with one agent (a `sleep`) that
+    /// recorded one workload (another `sleep`, in a process group of its own, as the agent's
+    /// supervisor starts them).
+    fn cluster_with_a_workload(dir: &Path) -> (LocalCluster, std::process::Child) {
+        let never_run = PathBuf::from("/nonexistent");
+        let bins = Binaries { controlplane: never_run.clone(), node_agent: never_run.clone(), sim_infer: never_run };
+        let timings = LoopTimings {
+            provision_interval_s: 1.0,
+            heartbeat_ms: 500,
+            missed_heartbeats: 3,
+            scale_window_s: 1.0,
+            cooldown_s: 1.0,
+            launch_time_scale: 1.0,
+        };
+        let mut cluster = LocalCluster::new(dir, bins, MigStrategy::default(), timings).unwrap();
+        let agent = Proc::spawn(Command::new("sleep").arg("30"), &dir.join("agent.log")).unwrap();
+        let workload = Command::new("sleep").arg("30").process_group(0).spawn().unwrap();
+        let state = dir.join("agents").join("h1");
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("processes.json"), serde_json::json!([{ "pid": workload.id() }]).to_string()).unwrap();
+        cluster.agents.insert("h1".into(), agent);
+        (cluster, workload)
+    }
+
+    #[test]
+    fn a_cluster_dropped_early_stops_its_agents_workloads_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cluster, mut workload) = cluster_with_a_workload(dir.path());
+        drop(cluster);
+        // Killed, not run to its end (which would take 30 s and exit 0).
+        assert_eq!(workload.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    #[test]
+    fn a_released_cluster_is_left_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cluster, mut workload) = cluster_with_a_workload(dir.path());
+        let agent_pid = cluster.agents["h1"].pid().unwrap();
+        cluster.release_all();
+        drop(cluster);
+        assert!(workload.try_wait().unwrap().is_none(), "the workload runs on");
+        // SAFETY: kill takes no memory of ours; the pid is our own child's, not yet reaped.
+        assert_eq!(unsafe { libc::kill(agent_pid as i32, 0) }, 0, "the agent runs on");
+        workload.kill().unwrap();
+        kill9(&agent_pid.to_string());
+    }
 }

@@ -182,7 +182,12 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
     };
     let t = timings();
     let mut cluster = LocalCluster::new(&dir, bins, opts.strategy, t.clone())?;
-    let result = script(&opts, &mut cluster, &t).await;
+    // Interrupted (Ctrl-C reaches the controllers and agents too, not the workloads, which
+    // run in process groups of their own), the demo still stops everything it started.
+    let result = tokio::select! {
+        result = script(&opts, &mut cluster, &t) => result,
+        signal = interrupted() => Err(format!("interrupted by {signal}")),
+    };
     if opts.keep_running && result.is_ok() {
         cluster.release_all();
         if let Some(t) = temp {
@@ -203,6 +208,18 @@ pub async fn run(opts: DemoOptions) -> Result<DemoReport, String> {
         }
     }
     result
+}
+
+/// Resolves when this process receives SIGINT or SIGTERM; names it.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return std::future::pending().await; // No handler: the default action stays.
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
 }
 
 async fn script(opts: &DemoOptions, cluster: &mut LocalCluster, t: &LoopTimings) -> Result<DemoReport, String> {
