@@ -423,8 +423,9 @@ mod tests {
         assert_eq!(drain(&mut rx, &mut seen), changed(true, false), "its health is an input");
         let WatchSignal::Change(node) = node_event("n1", ChangeType::Modified, serde_json::Value::Null) else { unreachable!() };
         let mut plan = (*node).clone();
-        plan.resource.name = "current".into();
-        plan.resource.spec = Spec::Plan(Default::default());
+        let resource = std::sync::Arc::make_mut(&mut plan.resource);
+        resource.name = "current".into();
+        resource.spec = Spec::Plan(Default::default());
         tx.send(WatchSignal::Change(std::sync::Arc::new(plan))).unwrap();
         assert_eq!(drain(&mut rx, &mut seen), changed(false, true), "a plan commit changes which nodes hold work");
         // Missed changes: everything again.

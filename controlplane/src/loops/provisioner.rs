@@ -292,7 +292,7 @@ pub(super) mod tests {
             create_revision: 1,
             mod_revision: 1,
         };
-        WatchSignal::Change(Arc::new(ChangeEvent { revision: 1, change_type, resource, trace_parent: None }))
+        WatchSignal::Change(Arc::new(ChangeEvent { revision: 1, change_type, resource: Arc::new(resource), trace_parent: None }))
     }
 
     #[tokio::test]
@@ -334,7 +334,12 @@ pub(super) mod tests {
             create_revision: 1,
             mod_revision: 1,
         };
-        WatchSignal::Change(Arc::new(ChangeEvent { revision: 1, change_type: ChangeType::Modified, resource, trace_parent: None }))
+        WatchSignal::Change(Arc::new(ChangeEvent {
+            revision: 1,
+            change_type: ChangeType::Modified,
+            resource: Arc::new(resource),
+            trace_parent: None,
+        }))
     }
 
     #[tokio::test]

@@ -190,8 +190,9 @@ pub struct StatusPut {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CommandOutcome {
-    /// The resource after the change (for a delete: as it was before).
-    pub resource: StoredResource,
+    /// The resource after the change (for a delete: as it was before), shared with the
+    /// state, the change's event and the de-duplication record (each held a copy).
+    pub resource: std::sync::Arc<StoredResource>,
     /// True when the request id had been applied before and this is the recorded outcome.
     pub deduplicated: bool,
     /// For a `Batch`: each put's resource and its version after the write, in order
@@ -222,7 +223,7 @@ pub enum ChangeType {
 pub struct ChangeEvent {
     pub revision: u64,
     pub change_type: ChangeType,
-    pub resource: StoredResource,
+    pub resource: std::sync::Arc<StoredResource>,
     /// The trace of the `raft.apply` that made this change (see `Request::trace_parent`),
     /// for the loops it triggers; local to this controller, never sent to watchers.
     #[serde(skip)]

@@ -432,13 +432,13 @@ impl ClusterState {
                 let kind = spec.kind();
                 let map = self.resources.entry(kind).or_default();
                 match map.get_mut(name.as_str()) {
-                    Some(existing) => {
-                        let existing = Arc::make_mut(existing);
+                    Some(shared) => {
+                        let existing = Arc::make_mut(shared);
                         let old = std::mem::replace(&mut existing.spec, spec);
                         existing.resource_version += 1;
                         existing.mod_revision = index;
                         self.desired.spec_changed(index, &name, Some(&old), Some(&existing.spec));
-                        (existing.clone(), ChangeType::Modified)
+                        (shared.clone(), ChangeType::Modified)
                     }
                     None => {
                         let created = StoredResource {
@@ -451,33 +451,34 @@ impl ClusterState {
                             mod_revision: index,
                         };
                         self.desired.spec_changed(index, &name, None, Some(&created.spec));
-                        map.insert(Arc::from(name), Arc::new(created.clone()));
+                        let created = Arc::new(created);
+                        map.insert(Arc::from(name), created.clone());
                         (created, ChangeType::Added)
                     }
                 }
             }
             PlannedChange::Status { kind, name, status } => {
-                let existing = self.resources.get_mut(&kind).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
-                let existing = Arc::make_mut(existing);
+                let shared = self.resources.get_mut(&kind).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
+                let existing = Arc::make_mut(shared);
                 existing.status = status;
                 existing.resource_version += 1;
                 existing.mod_revision = index;
-                (existing.clone(), ChangeType::Modified)
+                (shared.clone(), ChangeType::Modified)
             }
             PlannedChange::PatchPlan { name, patch } => {
-                let existing = self.resources.get_mut(&Kind::Plan).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
-                let existing = Arc::make_mut(existing);
+                let shared = self.resources.get_mut(&Kind::Plan).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
+                let existing = Arc::make_mut(shared);
                 let Spec::Plan(plan) = &mut existing.spec else { unreachable!("checked by plan_change") };
                 plan.apply_patch(&patch);
                 existing.resource_version += 1;
                 existing.mod_revision = index;
                 self.desired.plan_patched(index, &name, plan, &patch);
-                (existing.clone(), ChangeType::Modified)
+                (shared.clone(), ChangeType::Modified)
             }
             PlannedChange::Delete { kind, name } => {
                 let removed = self.resources.get_mut(&kind).and_then(|m| m.remove(name.as_str())).expect("checked by plan_change");
                 self.desired.spec_changed(index, &name, Some(&removed.spec), None);
-                (Arc::unwrap_or_clone(removed), ChangeType::Deleted)
+                (removed, ChangeType::Deleted)
             }
         };
         let event = ChangeEvent { revision: index, change_type, resource: resource.clone(), trace_parent: None };
