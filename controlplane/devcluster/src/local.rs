@@ -40,8 +40,9 @@ pub struct LocalCluster {
     next_block: u16,
     /// How often agents report.
     heartbeat_ms: u64,
-    /// Left running on purpose (`--keep-running`): not stopped when dropped.
-    released: bool,
+    /// Stopped, or left running on purpose (`--keep-running`): nothing for a drop to do (a
+    /// second stop would signal workload pids that may have been reused since).
+    done: bool,
 }
 
 impl LocalCluster {
@@ -75,7 +76,7 @@ impl LocalCluster {
             agent_ports: BTreeMap::new(),
             next_block: 21000,
             heartbeat_ms: timings.heartbeat_ms,
-            released: false,
+            done: false,
         })
     }
 
@@ -135,15 +136,18 @@ impl LocalCluster {
 
     /// Leaves everything running (`--keep-running`).
     pub fn release_all(&mut self) {
-        self.released = true;
+        self.done = true;
         self.controllers.release_all();
         for p in self.agents.values_mut() {
             p.release();
         }
     }
 
-    /// Stops the agents (and their workloads) and the controllers (idempotent).
+    /// Stops the agents (and their workloads) and the controllers, once.
     pub fn shutdown(&mut self) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
         let nodes: Vec<String> = self.agents.keys().cloned().collect();
         for n in nodes {
             self.kill_node(&n);
@@ -206,7 +210,7 @@ fn controller_config(id: u64, dir: &Path, bins: &Binaries, metrics: &str, mig_st
 /// processes alone would leave their workloads running, in process groups of their own.
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        if !self.released {
+        if !self.done {
             self.shutdown();
         }
     }

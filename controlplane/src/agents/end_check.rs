@@ -84,7 +84,13 @@ async fn ask(controller: &Controller, id: NodeId, addr: &str, nodes: &[String], 
         proto::agent_client::AgentClient::new(channel).open_watches(request).await
     };
     match tokio::time::timeout(ASK_TIMEOUT, answer).await {
-        Ok(Ok(r)) => Some(r.into_inner().open),
+        // A peer's answer is bounded by the client's 4 MiB message limit (tonic's default),
+        // and holds at most one stream per node asked about: more is not looked at.
+        Ok(Ok(r)) => {
+            let mut open = r.into_inner().open;
+            open.truncate(nodes.len());
+            Some(open)
+        }
         failed => {
             let why = match failed {
                 Ok(Err(status)) => status.message().to_string(),
