@@ -7,6 +7,7 @@ pub mod limits;
 mod plan_patch;
 mod specs;
 mod status;
+mod status_json;
 mod validate;
 
 pub use kind::Kind;
@@ -14,7 +15,8 @@ pub use kind::Kind;
 pub use plan_patch::test_gpu;
 pub use plan_patch::{PlanPatch, MAX_PATCH_CHANGES};
 pub use specs::*;
-pub use status::{Health, NodeStatus, ObservedGpu, ObservedWorkload, ServiceStatus, SloCount, TenantStatus};
+pub use status::{Health, NodeStatus, ObservedGpu, ObservedWorkload, ServiceStatus, SloCount, StatusFields, TenantStatus};
+pub use status_json::StatusJson;
 pub use validate::{bounded_list, bounded_text, host_of, named, non_negative};
 pub use validate::{validate_name, validate_plan_patch, validate_spec};
 
@@ -67,10 +69,8 @@ pub struct StoredResource {
     pub spec: Spec,
     /// Observed state reported by loops and agents; free-form JSON, never validated
     /// against the spec so that a status report cannot be refused for a spec reason.
-    /// Shared, not copied: every change event and answer carries the resource, and a
-    /// Node's status is hundreds of JSON nodes (deep copies under the state lock made a
-    /// 64-status entry hold it for ~100 ms at 10,000 hosts).
-    pub status: std::sync::Arc<serde_json::Value>,
+    /// Kept as text and shared, not copied (see [`StatusJson`]).
+    pub status: StatusJson,
     pub create_revision: u64,
     pub mod_revision: u64,
 }

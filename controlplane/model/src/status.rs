@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::StatusJson;
+
 /// The failure detector's verdict on a Node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -78,29 +80,57 @@ const APPLIED_VERSION: &str = "applied_version";
 const ENDPOINTS: &str = "endpoints";
 const OBSERVED_DIGEST: &str = "observed_digest";
 
+/// The keys a stored status keeps at hand (`StatusJson::field`): those read for every Node
+/// on every pass of the provisioner and the failure detector, and on every report.
+pub(crate) const HOT_KEYS: [&str; 3] = [HEALTH, APPLIED_VERSION, OBSERVED_DIGEST];
+
+/// A status's top-level keys, whether it is parsed (a client's `status_json`) or as the
+/// state stores it ([`StatusJson`]).
+pub trait StatusFields {
+    /// The value of the top-level key `key`, if any.
+    fn field(&self, key: &str) -> Option<Value>;
+}
+
+impl StatusFields for Value {
+    fn field(&self, key: &str) -> Option<Value> {
+        self.get(key).cloned()
+    }
+}
+
+impl StatusFields for StatusJson {
+    fn field(&self, key: &str) -> Option<Value> {
+        StatusJson::field(self, key)
+    }
+}
+
 impl NodeStatus {
     pub fn to_json(&self) -> Value {
         serde_json::to_value(self).expect("a NodeStatus is plain data")
     }
 
+    /// As the state stores it.
+    pub fn to_status(&self) -> StatusJson {
+        StatusJson::of(self).expect("a NodeStatus is plain data")
+    }
+
     /// Whether `status` (a Node's) says the failure detector marked it unhealthy.
-    pub fn is_unhealthy(status: &Value) -> bool {
-        status.get(HEALTH).and_then(Value::as_str) == Some(Health::Unhealthy.as_str())
+    pub fn is_unhealthy(status: &impl StatusFields) -> bool {
+        status.field(HEALTH).as_ref().and_then(Value::as_str) == Some(Health::Unhealthy.as_str())
     }
 
     /// Whether `status` (a Node's) comes from a report since it was last marked unhealthy.
-    pub fn is_healthy(status: &Value) -> bool {
-        status.get(HEALTH).and_then(Value::as_str) == Some(Health::Healthy.as_str())
+    pub fn is_healthy(status: &impl StatusFields) -> bool {
+        status.field(HEALTH).as_ref().and_then(Value::as_str) == Some(Health::Healthy.as_str())
     }
 
     /// The desired-state version `status` (a Node's) says its agent converged to.
-    pub fn applied_version(status: &Value) -> u64 {
-        status.get(APPLIED_VERSION).and_then(Value::as_u64).unwrap_or(0)
+    pub fn applied_version(status: &impl StatusFields) -> u64 {
+        status.field(APPLIED_VERSION).as_ref().and_then(Value::as_u64).unwrap_or(0)
     }
 
     /// The digest of the report `status` (a Node's) was written from; 0 when none.
-    pub fn observed_digest(status: &Value) -> u64 {
-        status.get(OBSERVED_DIGEST).and_then(Value::as_u64).unwrap_or(0)
+    pub fn observed_digest(status: &impl StatusFields) -> u64 {
+        status.field(OBSERVED_DIGEST).as_ref().and_then(Value::as_u64).unwrap_or(0)
     }
 
     /// The (service, router address) pairs of `status` (a Node's), empty addresses left out.
@@ -146,8 +176,8 @@ impl ServiceStatus {
     }
 
     /// The rate `status` (a Service's) says the autoscaler provisioned it for.
-    pub fn provisioned_rps(status: &Value) -> Option<f64> {
-        status.get(PROVISIONED_RPS).and_then(Value::as_f64)
+    pub fn provisioned_rps(status: &impl StatusFields) -> Option<f64> {
+        status.field(PROVISIONED_RPS).as_ref().and_then(Value::as_f64)
     }
 }
 
@@ -185,7 +215,7 @@ pub struct TenantStatus {
 impl TenantStatus {
     /// As stored (a status this binary cannot read counts as none: it is rewritten).
     pub fn of(r: &crate::StoredResource) -> TenantStatus {
-        serde_json::from_value(r.status.as_ref().clone()).unwrap_or_default()
+        r.status.read().unwrap_or_default()
     }
 }
 
@@ -208,6 +238,13 @@ mod tests {
         assert!(NodeStatus::is_healthy(&json) && !NodeStatus::is_unhealthy(&json));
         assert_eq!(NodeStatus::endpoints(&json).collect::<Vec<_>>(), [("web", "10.0.0.1:7100")]);
         assert_eq!(serde_json::from_value::<NodeStatus>(json.clone()).unwrap(), node, "it reads back");
+        // The same from the text the state stores.
+        let stored = node.to_status();
+        assert_eq!(NodeStatus::applied_version(&stored), 7);
+        assert_eq!(NodeStatus::observed_digest(&stored), u64::MAX, "every bit of the digest");
+        assert!(NodeStatus::is_healthy(&stored) && !NodeStatus::is_unhealthy(&stored));
+        assert_eq!(stored.read::<NodeStatus>().unwrap(), node, "it reads back");
+        assert_eq!(stored.to_value(), json);
 
         let marked = NodeStatus::marked_unhealthy(&json).unwrap();
         assert!(NodeStatus::is_unhealthy(&marked) && !NodeStatus::is_healthy(&marked));
@@ -222,5 +259,7 @@ mod tests {
         let service = ServiceStatus { provisioned_rps: 2000.0, arrival_rps: 1600.0 };
         assert_eq!(ServiceStatus::provisioned_rps(&service.to_json()), Some(2000.0));
         assert_eq!(ServiceStatus::provisioned_rps(&Value::Null), None);
+        assert_eq!(ServiceStatus::provisioned_rps(&StatusJson::of(&service).unwrap()), Some(2000.0));
+        assert_eq!(ServiceStatus::provisioned_rps(&StatusJson::null()), None);
     }
 }

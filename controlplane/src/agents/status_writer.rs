@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use super::StatusPace;
 use crate::controller::Controller;
 use crate::resources::limits::{MAX_STATUSES_PER_ENTRY, MAX_STATUS_ENTRY_BYTES};
-use crate::resources::Kind;
+use crate::resources::{Kind, StatusJson};
 use crate::state::{Command, Request, StatusPut};
 
 /// Status entries in flight at once: enough to keep Raft's pipeline busy, few enough that
@@ -38,7 +38,7 @@ const MAX_ENTRIES_IN_FLIGHT: usize = 4;
 /// A node's newest observed state waiting to be written.
 struct Pending {
     digest: u64,
-    status: Arc<serde_json::Value>,
+    status: StatusJson,
     /// Encoded size of the report it came from, to bound an entry's size.
     bytes: usize,
 }
@@ -96,10 +96,10 @@ impl StatusWriter {
 
     /// Queues `status` (from a report of `bytes` encoded) for `node`'s Node; writes it
     /// unless it is already stored.
-    pub fn submit(&self, controller: &Controller, node: &str, digest: u64, status: serde_json::Value, bytes: usize) {
+    pub fn submit(&self, controller: &Controller, node: &str, digest: u64, status: StatusJson, bytes: usize) {
         let start = {
             let mut m = self.memory.lock().expect("status writer lock");
-            let waited = m.pending.insert(node.to_string(), Pending { digest, status: Arc::new(status), bytes }).is_some();
+            let waited = m.pending.insert(node.to_string(), Pending { digest, status, bytes }).is_some();
             if !waited && !m.writing.contains_key(node) {
                 m.ready.push_back(node.to_string());
             }
@@ -149,7 +149,7 @@ impl StatusWriter {
         controller.read(|d| {
             for (node, p) in entry {
                 match d.cluster.get(Kind::Node, &node) {
-                    Some(n) if *n.status != *p.status => puts.push(StatusPut { name: node, status: p.status }),
+                    Some(n) if n.status != p.status => puts.push(StatusPut { name: node, status: p.status }),
                     // Deleted meanwhile, or already stored.
                     _ => done.push(node),
                 }

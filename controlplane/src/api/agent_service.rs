@@ -21,7 +21,7 @@ use crate::agents::report_relay::MAX_REPORTS_PER_BATCH;
 use crate::agents::watch_ends::{self, MAX_ENDS_PER_RELAY};
 use crate::agents::{desired_state, placement, SentVersions};
 use crate::controller::Controller;
-use crate::resources::{validate_name, ErrorCode, FieldError, Health, Kind, NodeStatus, ObservedGpu, ObservedWorkload, Spec};
+use crate::resources::{validate_name, ErrorCode, FieldError, Health, Kind, NodeStatus, ObservedGpu, ObservedWorkload, Spec, StatusJson};
 use crate::security::{caller, Principal};
 use crate::state::ClusterState;
 
@@ -181,7 +181,7 @@ type DesiredStream = Pin<Box<dyn Stream<Item = Result<proto::DesiredState, Statu
 
 /// The observed part of a report, whose digest is `digest`, as the Node's status (what
 /// `gpuctl get node` shows).
-fn observed_status(r: &proto::ReportRequest, digest: u64) -> serde_json::Value {
+fn observed_status(r: &proto::ReportRequest, digest: u64) -> StatusJson {
     let gpus = r
         .gpus
         .iter()
@@ -209,7 +209,7 @@ fn observed_status(r: &proto::ReportRequest, digest: u64) -> serde_json::Value {
     // (watching Nodes) read. Only these stable fields go to the status, not the per-second
     // metrics, so reports do not churn the log.
     let endpoints = r.metrics.iter().filter(|m| !m.endpoint.is_empty()).map(|m| (m.service.clone(), m.endpoint.clone())).collect();
-    NodeStatus { applied_version: r.applied_version, gpus, health: Health::Healthy, endpoints, observed_digest: digest }.to_json()
+    NodeStatus { applied_version: r.applied_version, gpus, health: Health::Healthy, endpoints, observed_digest: digest }.to_status()
 }
 
 #[tonic::async_trait]

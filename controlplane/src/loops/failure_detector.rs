@@ -69,7 +69,7 @@ pub(crate) struct FailureDetector {
 /// What a pass reads: every node's status (shared, not copied), what the leader heard, and
 /// the interval agents are told to report at.
 pub(crate) struct NodesHeard {
-    nodes: Vec<(String, std::sync::Arc<serde_json::Value>)>,
+    nodes: Vec<(String, crate::resources::StatusJson)>,
     heard: Heard,
     /// Nodes heard of whose Node is deleted.
     gone: Vec<String>,
@@ -118,7 +118,7 @@ impl Reconciler for FailureDetector {
         let mut pass = Pass::default();
         for (name, status) in nodes.iter().filter(|(n, _)| is_overdue(n, &heard, self.since, now, patience)) {
             // Already marked: nothing to write.
-            let Some(marked) = NodeStatus::marked_unhealthy(status) else { continue };
+            let Some(marked) = NodeStatus::marked_unhealthy(&status.to_value()) else { continue };
             let why = if heard.watch_ended.contains_key(name) { "its agent's stream ended" } else { "it missed its heartbeats" };
             self.marking.push((name.clone(), why));
             // Repeatable: marking a node unhealthy again is the same write, and a
@@ -189,7 +189,7 @@ mod tests {
         let t0 = Instant::now();
         let settings = LoopSettings { missed_heartbeats: 5, heartbeat_interval: Duration::from_secs(1), ..LoopSettings::default() };
         let mut detector = FailureDetector::new(&settings, Duration::from_secs(1), t0);
-        let status = |h: crate::resources::Health| std::sync::Arc::new(serde_json::json!({"health": h.as_str()}));
+        let status = |h: crate::resources::Health| crate::resources::StatusJson::from(serde_json::json!({"health": h.as_str()}));
         let view = NodesHeard {
             nodes: vec![
                 ("a".into(), status(crate::resources::Health::Healthy)),

@@ -78,7 +78,10 @@ impl Reconciler for Metering {
             self.written.push(chunk.iter().map(|(name, _)| name.clone()).collect());
             let statuses = chunk
                 .iter()
-                .map(|(name, status)| StatusPut { name: name.clone(), status: serde_json::to_value(status).unwrap_or_default().into() })
+                .map(|(name, status)| StatusPut {
+                    name: name.clone(),
+                    status: crate::resources::StatusJson::of(status).unwrap_or_default(),
+                })
                 .collect();
             // Repeatable: writing the same figures again is harmless.
             pass.writes.push(Write::Command { command: Command::PutStatuses { kind: Kind::Tenant, statuses }, repeatable: true });

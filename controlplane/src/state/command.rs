@@ -134,7 +134,7 @@ pub enum Command {
     PutStatus {
         kind: Kind,
         name: String,
-        status: std::sync::Arc<serde_json::Value>,
+        status: crate::resources::StatusJson,
         expected_version: u64,
     },
     /// Observed states of several resources of one kind in one Raft entry, each written on
@@ -185,7 +185,7 @@ impl Command {
 pub struct StatusPut {
     pub name: String,
     /// Shared with the stored resource once applied (see `StoredResource::status`).
-    pub status: std::sync::Arc<serde_json::Value>,
+    pub status: crate::resources::StatusJson,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -497,7 +497,7 @@ impl ClusterState {
 #[derive(Clone)]
 enum PlannedChange {
     Put { name: String, tenant: String, spec: Spec },
-    Status { kind: Kind, name: String, status: std::sync::Arc<serde_json::Value> },
+    Status { kind: Kind, name: String, status: crate::resources::StatusJson },
     Delete { kind: Kind, name: String },
     PatchPlan { name: String, patch: crate::resources::PlanPatch },
 }
