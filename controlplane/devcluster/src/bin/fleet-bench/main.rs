@@ -161,6 +161,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     // 1. Registration.
     let observed = Arc::new(Observed::default());
     let started = Instant::now();
+    let machine = measure::MachineBusy::start();
     // One thread of its own: 2,000 reports a second at most (paced) are little work, and
     // it runs nothing else.
     let report_runtime =
@@ -257,11 +258,12 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let (full, slim) = (windows_of(true), windows_of(false));
     let lags = per_window(&mut observed.runtime_lag_ms.lock().unwrap().iter().copied());
     let report_lags = per_window(&mut observed.report_runtime_lag_ms.lock().unwrap().iter().copied());
+    let busy = per_window(&mut machine.samples().into_iter());
     let p99 = |windows: &BTreeMap<u64, Vec<f64>>, from| windows.get(from).and_then(|l| percentile(l, 99.0)).unwrap_or(0.0);
     let count = |windows: &BTreeMap<u64, Vec<f64>>, from| windows.get(from).map_or(0, Vec::len);
     for (from, ms) in &windows {
         eprintln!(
-            "  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms ({} with GPUs: p99 {:.1}; {} without: {:.1}); the simulator's own wake-up lag p99 {:>6.1} ms (watches), {:>6.1} ms (reports)",
+            "  reports sent {from:>4}-{:<4} s: {:>6} p50 {:>6.1} p99 {:>6.1} ms ({} with GPUs: p99 {:.1}; {} without: {:.1}); the simulator's own wake-up lag p99 {:>6.1} ms (watches), {:>6.1} ms (reports); the machine's cores busy {:.2}",
             from + 5,
             ms.len(),
             percentile(ms, 50.0).unwrap_or(0.0),
@@ -272,6 +274,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
             p99(&slim, from),
             p99(&lags, from),
             p99(&report_lags, from),
+            busy.get(from).map_or(0.0, |c| c.iter().sum::<f64>() / c.len().max(1) as f64),
         );
     }
     for (error, count) in observed.report_errors.lock().unwrap().iter() {

@@ -406,11 +406,63 @@ impl ControllerProbe {
         Some(kib / 1024.0)
     }
 
-    /// User + system CPU seconds of each controller so far (clock ticks of 1/100 s, Linux's
-    /// USER_HZ on every architecture it runs here).
-    /// CPU seconds used by each controller, then by this process (the simulated agents).
+    /// User + system CPU seconds used so far by each controller, then by this process (the
+    /// simulated agents): clock ticks of 1/100 s, Linux's USER_HZ on every architecture it
+    /// runs here.
     pub fn cpu_seconds(&self) -> Vec<f64> {
         self.pids.iter().map(|pid| cpu_seconds_of(&pid.to_string())).chain([cpu_seconds_of("self")]).collect()
+    }
+}
+
+/// The whole machine's busy and total CPU ticks so far, summed over its CPUs (`/proc/stat`'s
+/// first line; idle and iowait count as idle).
+fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat.lines().next()?.strip_prefix("cpu ")?.split_whitespace().map(|v| v.parse().unwrap_or(0)).collect();
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal (guest time is inside user's).
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    Some((busy, busy + at(3) + at(4)))
+}
+
+/// How many of the machine's cores were busy, once a second while it lives, as (end of the
+/// second, cores): whether the controllers and the simulator together wanted more than the
+/// machine has when reports were slow.
+pub struct MachineBusy {
+    samples: Arc<Mutex<Vec<(Instant, f64)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MachineBusy {
+    pub fn start() -> Self {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let out = samples.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut last = machine_ticks();
+            loop {
+                tick.tick().await;
+                let now = machine_ticks();
+                if let (Some((b0, t0)), Some((b1, t1))) = (last, now) {
+                    if t1 > t0 {
+                        out.lock().unwrap().push((Instant::now(), b1.saturating_sub(b0) as f64 / (t1 - t0) as f64 * cores));
+                    }
+                }
+                last = now;
+            }
+        });
+        Self { samples, task }
+    }
+
+    pub fn samples(&self) -> Vec<(Instant, f64)> {
+        self.samples.lock().unwrap().clone()
+    }
+}
+
+impl Drop for MachineBusy {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
