@@ -65,9 +65,11 @@ impl StatusJson {
         self.as_str() == "null"
     }
 
-    /// The status parsed (a tree: for readers off the hot paths).
+    /// The status parsed (a tree: for readers off the hot paths); `null` when it cannot be
+    /// (JSON nested deeper than serde_json reads, 128 levels: a client's status is refused
+    /// past that, and no reader may panic on one that came another way).
     pub fn to_value(&self) -> Value {
-        serde_json::from_str(self.as_str()).expect("checked to be JSON when made")
+        serde_json::from_str(self.as_str()).unwrap_or(Value::Null)
     }
 
     /// The status read as `T`.
@@ -252,6 +254,14 @@ mod tests {
         let spaced: Put = serde_json::from_str("{\"status\": { \"a b\" : [ 1 ,\n\t\"c \\\" d\" ] } }").unwrap();
         assert_eq!(spaced.status.as_str(), r#"{"a b":[1,"c \" d"]}"#, "whitespace between tokens is dropped, not in strings");
         assert_eq!(compacted(r#"{"a":"x y"}"#), None, "nothing to drop: kept as it is");
+
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        assert!(StatusJson::parse(&deep).is_err(), "too deep for a client's status");
+        // From a peer or a snapshot the text is only captured, which has no depth limit.
+        let stored: Put = serde_json::from_str(&format!(r#"{{"status": {{"health": "healthy", "x": {deep}}}}}"#)).unwrap();
+        assert_eq!(stored.status.to_value(), Value::Null, "read as no status, not a panic");
+        assert_eq!(stored.status.field("health"), Some(json!("healthy")), "the keys before it are read");
+        assert_eq!(stored.status.field("x"), None);
 
         for bad in ["", "{", r#"{"a": }"#, "nul", "[1,]"] {
             assert!(StatusJson::parse(bad).is_err(), "{bad:?}");
