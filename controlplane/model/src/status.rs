@@ -34,11 +34,11 @@ impl Health {
 /// A Node's status: what its agent last reported, and the failure detector's verdict.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
+    // The keys read on hot paths (`HOT_KEYS`) come first: they are read from the stored
+    // text without reading past them (`StatusJson::field`).
     /// The desired-state version the agent has converged to (0: none yet).
     #[serde(default)]
     pub applied_version: u64,
-    #[serde(default)]
-    pub gpus: Vec<ObservedGpu>,
     #[serde(default)]
     pub health: Health,
     /// Each service's router address on this node: what `gpuctl get endpoints` and load
@@ -50,6 +50,8 @@ pub struct NodeStatus {
     /// reports without its GPUs.
     #[serde(default)]
     pub observed_digest: u64,
+    #[serde(default)]
+    pub gpus: Vec<ObservedGpu>,
 }
 
 /// A GPU as its agent observed it.
@@ -238,8 +240,9 @@ mod tests {
         assert!(NodeStatus::is_healthy(&json) && !NodeStatus::is_unhealthy(&json));
         assert_eq!(NodeStatus::endpoints(&json).collect::<Vec<_>>(), [("web", "10.0.0.1:7100")]);
         assert_eq!(serde_json::from_value::<NodeStatus>(json.clone()).unwrap(), node, "it reads back");
-        // The same from the text the state stores.
+        // The same from the text the state stores, which puts the keys read on hot paths first.
         let stored = node.to_status();
+        assert!(stored.as_str().starts_with(r#"{"applied_version":7,"health":"healthy","endpoints":"#), "{stored}");
         assert_eq!(NodeStatus::applied_version(&stored), 7);
         assert_eq!(NodeStatus::observed_digest(&stored), u64::MAX, "every bit of the digest");
         assert!(NodeStatus::is_healthy(&stored) && !NodeStatus::is_unhealthy(&stored));

@@ -91,40 +91,54 @@ impl StatusJson {
 }
 
 /// The values of `keys` at the top level of `text`, with each key's position in `keys`;
-/// none when `text` is not an object. The rest of the text is skipped, not built.
+/// none when `text` is not an object. The rest of the text is skipped, not built, and not
+/// read at all once every key is found (a Node's status puts the keys read on hot paths
+/// before its GPUs). Should a key come twice, the first counts.
 fn pick(text: &str, keys: &[&str]) -> Vec<(usize, Value)> {
-    struct Pick<'k>(&'k [&'k str]);
+    struct Pick<'k, 'f> {
+        keys: &'k [&'k str],
+        found: &'f mut Vec<(usize, Value)>,
+    }
 
-    impl<'de> Visitor<'de> for Pick<'_> {
-        type Value = Vec<(usize, Value)>;
+    impl<'de> Visitor<'de> for Pick<'_, '_> {
+        type Value = ();
 
         fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
             f.write_str("an object")
         }
 
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut found = Vec::new();
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             while let Some(key) = map.next_key::<String>()? {
-                match self.0.iter().position(|k| *k == key) {
-                    Some(i) => found.push((i, map.next_value::<Value>()?)),
+                match self.keys.iter().position(|k| *k == key).filter(|i| !self.found.iter().any(|(at, _)| at == i)) {
+                    Some(i) => {
+                        self.found.push((i, map.next_value::<Value>()?));
+                        if self.found.len() == self.keys.len() {
+                            // An error is the one way to leave a map before its end.
+                            return Err(serde::de::Error::custom("every key found"));
+                        }
+                    }
                     None => {
                         map.next_value::<IgnoredAny>()?;
                     }
                 }
             }
-            Ok(found)
+            Ok(())
         }
     }
 
-    impl<'de> DeserializeSeed<'de> for Pick<'_> {
-        type Value = Vec<(usize, Value)>;
+    impl<'de> DeserializeSeed<'de> for Pick<'_, '_> {
+        type Value = ();
 
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
             d.deserialize_map(self)
         }
     }
 
-    Pick(keys).deserialize(&mut serde_json::Deserializer::from_str(text)).unwrap_or_default()
+    let mut found = Vec::new();
+    // Whether it ended with every key, at the end of the object, or on text that is not
+    // one, what was found before is the answer.
+    let _ = Pick { keys, found: &mut found }.deserialize(&mut serde_json::Deserializer::from_str(text));
+    found
 }
 
 impl Default for StatusJson {
@@ -225,6 +239,10 @@ mod tests {
         assert_eq!(status.field("applied_version"), None, "absent");
         assert_eq!(status.field("other"), Some(json!({"a": 1})), "a key that is not cached");
         assert_eq!(status.field("a"), None, "top level only");
+        let twice =
+            StatusJson::of(&serde_json::value::RawValue::from_string(r#"{"health":"unhealthy","health":"healthy"}"#.into()).unwrap())
+                .unwrap();
+        assert_eq!(twice.field("health"), Some(json!("unhealthy")), "the first of a key given twice");
         assert_eq!(status.to_value(), json!({"health": "healthy", "observed_digest": 7, "gpus": [{"health": "x"}], "other": {"a": 1}}));
         for not_an_object in [json!(null), json!([1, 2]), json!("health"), json!(3)] {
             assert_eq!(StatusJson::from(not_an_object.clone()).field("health"), None, "{not_an_object}");
