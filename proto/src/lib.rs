@@ -10,7 +10,7 @@ pub use v1::*;
 pub mod observed;
 pub mod report_pace;
 
-pub use observed::{leave_out_unchanged, observed_digest};
+pub use observed::{leave_out_unchanged, observed_digest, ChangeOnlyReports};
 
 /// gRPC metadata keys used by the controller's error answers.
 pub mod meta {

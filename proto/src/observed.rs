@@ -35,13 +35,45 @@ pub fn observed_digest(report: &ReportRequest) -> u64 {
     u64::from_be_bytes(first).max(1)
 }
 
-/// Sets `report`'s digest, and leaves its GPUs out when the digest is `stored` (what the
-/// last answer said the controllers hold): the agent's side of change-only reports.
+/// Sets `report`'s digest, and leaves its GPUs out when the digest is `stored`.
 pub fn leave_out_unchanged(report: &mut ReportRequest, stored: u64) {
     report.observed_digest = observed_digest(report);
     report.gpus_unchanged = report.observed_digest == stored;
     if report.gpus_unchanged {
         report.gpus.clear();
+    }
+}
+
+/// The agent's side of change-only reports: which of its reports leave their GPUs out.
+///
+/// A report carries its GPUs when its digest is new to the controllers. The answer to that
+/// report names the digest stored before it (its status write commits a few milliseconds
+/// later), so the next report leaves them out if the one before delivered them: sending
+/// them again until an answer named them sent every changed node's GPUs twice, half of a
+/// 10,000-host fleet's report bytes after a re-plan. Should that write never land (a relay
+/// dropped, a leader change), the answer to the slim report names what is stored instead,
+/// and the report after it carries the GPUs: one report interval late, never wrong.
+#[derive(Debug, Default, Clone)]
+pub struct ChangeOnlyReports {
+    /// The digest the last answer said the controllers hold (0: none).
+    stored: u64,
+    /// The digest whose GPUs the last answered report carried (0: it carried none).
+    delivered: u64,
+}
+
+impl ChangeOnlyReports {
+    /// Sets `report`'s digest and leaves its GPUs out when the controllers hold them or the
+    /// last answered report delivered them.
+    pub fn prepare(&self, report: &mut ReportRequest) {
+        let digest = observed_digest(report);
+        let held = if digest == self.delivered { self.delivered } else { self.stored };
+        leave_out_unchanged(report, held);
+    }
+
+    /// A controller answered `sent` (as `prepare` left it), naming `stored`.
+    pub fn answered(&mut self, sent: &ReportRequest, stored: u64) {
+        self.stored = stored;
+        self.delivered = if sent.gpus_unchanged { 0 } else { sent.observed_digest };
     }
 }
 
@@ -91,6 +123,47 @@ mod tests {
             assert_ne!(observed_digest(&changed), base, "{changed:?}");
         }
         assert_ne!(observed_digest(&ReportRequest::default()), 0);
+    }
+
+    #[test]
+    fn gpus_go_once_per_change_and_again_when_an_answer_says_they_did_not_land() {
+        let mut agent = ChangeOnlyReports::default();
+        let mut first = report();
+        agent.prepare(&mut first);
+        assert!(!first.gpus_unchanged && first.gpus.len() == 1, "nothing is stored yet");
+        let digest = first.observed_digest;
+        // Answered before its write committed: the answer names nothing stored.
+        agent.answered(&first, 0);
+        let mut second = report();
+        agent.prepare(&mut second);
+        assert!(second.gpus_unchanged && second.gpus.is_empty(), "delivered once: left out");
+        assert_eq!(second.observed_digest, digest);
+        // The write landed: answers name it, and the GPUs stay out.
+        agent.answered(&second, digest);
+        let mut third = report();
+        agent.prepare(&mut third);
+        assert!(third.gpus_unchanged);
+        agent.answered(&third, digest);
+
+        // A change goes once; when the answer to the slim report after it still names the
+        // old digest (its write was lost), the next report carries the GPUs again.
+        let changed = || ReportRequest { applied_version: 8, ..report() };
+        let mut sent = changed();
+        agent.prepare(&mut sent);
+        assert!(!sent.gpus_unchanged);
+        agent.answered(&sent, digest);
+        let mut slim = changed();
+        agent.prepare(&mut slim);
+        assert!(slim.gpus_unchanged);
+        agent.answered(&slim, digest);
+        let mut again = changed();
+        agent.prepare(&mut again);
+        assert!(!again.gpus_unchanged && again.gpus.len() == 1, "an answer said the change did not land");
+
+        // An unanswered report changes nothing: its retry is prepared alike.
+        let mut retry = changed();
+        agent.prepare(&mut retry);
+        assert!(!retry.gpus_unchanged);
     }
 
     #[test]

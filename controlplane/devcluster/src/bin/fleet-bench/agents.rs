@@ -214,9 +214,8 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
     // for (at most a minute), and at once on a new stream.
     let own = Duration::from_secs(1);
     let mut interval = own;
-    // What the last answer said the controllers hold (as `node-agent`: GPUs are left out
-    // while it is this agent's observed state).
-    let mut held = 0;
+    // Which reports leave the GPUs out, as `node-agent`.
+    let mut change_only = proto::ChangeOnlyReports::default();
     loop {
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
@@ -226,16 +225,16 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
             return;
         }
         let mut r = report(&name, link.session.load(std::sync::atomic::Ordering::Relaxed), link.latest.lock().unwrap().as_ref());
-        proto::leave_out_unchanged(&mut r, held);
+        change_only.prepare(&mut r);
         let with_gpus = !r.gpus_unchanged;
         let sent = Instant::now();
-        match client.report(r).await {
+        match client.report(r.clone()).await {
             Ok(answer) => {
                 let mut ms = observed.report_ms.lock().unwrap();
                 ms.push(sent.elapsed().as_secs_f64() * 1e3);
                 observed.report_sent.lock().unwrap().push((sent, with_gpus));
                 observed.reports_with_gpus.fetch_add(u64::from(with_gpus), std::sync::atomic::Ordering::Relaxed);
-                held = answer.observed_digest;
+                change_only.answered(&r, answer.observed_digest);
                 interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
             }
             Err(status) => {
