@@ -47,9 +47,9 @@ pub struct Agent {
     has_desired: AtomicBool,
     /// The session of the desired-state stream held now (0: none yet), named in reports.
     watch_session: AtomicU64,
-    /// The digest of this node's observed state that the last answer to a report said the
-    /// controllers hold (0: none): while it is this node's, reports leave the GPUs out.
-    held_digest: AtomicU64,
+    /// Which reports leave the GPUs out: what the controllers hold of this node's observed
+    /// state, as far as the answers tell.
+    change_only: Mutex<proto::ChangeOnlyReports>,
     /// Wakes the report loop at once: a new stream was opened, and the leader must hear of
     /// it before the end of the old one makes it take this node for dead.
     report_now: Notify,
@@ -99,7 +99,7 @@ impl Agent {
             registered: AtomicBool::new(false),
             has_desired: AtomicBool::new(false),
             watch_session: AtomicU64::new(0),
-            held_digest: AtomicU64::new(0),
+            change_only: Mutex::default(),
             report_now: Notify::new(),
         })
     }

@@ -35,7 +35,7 @@ impl Agent {
                 match sent.await {
                     Ok(answer) => {
                         let answer = answer.into_inner();
-                        self.held_digest.store(answer.observed_digest, Ordering::Relaxed);
+                        self.change_only.lock().expect("report lock").answered(&report, answer.observed_digest);
                         interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
                         break;
                     }
@@ -74,7 +74,7 @@ impl Agent {
                 desired.gpus.values().flat_map(|g| g.workloads.iter().map(|w| w.service.as_str())).collect();
             report.metrics.retain(|m| wanted.contains(m.service.as_str()));
         }
-        proto::leave_out_unchanged(&mut report, self.held_digest.load(Ordering::Relaxed));
+        self.change_only.lock().expect("report lock").prepare(&mut report);
         report
     }
 
