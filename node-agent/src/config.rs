@@ -12,7 +12,9 @@ pub struct AgentConfig {
     /// This node's name (the Node resource the agent registers); or `--node`.
     #[serde(default)]
     pub node: String,
-    /// Controller gRPC addresses (host:port); any of them will do.
+    /// Controller gRPC addresses (host:port); any of them will do. Each agent starts with
+    /// one picked by its node name (`first_controller`), so that a fleet configured with
+    /// the same list spreads over them, and moves to the next one in the list when it fails.
     pub controllers: Vec<String>,
     /// The InstanceType resource this host is.
     pub instance_type: String,
@@ -156,6 +158,19 @@ impl AgentConfig {
         Ok(cfg)
     }
 
+    /// The index in `controllers` this node tries first: a hash of its name, so that the
+    /// agents of a fleet with one configuration spread evenly over the controllers instead
+    /// of all following, and reporting to, the first one listed (at 10,000 hosts, every
+    /// stream and report on one controller), and a restarted agent comes back to the same
+    /// one. std's SipHash with its fixed keys: stable within a build, which is all a spread
+    /// needs (a new Rust release may move agents once).
+    pub fn first_controller(&self) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.node.hash(&mut hasher);
+        (hasher.finish() % self.controllers.len().max(1) as u64) as usize
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
         let bad = |field: &str, reason: &str| Err(ConfigError { path: String::new(), reason: format!("`{field}`: {reason}") });
         if self.node.is_empty() {
@@ -196,6 +211,20 @@ kind = "command"
 program = "sim-infer"
 args = ["--port={port}"]
 "#;
+
+    #[test]
+    fn agents_with_one_configuration_spread_over_the_controllers() {
+        let base = AgentConfig::parse(&GOOD.replace(r#"["127.0.0.1:7001"]"#, r#"["c1:7001", "c2:7001", "c3:7001"]"#)).unwrap();
+        let mut per_controller = [0usize; 3];
+        for i in 0..3_000 {
+            let cfg = AgentConfig { node: format!("host-{i}"), ..base.clone() };
+            let first = cfg.first_controller();
+            assert_eq!(first, cfg.first_controller(), "the same node always starts on the same one");
+            per_controller[first] += 1;
+        }
+        assert!(per_controller.iter().all(|&n| (800..=1_200).contains(&n)), "{per_controller:?}");
+        assert_eq!(AgentConfig::parse(GOOD).unwrap().first_controller(), 0, "one controller: that one");
+    }
 
     #[test]
     fn defaults_fill_the_optional_fields() {

@@ -35,7 +35,7 @@ impl Agent {
     /// off with jitter and tries the next one.
     pub(super) async fn link_loop(self: Arc<Self>, tx: watch::Sender<Option<NodeDesired>>) {
         let mut attempt: u32 = 0;
-        let mut k = 0usize;
+        let mut k = self.cfg.first_controller();
         loop {
             let addr = self.cfg.controllers[k % self.cfg.controllers.len()].clone();
             k += 1;

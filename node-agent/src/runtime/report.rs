@@ -15,7 +15,8 @@ impl Agent {
     pub(super) async fn report_loop(self: Arc<Self>, rx: watch::Receiver<Option<NodeDesired>>) {
         let own = Duration::from_millis(self.cfg.interval_ms);
         let mut interval = own;
-        let mut k = 0usize;
+        // Where the desired-state stream starts too: one connection for both.
+        let mut k = self.cfg.first_controller();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
