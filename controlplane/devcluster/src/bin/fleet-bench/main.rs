@@ -156,7 +156,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let start_terms = probe.terms().await;
     let cpu_start = probe.cpu_seconds();
     let wall_start = Instant::now();
-    let nodes_seen = measure::NodeWatch::watch(servers.clone());
+    let nodes_seen = measure::NodeWatch::watch(probe.followers_first().await);
 
     // 1. Registration.
     let observed = Arc::new(Observed::default());

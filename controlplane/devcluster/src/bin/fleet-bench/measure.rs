@@ -261,6 +261,17 @@ impl ControllerProbe {
         None
     }
 
+    /// The controllers' addresses, a follower first and the leader last: where a client
+    /// of the measuring (a watch of every Node change) adds no work to the leader, whose
+    /// queue the agents' reports wait in.
+    pub async fn followers_first(&self) -> Vec<String> {
+        let mut addrs = self.addrs.clone();
+        if let Some((leader, _)) = self.leader().await {
+            addrs.rotate_left(leader + 1);
+        }
+        addrs
+    }
+
     pub async fn terms(&self) -> Vec<u64> {
         let mut out = Vec::new();
         for i in 0..self.addrs.len() {
