@@ -106,6 +106,15 @@ async fn busy_seconds(router_port: u16, service: &str) -> f64 {
         .sum()
 }
 
+/// One of the agent's counters (`gpuplane_agent_<name>_total`).
+async fn agent_counter(router_port: u16, name: &str) -> f64 {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port(router_port)));
+    let (status, text) = telemetry_http::get(addr, "/metrics").await.expect("the agent serves /metrics");
+    assert_eq!(status, 200, "{text}");
+    let prefix = format!("gpuplane_agent_{name}_total ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or_else(|| panic!("no {prefix}in {text}"))
+}
+
 /// Polls `f` for up to 30 s; on timeout fails with the agent's log.
 async fn wait_for<T>(what: &str, log: &Path, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -240,6 +249,12 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let pids = workload_pids(&status);
     assert_eq!(pids.len(), 7, "{status}");
     assert!(pids.iter().all(|&p| alive(p as u32)));
+
+    // Its reports (every 200 ms here) and its stream share one connection per controller:
+    // a report does not open a connection of its own.
+    wait_for("ten answered reports", &log, async || (agent_counter(router_port, "reports_answered").await >= 10.0).then_some(())).await;
+    let connections = agent_counter(router_port, "controller_connections").await;
+    assert!((1.0..=3.0).contains(&connections), "{connections} connections opened for 10 reports and a stream (3 controllers)");
 
     // kill -9 of the agent, then a restart: the same processes, none duplicated.
     agent.kill9();

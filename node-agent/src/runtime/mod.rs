@@ -34,6 +34,8 @@ pub struct Agent {
     cfg: AgentConfig,
     /// mTLS to the controllers with this node's certificate; plaintext when `insecure`.
     tls: Option<ClientTlsConfig>,
+    /// One connection per controller address (see `Agent::channel`).
+    channels: Mutex<std::collections::HashMap<String, tonic::transport::Channel>>,
     executor: Arc<Mutex<Executor>>,
     models: BTreeMap<String, planner::mig::GpuModel>,
     desired_file: PathBuf,
@@ -90,6 +92,7 @@ impl Agent {
         Ok(Agent {
             cfg,
             tls,
+            channels: Mutex::default(),
             executor: Arc::new(Mutex::new(executor)),
             models,
             desired_file,

@@ -36,12 +36,14 @@ impl Agent {
                 match sent.await {
                     Ok(answer) => {
                         let answer = answer.into_inner();
+                        self.telemetry.report_answered();
                         self.change_only.lock().expect("report lock").answered(&report, answer.observed_digest);
                         interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
                         break;
                     }
                     Err(e) => {
                         tracing::debug!(controller = %addr, error = %e, "report not delivered");
+                        self.forget_channel(addr);
                         k += 1;
                     }
                 }

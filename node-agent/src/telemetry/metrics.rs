@@ -54,6 +54,8 @@ struct Inner {
     workload_share: Family<Labels, FloatGauge>,
     busy_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     applied_version: Gauge,
+    controller_connections: Counter,
+    reports_answered: Counter,
     render: Mutex<()>,
 }
 
@@ -70,6 +72,8 @@ impl Default for AgentMetrics {
         let workload_share = Family::<Labels, FloatGauge>::default();
         let busy_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let applied_version = Gauge::default();
+        let controller_connections = Counter::default();
+        let reports_answered = Counter::default();
         r.register("shadow_switches", "Switches of a service to its warm standbys (failovers)", shadow_switches.clone());
         r.register("service_p99_ms", "p99 latency of the service router's latest one-second window", service_p99_ms.clone());
         r.register("service_throughput_rps", "Completed requests per second in the router's latest window", service_throughput.clone());
@@ -88,6 +92,12 @@ impl Default for AgentMetrics {
             busy_seconds.clone(),
         );
         r.register("applied_version", "Desired-state version this node has converged to (0: none)", applied_version.clone());
+        r.register(
+            "controller_connections",
+            "Connections opened to controllers (one per controller, shared by the desired-state stream and the reports; again after a failure)",
+            controller_connections.clone(),
+        );
+        r.register("reports_answered", "Reports a controller answered", reports_answered.clone());
         let inner = Inner {
             registry: r,
             shadow_switches,
@@ -100,6 +110,8 @@ impl Default for AgentMetrics {
             workload_share,
             busy_seconds,
             applied_version,
+            controller_connections,
+            reports_answered,
             render: Mutex::new(()),
         };
         AgentMetrics { inner: Arc::new(inner) }
@@ -110,6 +122,16 @@ impl AgentMetrics {
     /// Counts one switch of `service` to its standbys.
     pub fn shadow_switch(&self, service: &str) {
         self.inner.shadow_switches.get_or_create(&labels(&[("service", service)])).inc();
+    }
+
+    /// Counts one connection opened to a controller.
+    pub fn controller_connection(&self) {
+        self.inner.controller_connections.inc();
+    }
+
+    /// Counts one report a controller answered.
+    pub fn report_answered(&self) {
+        self.inner.reports_answered.inc();
     }
 
     /// The exposition text with the state figures of `snap`.
