@@ -206,36 +206,6 @@ async fn reports_reach_the_leader_and_write_observed_state_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_answer_says_whether_the_controller_the_report_was_sent_to_leads() {
-    let cluster = TestCluster::start(3, fast_settings()).await;
-    let client = cluster.client();
-    seed(&client).await;
-    client.put(node("n1"), proto::WriteMode::Create).await.unwrap();
-    let (leader, mut at_follower) = agent_at_a_follower(&cluster).await;
-    let mut at_leader = agent_client(&cluster.node(leader).addr.to_string()).await;
-    let report = proto::ReportRequest { node: "n1".into(), ..Default::default() };
-    assert!(at_leader.report(report.clone()).await.unwrap().into_inner().from_leader);
-    // The follower answers from its own state once it has applied the node.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match at_follower.report(report.clone()).await {
-            Ok(answer) => {
-                assert!(!answer.into_inner().from_leader, "a follower's answer");
-                break;
-            }
-            Err(e) => assert!(tokio::time::Instant::now() < deadline, "the follower never answered: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // A report of a version the follower has not applied goes on to the leader, whose answer
-    // the follower returns as its own: the agent sent it to a follower.
-    let ahead = proto::ReportRequest { applied_version: 1_000_000, ..report };
-    let answer = at_follower.report(ahead.clone()).await.unwrap().into_inner();
-    assert!(!answer.from_leader, "passed on to the leader, answered by the follower");
-    assert!(at_leader.report(ahead).await.unwrap().into_inner().from_leader);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_leaves_its_gpus_out_of_reports_while_the_controllers_hold_its_observed_state() {
     let cluster = TestCluster::start(3, fast_settings()).await;
     let client = cluster.client();

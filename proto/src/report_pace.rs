@@ -17,31 +17,9 @@ pub fn next_report_in(own: Duration, asked_ms: u32) -> Duration {
     own.max(Duration::from_millis(u64::from(asked_ms)).min(MAX_REPORT_INTERVAL))
 }
 
-/// The index (into the agent's list of `controllers`) of the controller for the next report,
-/// after one at `current` was answered: the next one when the leader answered and there is
-/// another, so that the leader, which also replicates and applies every write, answers
-/// none (fleet-bench at 10,000 hosts, 9 alternating pairs: report p99 24-93 ms with the
-/// reports on the followers, 46-213 ms spread over all three). After a leader change an
-/// agent moves at its next report, so the fleet moves over one report interval.
-pub fn next_report_to(current: usize, from_leader: bool, controllers: usize) -> usize {
-    if from_leader && controllers > 1 {
-        (current + 1) % controllers
-    } else {
-        current
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_answer_from_the_leader_sends_the_next_report_to_another_controller() {
-        assert_eq!(next_report_to(0, true, 3), 1);
-        assert_eq!(next_report_to(2, true, 3), 0);
-        assert_eq!(next_report_to(1, false, 3), 1, "a follower's answer: stay");
-        assert_eq!(next_report_to(0, true, 1), 0, "the only controller: stay");
-    }
 
     #[test]
     fn the_agent_reports_at_its_own_interval_or_the_longer_one_asked_for_up_to_a_minute() {

@@ -91,10 +91,7 @@ impl AgentService {
             u32::try_from(self.controller.report_pace.interval(cluster.count(Kind::Node)).as_millis()).unwrap_or(u32::MAX);
         let windows = if leading { slo_windows(req, &placed) } else { Vec::new() };
         let observed_digest = node.map_or(0, |n| NodeStatus::observed_digest(&n.status));
-        Ok(Checked::Answered(
-            proto::ReportResponse { desired_version: placed.version, report_interval_ms, observed_digest, from_leader: leading },
-            windows,
-        ))
+        Ok(Checked::Answered(proto::ReportResponse { desired_version: placed.version, report_interval_ms, observed_digest }, windows))
     }
 
     /// The leader keeps a checked report and counts its SLO windows; `answer` is what
@@ -140,15 +137,10 @@ impl AgentService {
             return Err(not_leader_status(self.controller.leader()));
         }
         let Checked::Answered(answer, windows) = self.check(&mut req, leading)? else {
-            // The leader's answer, as this controller's: the agent sent it here.
             return to_leader(&self.controller, forwarded, self.controller.leader(), |ch| async move {
                 AgentClient::new(ch).report(forwarded_request(req, &caller)).await
             })
-            .await
-            .map(|mut answer| {
-                answer.get_mut().from_leader = leading;
-                answer
-            });
+            .await;
         };
         if leading {
             self.keep_counted(req, &answer, windows);

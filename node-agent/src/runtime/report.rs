@@ -39,11 +39,6 @@ impl Agent {
                         self.telemetry.report_answered();
                         self.change_only.lock().expect("report lock").answered(&report, answer.observed_digest);
                         interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
-                        k = proto::report_pace::next_report_to(
-                            k % self.cfg.controllers.len(),
-                            answer.from_leader,
-                            self.cfg.controllers.len(),
-                        );
                         break;
                     }
                     Err(e) => {

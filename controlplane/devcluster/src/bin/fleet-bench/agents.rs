@@ -134,9 +134,7 @@ fn report(node: &str, watch_session: u64, desired: Option<&proto::DesiredState>)
 /// real agent has a host of its own).
 pub struct GroupClients {
     pub watches: Arc<Client>,
-    /// One client per controller, the group's first controller first: an agent reports to
-    /// one and moves to the next when the leader answers or a report fails, as `node-agent`.
-    pub reports: Vec<Arc<Client>>,
+    pub reports: Arc<Client>,
     pub report_runtime: tokio::runtime::Handle,
 }
 
@@ -211,14 +209,13 @@ fn name_number(name: &str) -> u64 {
     name.trim_start_matches("host-").parse().unwrap_or(0)
 }
 
-async fn report_loop(clients: Vec<Arc<Client>>, name: String, link: Arc<Link>, observed: Arc<Observed>) {
+async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observed: Arc<Observed>) {
     // Like the node agent: once a second, or at the longer interval the controllers ask
     // for (at most a minute), and at once on a new stream.
     let own = Duration::from_secs(1);
     let mut interval = own;
     // Which reports leave the GPUs out, as `node-agent`.
     let mut change_only = proto::ChangeOnlyReports::default();
-    let mut to = 0;
     loop {
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
@@ -231,18 +228,7 @@ async fn report_loop(clients: Vec<Arc<Client>>, name: String, link: Arc<Link>, o
         change_only.prepare(&mut r);
         let with_gpus = !r.gpus_unchanged;
         let sent = Instant::now();
-        // Each controller once, from the current one, as `node-agent` (a report that
-        // reached none is failed; one answered after others failed counts from its first
-        // send).
-        let mut outcome = clients[to].report(r.clone()).await;
-        for _ in 1..clients.len() {
-            if outcome.is_ok() {
-                break;
-            }
-            to = (to + 1) % clients.len();
-            outcome = clients[to].report(r.clone()).await;
-        }
-        match outcome {
+        match client.report(r.clone()).await {
             Ok(answer) => {
                 let mut ms = observed.report_ms.lock().unwrap();
                 ms.push(sent.elapsed().as_secs_f64() * 1e3);
@@ -250,10 +236,8 @@ async fn report_loop(clients: Vec<Arc<Client>>, name: String, link: Arc<Link>, o
                 observed.reports_with_gpus.fetch_add(u64::from(with_gpus), std::sync::atomic::Ordering::Relaxed);
                 change_only.answered(&r, answer.observed_digest);
                 interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
-                to = proto::report_pace::next_report_to(to, answer.from_leader, clients.len());
             }
             Err(status) => {
-                to = (to + 1) % clients.len();
                 observed.reports_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let key = format!("{:?}: {}", status.code(), status.message().chars().take(80).collect::<String>());
                 *observed.report_errors.lock().unwrap().entry(key).or_default() += 1;
@@ -274,30 +258,11 @@ pub async fn probe_runtime_lag(observed: Arc<Observed>, lags: fn(&Observed) -> &
 /// One client (one connection per controller) per group of agents, starting on a different
 /// controller per group so that watches spread over the three.
 pub fn group_client(servers: &[String], group: usize) -> Arc<Client> {
-    Arc::new(Client::new(rotated(servers, group)).with_retry(RetryPolicy {
+    let mut rotated = servers.to_vec();
+    rotated.rotate_left(group % servers.len());
+    Arc::new(Client::new(rotated).with_retry(RetryPolicy {
         attempts: 5,
         timeout: Duration::from_secs(10),
         backoff: Duration::from_millis(200),
     }))
-}
-
-/// A group's report clients: one per controller (each tried alone: where a report goes is
-/// the agent's choice), the group's first controller first.
-pub fn group_report_clients(servers: &[String], group: usize) -> Vec<Arc<Client>> {
-    rotated(servers, group)
-        .into_iter()
-        .map(|server| {
-            Arc::new(Client::new(vec![server]).with_retry(RetryPolicy {
-                attempts: 1,
-                timeout: Duration::from_secs(10),
-                backoff: Duration::from_millis(200),
-            }))
-        })
-        .collect()
-}
-
-fn rotated(servers: &[String], group: usize) -> Vec<String> {
-    let mut rotated = servers.to_vec();
-    rotated.rotate_left(group % servers.len());
-    rotated
 }

@@ -171,7 +171,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     for (g, chunk) in (0..n).collect::<Vec<_>>().chunks(args.agents_per_connection).enumerate() {
         let clients = agents::GroupClients {
             watches: agents::group_client(&servers, g),
-            reports: agents::group_report_clients(&servers, g),
+            reports: agents::group_client(&servers, g),
             report_runtime: report_runtime.handle().clone(),
         };
         agents::spawn_group(clients, chunk[0]..chunk[chunk.len() - 1] + 1, observed.clone());
