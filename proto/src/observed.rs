@@ -37,8 +37,14 @@ pub fn observed_digest(report: &ReportRequest) -> u64 {
 
 /// Sets `report`'s digest, and leaves its GPUs out when the digest is `stored`.
 pub fn leave_out_unchanged(report: &mut ReportRequest, stored: u64) {
-    report.observed_digest = observed_digest(report);
-    report.gpus_unchanged = report.observed_digest == stored;
+    let digest = observed_digest(report);
+    leave_out_if_held(report, digest, stored);
+}
+
+/// Sets `report`'s digest to `digest` (its own), and leaves its GPUs out when it is `held`.
+fn leave_out_if_held(report: &mut ReportRequest, digest: u64, held: u64) {
+    report.observed_digest = digest;
+    report.gpus_unchanged = digest == held;
     if report.gpus_unchanged {
         report.gpus.clear();
     }
@@ -67,7 +73,7 @@ impl ChangeOnlyReports {
     pub fn prepare(&self, report: &mut ReportRequest) {
         let digest = observed_digest(report);
         let held = if digest == self.delivered { self.delivered } else { self.stored };
-        leave_out_unchanged(report, held);
+        leave_out_if_held(report, digest, held);
     }
 
     /// A controller answered `sent` (as `prepare` left it), naming `stored`.

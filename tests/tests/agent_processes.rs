@@ -94,11 +94,17 @@ fn metrics_port(router_port: u16) -> u16 {
     router_port + 21
 }
 
-/// The agent's busy seconds of `service`'s active processes, added up over its instances.
-async fn busy_seconds(router_port: u16, service: &str) -> f64 {
+/// The agent's `/metrics` page.
+async fn agent_metrics(router_port: u16) -> String {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port(router_port)));
     let (status, text) = telemetry_http::get(addr, "/metrics").await.expect("the agent serves /metrics");
     assert_eq!(status, 200, "{text}");
+    text
+}
+
+/// The agent's busy seconds of `service`'s active processes, added up over its instances.
+async fn busy_seconds(router_port: u16, service: &str) -> f64 {
+    let text = agent_metrics(router_port).await;
     let labels = format!("service=\"{service}\",role=\"active\"}}");
     text.lines()
         .filter(|l| l.starts_with("gpuplane_agent_busy_seconds_total{") && l.contains(&labels))
@@ -108,9 +114,7 @@ async fn busy_seconds(router_port: u16, service: &str) -> f64 {
 
 /// One of the agent's counters (`gpuplane_agent_<name>_total`).
 async fn agent_counter(router_port: u16, name: &str) -> f64 {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port(router_port)));
-    let (status, text) = telemetry_http::get(addr, "/metrics").await.expect("the agent serves /metrics");
-    assert_eq!(status, 200, "{text}");
+    let text = agent_metrics(router_port).await;
     let prefix = format!("gpuplane_agent_{name}_total ");
     text.lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or_else(|| panic!("no {prefix}in {text}"))
 }
