@@ -16,7 +16,9 @@ impl Agent {
     /// The connection to the controller at `addr`, opened on first use and then shared by
     /// the desired-state stream and every report sent there. Each report used to open one of
     /// its own: a TCP, HTTP/2 and (with mTLS) TLS handshake per report, 2,000 a second on
-    /// the controllers at 10,000 hosts.
+    /// the controllers at 10,000 hosts. Kept after a failed call: tonic's channel connects
+    /// again by itself when its connection is gone, and a controller's refusal (a follower
+    /// that cannot reach the leader) is no reason to open another one.
     pub(super) async fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
         if let Some(channel) = self.channels.lock().expect("channels lock").get(addr) {
             return Ok(channel.clone());
@@ -25,12 +27,6 @@ impl Agent {
         self.telemetry.controller_connection();
         self.channels.lock().expect("channels lock").insert(addr.to_string(), channel.clone());
         Ok(channel)
-    }
-
-    /// Forgets the connection to `addr` after a call on it failed: the next one connects
-    /// afresh (a stream still on it keeps it until it ends).
-    pub(super) fn forget_channel(&self, addr: &str) {
-        self.channels.lock().expect("channels lock").remove(addr);
     }
 
     async fn connect(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
@@ -62,7 +58,6 @@ impl Agent {
             let mut followed = false;
             if let Err(e) = self.follow(&addr, &tx, &mut followed).await {
                 tracing::warn!(controller = %addr, error = format!("{e:#}"), "controller link lost");
-                self.forget_channel(&addr);
             }
             attempt = next_attempt(attempt, followed);
             tokio::time::sleep(backoff(attempt)).await;

@@ -43,7 +43,6 @@ impl Agent {
                     }
                     Err(e) => {
                         tracing::debug!(controller = %addr, error = %e, "report not delivered");
-                        self.forget_channel(addr);
                         k += 1;
                     }
                 }

@@ -94,7 +94,7 @@ impl Default for AgentMetrics {
         r.register("applied_version", "Desired-state version this node has converged to (0: none)", applied_version.clone());
         r.register(
             "controller_connections",
-            "Connections opened to controllers (one per controller, shared by the desired-state stream and the reports; again after a failure)",
+            "Controller connections opened (one per controller address, shared by the desired-state stream and the reports; reconnections after a failure are not counted)",
             controller_connections.clone(),
         );
         r.register("reports_answered", "Reports a controller answered", reports_answered.clone());
