@@ -156,17 +156,22 @@ pub async fn purge_to(raft: &Raft, index: u64, timeout: Duration) -> Result<u64,
 }
 
 /// Follows who leads in which term.
-pub struct LeadershipWatch(tokio::sync::watch::Receiver<openraft::RaftMetrics<NodeId, Node>>);
+///
+/// Watches openraft's server metrics (vote, role, leader, membership), not the full
+/// `RaftMetrics`: those change at every append, flush, commit and apply, so each watcher
+/// was woken several times per write for nothing (with three such watchers, about a dozen
+/// thread wake-ups per write on an idle leader).
+pub struct LeadershipWatch(tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, Node>>);
 
 impl LeadershipWatch {
     pub fn new(raft: &Raft) -> Self {
-        LeadershipWatch(raft.metrics())
+        LeadershipWatch(raft.server_metrics())
     }
 
     /// The term and its leader, if known, now.
     pub fn current(&mut self) -> (u64, Option<NodeId>) {
         let m = self.0.borrow_and_update();
-        (m.current_term, m.current_leader)
+        (m.vote.leader_id().get_term(), m.current_leader)
     }
 
     /// Waits for consensus to change in any way (then read [`Self::current`]); `false` once
@@ -177,15 +182,16 @@ impl LeadershipWatch {
 }
 
 /// Resolves with a message when Raft stops, on a fatal error (e.g. a storage fault) or not.
+///
+/// Waits for openraft's server-metrics channel to close, which it does when the Raft core
+/// ends (its sender is the core's), not for every change of the full metrics (several per
+/// write); the core stores its fatal error in the full metrics before it ends.
 pub async fn stopped(raft: &Raft) -> String {
-    let mut metrics = raft.metrics();
-    loop {
-        if let Err(fatal) = &metrics.borrow().running_state {
-            return format!("raft stopped: {fatal}");
-        }
-        if metrics.changed().await.is_err() {
-            return "raft stopped".into();
-        }
+    let mut server = raft.server_metrics();
+    while server.changed().await.is_ok() {}
+    match &raft.metrics().borrow().running_state {
+        Err(fatal) => format!("raft stopped: {fatal}"),
+        Ok(()) => "raft stopped".into(),
     }
 }
 

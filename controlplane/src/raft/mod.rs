@@ -223,4 +223,27 @@ mod tests {
         assert!(check_rebuildable(5, 5).is_ok() && check_rebuildable(0, 0).is_ok());
         assert!(check_rebuildable(6, 5).unwrap_err().to_string().contains("the stored snapshot ends at index 5"));
     }
+
+    /// `consensus::stopped` (what the controller process waits on to exit) resolves when a
+    /// storage fault stops the Raft core, naming the fault, and not while the node works
+    /// (it now waits for the server metrics' channel to close, not for a fatal state in
+    /// every update of the full metrics).
+    #[tokio::test]
+    async fn a_storage_fault_stops_raft_and_stopped_names_it() {
+        let backend = Arc::new(crate::storage::MemBackend::new());
+        let settings = RaftSettings { hold_elections_on_start: false, break_split_votes: false, ..RaftSettings::default() };
+        let handle = start(1, backend.clone(), Watermark::disabled(), &settings, PeerChannels::with_tls(None)).await.unwrap();
+        let raft = handle.raft.clone();
+        raft.initialize(std::collections::BTreeMap::from([(1, Node::new("127.0.0.1:1"))])).await.unwrap();
+        raft.wait(Some(std::time::Duration::from_secs(10))).current_leader(1, "leader").await.unwrap();
+        let stopped = tokio::spawn(async move { consensus::stopped(&raft).await });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!stopped.is_finished(), "resolved while Raft runs");
+        backend.fail_writes();
+        // A membership entry to append: the write fails and the core stops.
+        let _ = handle.raft.add_learner(2, Node::new("127.0.0.1:2"), false).await;
+        let message = tokio::time::timeout(std::time::Duration::from_secs(10), stopped).await.expect("Raft stopped").unwrap();
+        assert!(message.starts_with("raft stopped: "), "{message}");
+        assert!(message.contains("no space left on device"), "{message}");
+    }
 }
