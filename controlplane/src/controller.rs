@@ -87,7 +87,7 @@ impl Controller {
 
     /// The current leader's id and address, if one is known.
     pub fn leader(&self) -> Option<(NodeId, String)> {
-        self.raft_status().leader_with_addr()
+        consensus::leader_with_addr(&self.raft)
     }
 
     pub fn term(&self) -> u64 {
