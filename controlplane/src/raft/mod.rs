@@ -224,6 +224,34 @@ mod tests {
         assert!(check_rebuildable(6, 5).unwrap_err().to_string().contains("the stored snapshot ends at index 5"));
     }
 
+    /// Writes do not wake what follows leadership: it watches openraft's server metrics,
+    /// which writes leave alone (the full metrics change several times per write, and with
+    /// three such watchers each write woke about a dozen threads for nothing).
+    #[tokio::test]
+    async fn writes_do_not_wake_the_leadership_watch() {
+        let settings = RaftSettings { hold_elections_on_start: false, break_split_votes: false, ..RaftSettings::default() };
+        let backend = Arc::new(crate::storage::MemBackend::new());
+        let handle = start(1, backend, Watermark::disabled(), &settings, PeerChannels::with_tls(None)).await.unwrap();
+        let raft = handle.raft.clone();
+        raft.initialize(std::collections::BTreeMap::from([(1, Node::new("127.0.0.1:1"))])).await.unwrap();
+        raft.wait(Some(std::time::Duration::from_secs(10))).current_leader(1, "leader").await.unwrap();
+        let mut watch = consensus::LeadershipWatch::new(&raft);
+        assert_eq!(watch.current(), (consensus::term(&raft), Some(1)));
+        let mut full = raft.metrics();
+        full.borrow_and_update();
+        for i in 0..20 {
+            let command =
+                crate::state::Command::Delete { kind: crate::resources::Kind::Service, name: format!("s{i}"), expected_version: 0 };
+            let request = crate::state::Request { request_id: format!("r{i}"), command, trace_parent: None };
+            handle.proposer.propose(request).await.unwrap();
+        }
+        // The full metrics did change (the check can fail); the leadership watch did not.
+        assert!(full.has_changed().unwrap());
+        let woken = tokio::time::timeout(std::time::Duration::from_millis(200), watch.changed()).await;
+        assert!(woken.is_err(), "20 writes woke the leadership watch");
+        assert_eq!(watch.current(), (consensus::term(&raft), Some(1)));
+    }
+
     /// `consensus::stopped` (what the controller process waits on to exit) resolves when a
     /// storage fault stops the Raft core, naming the fault, and not while the node works
     /// (it now waits for the server metrics' channel to close, not for a fatal state in
