@@ -243,7 +243,9 @@ mod tests {
             let command =
                 crate::state::Command::Delete { kind: crate::resources::Kind::Service, name: format!("s{i}"), expected_version: 0 };
             let request = crate::state::Request { request_id: format!("r{i}"), command, trace_parent: None };
-            handle.proposer.propose(request).await.unwrap();
+            // Applied (the proposal went through Raft) and refused: no such Service.
+            let outcome = handle.proposer.propose(request).await.unwrap();
+            assert!(outcome.is_err_and(|e| e.code == crate::resources::ErrorCode::NotFound));
         }
         // The full metrics did change (the check can fail); the leadership watch did not.
         assert!(full.has_changed().unwrap());
