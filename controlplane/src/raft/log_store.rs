@@ -191,15 +191,15 @@ impl<B: KvBackend> LogStore<B> {
     /// Checks that the stored log has no hole: a backend may lose entries in the middle
     /// (sled, where the log was until data-dir format 6, recovered a damaged file without
     /// an error and without some of them; a segment file of `log_files` may go missing),
-    /// which the watermark cannot see: the last index is intact. Reads the log once, in
-    /// batches; it is bounded by the snapshot policy.
+    /// which the watermark cannot see: the last index is intact. Reads the log's keys, in
+    /// batches, not its entries (`log_files` read and checked every record as they opened).
     fn check_contiguous(&self) -> Result<(), String> {
         const BATCH: usize = 4096;
         let mut previous: Option<u64> = None;
         let mut from = key(0).to_vec();
         loop {
-            let rows = self.backend.range(Tree::Logs, &from, None, BATCH).map_err(|e| format!("reading the Raft log: {e}"))?;
-            for (k, _) in &rows {
+            let rows = self.backend.keys(Tree::Logs, &from, None, BATCH).map_err(|e| format!("reading the Raft log: {e}"))?;
+            for k in &rows {
                 let index = decode_key(k).map_err(|e| e.to_string())?;
                 check_follows(previous, index)?;
                 previous = Some(index);

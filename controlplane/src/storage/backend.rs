@@ -58,6 +58,12 @@ pub trait KvBackend: Send + Sync + 'static {
     /// Pairs with keys in `[from, to)` in key order, at most `limit`.
     fn range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<KvPairs, BackendError>;
     fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError>;
+    /// The keys of [`KvBackend::range`], without their values: what the log store's check
+    /// at start reads (every index of the log, whose values it does not need). A backend
+    /// that holds its keys apart from its values answers without reading the values.
+    fn keys(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<Vec<u8>>, BackendError> {
+        Ok(self.range(tree, from, to, limit)?.into_iter().map(|(k, _)| k).collect())
+    }
     /// Makes every earlier write durable.
     fn flush(&self) -> Result<(), BackendError>;
     /// Makes every earlier write to `tree` durable (and may do more). The Raft log flushes

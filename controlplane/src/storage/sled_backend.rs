@@ -254,6 +254,14 @@ impl KvBackend for SledBackend {
         }
     }
 
+    fn keys(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<Vec<u8>>, BackendError> {
+        match tree {
+            // The log's index is in memory: no segment file is read.
+            Tree::Logs => self.logs.keys(from, to, limit),
+            _ => Ok(self.range(tree, from, to, limit)?.into_iter().map(|(k, _)| k).collect()),
+        }
+    }
+
     fn last(&self, tree: Tree) -> Result<Option<KvPair>, BackendError> {
         match tree {
             Tree::Snapshot => return self.snapshot.last(),
@@ -347,6 +355,7 @@ mod tests {
                             reference.range(tree, from, to, limit).unwrap(),
                             "{tree:?} step {step}"
                         );
+                        assert_eq!(sled.keys(tree, from, to, limit).unwrap(), reference.keys(tree, from, to, limit).unwrap());
                     }
                 }
                 assert_eq!(sled.last(tree).unwrap(), reference.last(tree).unwrap(), "{tree:?} step {step}");
