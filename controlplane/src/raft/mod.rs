@@ -224,17 +224,22 @@ mod tests {
         assert!(check_rebuildable(6, 5).unwrap_err().to_string().contains("the stored snapshot ends at index 5"));
     }
 
+    /// A one-member cluster over `backend`, once it leads.
+    async fn single_leader(backend: Arc<crate::storage::MemBackend>) -> RaftHandle {
+        let settings = RaftSettings { hold_elections_on_start: false, break_split_votes: false, ..RaftSettings::default() };
+        let handle = start(1, backend, Watermark::disabled(), &settings, PeerChannels::with_tls(None)).await.unwrap();
+        handle.raft.initialize(std::collections::BTreeMap::from([(1, Node::new("127.0.0.1:1"))])).await.unwrap();
+        handle.raft.wait(Some(std::time::Duration::from_secs(10))).current_leader(1, "leader").await.unwrap();
+        handle
+    }
+
     /// Writes do not wake what follows leadership: it watches openraft's server metrics,
     /// which writes leave alone (the full metrics change several times per write, and with
     /// three such watchers each write woke about a dozen threads for nothing).
     #[tokio::test]
     async fn writes_do_not_wake_the_leadership_watch() {
-        let settings = RaftSettings { hold_elections_on_start: false, break_split_votes: false, ..RaftSettings::default() };
-        let backend = Arc::new(crate::storage::MemBackend::new());
-        let handle = start(1, backend, Watermark::disabled(), &settings, PeerChannels::with_tls(None)).await.unwrap();
+        let handle = single_leader(Arc::new(crate::storage::MemBackend::new())).await;
         let raft = handle.raft.clone();
-        raft.initialize(std::collections::BTreeMap::from([(1, Node::new("127.0.0.1:1"))])).await.unwrap();
-        raft.wait(Some(std::time::Duration::from_secs(10))).current_leader(1, "leader").await.unwrap();
         let mut watch = consensus::LeadershipWatch::new(&raft);
         assert_eq!(watch.current(), (consensus::term(&raft), Some(1)));
         let mut full = raft.metrics();
@@ -261,11 +266,8 @@ mod tests {
     #[tokio::test]
     async fn a_storage_fault_stops_raft_and_stopped_names_it() {
         let backend = Arc::new(crate::storage::MemBackend::new());
-        let settings = RaftSettings { hold_elections_on_start: false, break_split_votes: false, ..RaftSettings::default() };
-        let handle = start(1, backend.clone(), Watermark::disabled(), &settings, PeerChannels::with_tls(None)).await.unwrap();
+        let handle = single_leader(backend.clone()).await;
         let raft = handle.raft.clone();
-        raft.initialize(std::collections::BTreeMap::from([(1, Node::new("127.0.0.1:1"))])).await.unwrap();
-        raft.wait(Some(std::time::Duration::from_secs(10))).current_leader(1, "leader").await.unwrap();
         let stopped = tokio::spawn(async move { consensus::stopped(&raft).await });
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         assert!(!stopped.is_finished(), "resolved while Raft runs");

@@ -46,6 +46,11 @@ impl BackendError {
     }
 }
 
+/// The keys of `pairs`, in their order.
+pub fn keys_of(pairs: KvPairs) -> Vec<Vec<u8>> {
+    pairs.into_iter().map(|(k, _)| k).collect()
+}
+
 /// An ordered key-value store with explicit durability. Writes may sit in memory until
 /// `flush` returns; callers flush before acknowledging anything that Raft requires to be
 /// durable (a vote, an appended entry).
@@ -62,7 +67,7 @@ pub trait KvBackend: Send + Sync + 'static {
     /// at start reads (every index of the log, whose values it does not need). A backend
     /// that holds its keys apart from its values answers without reading the values.
     fn keys(&self, tree: Tree, from: &[u8], to: Option<&[u8]>, limit: usize) -> Result<Vec<Vec<u8>>, BackendError> {
-        Ok(self.range(tree, from, to, limit)?.into_iter().map(|(k, _)| k).collect())
+        Ok(keys_of(self.range(tree, from, to, limit)?))
     }
     /// Makes every earlier write durable.
     fn flush(&self) -> Result<(), BackendError>;

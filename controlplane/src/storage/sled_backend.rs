@@ -258,7 +258,7 @@ impl KvBackend for SledBackend {
         match tree {
             // The log's index is in memory: no segment file is read.
             Tree::Logs => self.logs.keys(from, to, limit),
-            _ => Ok(self.range(tree, from, to, limit)?.into_iter().map(|(k, _)| k).collect()),
+            _ => Ok(super::backend::keys_of(self.range(tree, from, to, limit)?)),
         }
     }
 
@@ -355,7 +355,11 @@ mod tests {
                             reference.range(tree, from, to, limit).unwrap(),
                             "{tree:?} step {step}"
                         );
-                        assert_eq!(sled.keys(tree, from, to, limit).unwrap(), reference.keys(tree, from, to, limit).unwrap());
+                        assert_eq!(
+                            sled.keys(tree, from, to, limit).unwrap(),
+                            reference.keys(tree, from, to, limit).unwrap(),
+                            "{tree:?} step {step}"
+                        );
                     }
                 }
                 assert_eq!(sled.last(tree).unwrap(), reference.last(tree).unwrap(), "{tree:?} step {step}");

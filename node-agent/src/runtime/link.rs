@@ -23,10 +23,11 @@ impl Agent {
         if let Some(channel) = self.channels.lock().expect("channels lock").get(addr) {
             return Ok(channel.clone());
         }
-        let channel = self.connect(addr).await?;
+        let opened = self.connect(addr).await?;
         self.telemetry.controller_connection();
-        self.channels.lock().expect("channels lock").insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        // The stream and a report may both have connected first: the one kept first is
+        // shared, and the other connection is dropped here.
+        Ok(self.channels.lock().expect("channels lock").entry(addr.to_string()).or_insert(opened).clone())
     }
 
     async fn connect(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
