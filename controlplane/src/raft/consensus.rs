@@ -76,9 +76,10 @@ pub fn status(raft: &Raft) -> RaftStatus {
 
 // Who leads in which term is read from openraft's server metrics, as `LeadershipWatch`
 // follows them: openraft updates them before the full metrics, so a task woken by a
-// leadership change and then reading the full metrics could see the old leader (a relay of
-// ended agent streams sent to it once, in 1 of 4 runs at 10,000 hosts, and the failure
-// detector learnt of those hosts 25 s late).
+// leadership change and then reading the full metrics could see the old leader. It did: a
+// new leader's watch-end relay, woken as it took over, sent its own agents' stream ends to
+// the old leader, which refused them, and 35 of 100 hosts killed at a handover were marked
+// only at the report timeout, 25 s later (1 of 4 fleet-bench runs at 10,000 hosts).
 
 pub fn term(raft: &Raft) -> u64 {
     raft.server_metrics().borrow().vote.leader_id().get_term()
@@ -90,7 +91,8 @@ pub fn leader(raft: &Raft) -> Option<NodeId> {
 
 /// The leader, if known, and its address.
 pub fn leader_with_addr(raft: &Raft) -> Option<(NodeId, String)> {
-    let m = raft.server_metrics().borrow().clone();
+    let metrics = raft.server_metrics();
+    let m = metrics.borrow();
     let id = m.current_leader?;
     Some((id, m.membership_config.membership().get_node(&id)?.addr.clone()))
 }
