@@ -331,8 +331,21 @@ impl Client {
         AdminClient::new(ch).cluster_status(r).await.map(|r| r.into_inner())
     }
 
+    /// Adds a member that serves its peers at its API address.
     pub async fn add_member(&self, node_id: u64, address: &str, promote: bool) -> Result<proto::MembershipResponse, Status> {
-        let req = proto::AddMemberRequest { node_id, address: address.into(), promote };
+        self.add_member_with_peer_address(node_id, address, None, promote).await
+    }
+
+    /// Adds a member whose peers reach it at `peer_address` (its `peer_listen`), if given.
+    pub async fn add_member_with_peer_address(
+        &self,
+        node_id: u64,
+        address: &str,
+        peer_address: Option<&str>,
+        promote: bool,
+    ) -> Result<proto::MembershipResponse, Status> {
+        let req =
+            proto::AddMemberRequest { node_id, address: address.into(), promote, peer_address: peer_address.unwrap_or_default().into() };
         self.call(|ch, _| {
             let r = self.request(req.clone(), Some(Duration::from_secs(60)));
             async move { AdminClient::new(ch).add_member(r).await.map(|r| r.into_inner()) }

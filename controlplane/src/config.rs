@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::loops::LoopSettings;
 use crate::provision::MigStrategy;
-use crate::raft::RaftSettings;
+use crate::raft::{check_host_port, Member, RaftSettings};
 use crate::tuning::TuningSettings;
 use planner::policy::gslice::TunerConfig;
 
@@ -20,6 +20,13 @@ pub struct ControllerConfig {
     pub listen: Option<SocketAddr>,
     /// Address peers and clients reach this node at (default: the listen address).
     pub advertise: Option<String>,
+    /// Serve Raft's peer RPCs on a listener of their own, e.g. `0.0.0.0:7410`, on Raft's own
+    /// threads: peers' heartbeats and log entries are then never queued behind agents'
+    /// requests. When unset, peers reach this node at `listen` (which serves them too).
+    pub peer_listen: Option<SocketAddr>,
+    /// Address peers reach `peer_listen` at (default: this node's `[peers]` entry's peer
+    /// address, else the peer listen address).
+    pub peer_advertise: Option<String>,
     pub data_dir: Option<PathBuf>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP, e.g.
     /// `127.0.0.1:9400`; not served when unset.
@@ -27,8 +34,9 @@ pub struct ControllerConfig {
     /// Export traces over OTLP/gRPC here, e.g. `http://collector:4317` (default:
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`; no export when neither is set).
     pub otlp_endpoint: Option<String>,
-    /// Initial cluster members, node id -> address (this node included). Used with
-    /// `bootstrap = true` on exactly one node.
+    /// Initial cluster members, node id -> `host:port`, or `host:port,peer_host:peer_port`
+    /// for a member with a `peer_listen` (this node included). Used with `bootstrap = true`
+    /// on exactly one node.
     #[serde(default)]
     pub peers: BTreeMap<String, String>,
     #[serde(default)]
@@ -263,19 +271,24 @@ impl ControllerConfig {
         toml::from_str(&text).map_err(|e| format!("config {}: {}", path.display(), e.message()))
     }
 
-    /// Peers with their ids parsed; errors name the offending key.
-    pub fn peer_map(&self) -> Result<BTreeMap<u64, String>, String> {
+    /// Peers with their ids and addresses parsed; errors name the offending key.
+    pub fn peer_map(&self) -> Result<BTreeMap<u64, Member>, String> {
         self.peers
             .iter()
-            .map(|(id, addr)| {
+            .map(|(id, value)| {
                 let id = id.parse::<u64>().map_err(|_| format!("peers.{id}: node ids must be positive integers"))?;
                 if id == 0 {
                     return Err("peers.0: node ids start at 1".to_string());
                 }
-                match addr.rsplit_once(':') {
-                    Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => Ok((id, addr.clone())),
-                    _ => Err(format!("peers.{id}: {addr:?} is not host:port")),
+                let member = match value.split_once(',') {
+                    Some((addr, peer)) => Member::with_peer_addr(addr.trim(), Some(peer.trim().to_string())),
+                    None => Member::new(value.trim()),
+                };
+                for addr in [Some(&member.addr), member.peer_addr.as_ref()].into_iter().flatten() {
+                    check_host_port(addr)
+                        .map_err(|why| format!("peers.{id}: {why} (expected host:port or host:port,peer_host:peer_port)"))?;
                 }
+                Ok((id, member))
             })
             .collect()
     }
@@ -287,7 +300,7 @@ impl ControllerConfig {
             (Some(id), _) => id,
             (None, Some(advertise)) => {
                 let peers = self.peer_map()?;
-                let ids: Vec<u64> = peers.iter().filter(|(_, addr)| *addr == advertise).map(|(id, _)| *id).collect();
+                let ids: Vec<u64> = peers.iter().filter(|(_, m)| m.addr == *advertise).map(|(id, _)| *id).collect();
                 match ids[..] {
                     [id] => id,
                     [] => return Err(format!("node_id is required: advertise {advertise:?} is not the address of any [peers] entry")),
@@ -311,9 +324,9 @@ impl ControllerConfig {
 const NODE_ID_REQUIRED: &str =
     "node_id is required (--node-id or node_id in the config file; or advertise the address of one [peers] entry)";
 
-/// Parses `ID=HOST:PORT` from the command line.
+/// Parses `ID=HOST:PORT` or `ID=HOST:PORT,PEER_HOST:PEER_PORT` from the command line.
 pub fn parse_peer_flag(s: &str) -> Result<(String, String), String> {
-    let (id, addr) = s.split_once('=').ok_or_else(|| format!("--peer {s:?}: expected ID=HOST:PORT"))?;
+    let (id, addr) = s.split_once('=').ok_or_else(|| format!("--peer {s:?}: expected ID=HOST:PORT[,PEER_HOST:PEER_PORT]"))?;
     Ok((id.trim().to_string(), addr.trim().to_string()))
 }
 
@@ -351,15 +364,18 @@ listen = "0.0.0.0:7400"
 advertise = "ctrl-2:7400"
 data_dir = "/var/lib/gpuplane"
 metrics_listen = "127.0.0.1:9400"
+peer_listen = "0.0.0.0:7410"
 [peers]
 1 = "ctrl-1:7400"
-2 = "ctrl-2:7400"
+2 = "ctrl-2:7400, ctrl-2:7410"
 [raft]
 heartbeat_interval_ms = 50
 "#,
         )
         .unwrap();
-        assert_eq!(cfg.peer_map().unwrap()[&1], "ctrl-1:7400");
+        assert_eq!(cfg.peer_map().unwrap()[&1], Member::new("ctrl-1:7400"));
+        assert_eq!(cfg.peer_map().unwrap()[&2], Member::with_peer_addr("ctrl-2:7400", Some("ctrl-2:7410".into())));
+        assert_eq!(cfg.peer_listen, Some("0.0.0.0:7410".parse().unwrap()));
         assert_eq!(cfg.metrics_listen, Some("127.0.0.1:9400".parse().unwrap()));
         let err = toml::from_str::<ControllerConfig>("metrics_listen = \"nowhere\"").unwrap_err();
         assert!(err.message().contains("invalid socket address"), "{}", err.message());
@@ -369,6 +385,8 @@ heartbeat_interval_ms = 50
         assert!(err.message().contains("unknown field `listen_addr`"), "{}", err.message());
         let bad: ControllerConfig = toml::from_str("[peers]\nx = \"a:1\"").unwrap();
         assert!(bad.peer_map().unwrap_err().contains("peers.x"));
+        let bad: ControllerConfig = toml::from_str("[peers]\n3 = \"a:1,a\"").unwrap();
+        assert_eq!(bad.peer_map().unwrap_err(), "peers.3: \"a\" is not host:port (expected host:port or host:port,peer_host:peer_port)");
     }
 
     fn loops(toml_text: &str) -> Result<LoopSettings, String> {

@@ -206,6 +206,7 @@ impl Controller {
                 address: addr.clone(),
                 voter: m.voters.contains(id),
                 matched_index: m.matched.get(id).copied().flatten().unwrap_or(0),
+                peer_address: m.peer_addrs.get(id).cloned().unwrap_or_default(),
             })
             .collect();
         proto::ClusterStatusResponse {
@@ -248,13 +249,14 @@ impl Controller {
         consensus::initialize(&self.raft, members).await.map_err(|e| api_error(e, "members"))
     }
 
-    /// Adds node `id` at `addr` (README, "gpuctl", `cluster add`): refuses id 0, an id that is a member
-    /// at another address and an address another member uses; then checks that `addr`
-    /// answers the Admin `ClusterStatus` call as node `id`. The node joins as a learner; with
-    /// `promote` it becomes a voter once caught up (within `CATCH_UP_LAG` entries of the
-    /// leader's log, in `CATCH_UP_TIMEOUT`), else it stays a learner and this fails.
-    /// Adding a member again at its own address only does what is still missing.
-    pub async fn add_member(&self, id: NodeId, addr: String, promote: bool) -> Result<(), ApiError> {
+    /// Adds node `id` at `member`'s addresses (README, "gpuctl", `cluster add`): refuses id 0,
+    /// an id that is a member at other addresses and an address another member uses; then
+    /// checks that the API address answers the Admin `ClusterStatus` call as node `id`. The
+    /// node joins as a learner; with `promote` it becomes a voter once caught up (within
+    /// `CATCH_UP_LAG` entries of the leader's log, in `CATCH_UP_TIMEOUT`), else it stays a
+    /// learner and this fails. Adding a member again at its own addresses only does what is
+    /// still missing.
+    pub async fn add_member(&self, id: NodeId, member: Node, promote: bool) -> Result<(), ApiError> {
         if id == 0 {
             return Err(field_error(ErrorCode::InvalidArgument, "node_id", "0 is not a node id (node ids start at 1)"));
         }
@@ -265,25 +267,34 @@ impl Controller {
         let voters: &BTreeSet<NodeId> = &status.voters;
         let role = |n: &NodeId| if voters.contains(n) { "voter" } else { "learner" };
         let mut existing = None;
-        for (member, member_addr) in &status.members {
-            if *member == id && *member_addr != addr {
+        for (other, other_addr) in &status.members {
+            let other_member = Node::with_peer_addr(other_addr.clone(), status.peer_addrs.get(other).cloned());
+            if *other == id && other_member != member {
                 return Err(field_error(
                     ErrorCode::AlreadyExists,
                     "node_id",
-                    format!("node {id} is already a member ({}) at {member_addr}; remove it before adding it at {addr}", role(member)),
+                    format!("node {id} is already a member ({}) at {other_member}; remove it before adding it at {member}", role(other)),
                 ));
             }
-            if *member != id && *member_addr == addr {
+            if *other != id && *other_addr == member.addr {
                 return Err(field_error(
                     ErrorCode::AlreadyExists,
                     "address",
-                    format!("{addr} is already the address of node {member} ({})", role(member)),
+                    format!("{other_addr} is already the address of node {other} ({})", role(other)),
                 ));
             }
-            if *member == id {
-                existing = Some(voters.contains(member));
+            if let (true, Some(peer)) = (*other != id && other_member.peer_addr == member.peer_addr, &member.peer_addr) {
+                return Err(field_error(
+                    ErrorCode::AlreadyExists,
+                    "peer_address",
+                    format!("{peer} is already the peer address of node {other} ({})", role(other)),
+                ));
+            }
+            if *other == id {
+                existing = Some(voters.contains(other));
             }
         }
+        let addr = member.addr.clone();
         match existing {
             Some(true) if promote => return Ok(()),
             Some(true) => {
@@ -297,7 +308,7 @@ impl Controller {
             Some(false) => self.probe_member(id, &addr).await?,
             None => {
                 self.probe_member(id, &addr).await?;
-                consensus::add_learner(&self.raft, id, &addr).await.map_err(|e| api_error(e, "node_id"))?;
+                consensus::add_learner(&self.raft, id, member).await.map_err(|e| api_error(e, "node_id"))?;
             }
         }
         if promote {

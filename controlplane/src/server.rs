@@ -39,11 +39,16 @@ pub struct NodeOptions {
     pub listen: SocketAddr,
     /// Address peers and clients use; defaults to the bound listen address.
     pub advertise: Option<String>,
+    /// Where to serve Raft's peer RPCs on a listener of their own (on Raft's runtime when it
+    /// has one); none: peers use `listen`, which serves them too.
+    pub peer_listen: Option<SocketAddr>,
+    /// Address peers reach `peer_listen` at; defaults to its bound address.
+    pub peer_advertise: Option<String>,
     pub storage: StorageChoice,
     pub raft: RaftSettings,
     /// When set and the node has never been initialised, initialise the cluster with these
     /// members. Set it on exactly one node.
-    pub bootstrap: Option<BTreeMap<NodeId, String>>,
+    pub bootstrap: Option<BTreeMap<NodeId, Node>>,
     /// The leader-only loops (provisioner).
     pub loops: LoopSettings,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` over HTTP; none when unset.
@@ -60,11 +65,15 @@ pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 pub struct RunningNode {
     pub controller: Controller,
     pub addr: SocketAddr,
+    /// The bound address of the peer listener, when there is one.
+    pub peer_addr: Option<SocketAddr>,
     /// The bound address of `/metrics`, `/healthz` and `/readyz`, when served.
     pub metrics_addr: Option<SocketAddr>,
     metrics: Option<JoinHandle<()>>,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    /// The peer listener's server (`NodeOptions::peer_listen`).
+    peer_server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     loops: Option<JoinHandle<()>>,
     /// Relays ended agent streams and reports to the leader; the runtime-lag probe.
     relays: Vec<JoinHandle<()>>,
@@ -104,7 +113,7 @@ impl RunningNode {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        if let Some(server) = self.server.take() {
+        for server in [self.server.take(), self.peer_server.take()].into_iter().flatten() {
             server.abort();
             let _ = server.await;
         }
@@ -122,7 +131,7 @@ impl Drop for RunningNode {
         if let Some(m) = self.metrics.take() {
             m.abort();
         }
-        if let Some(server) = self.server.take() {
+        for server in [self.server.take(), self.peer_server.take()].into_iter().flatten() {
             server.abort();
         }
     }
@@ -135,6 +144,16 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         None => None,
     };
     let addr = listener.local_addr()?;
+    // A std listener: the runtime that serves it registers it (`serve`), so that its
+    // connections are driven by Raft's threads, not the workers it exists to avoid.
+    let peer_listener = match opts.peer_listen {
+        Some(at) => {
+            let l = std::net::TcpListener::bind(at).map_err(|e| anyhow::anyhow!("peer_listen: cannot listen on {at}: {e}"))?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+        None => None,
+    };
     let channels = PeerChannels::with_tls(opts.security.tls.as_ref().map(|t| t.client_config()));
     // No Nagle on accepted connections: with it, a small answer written after a large
     // request (a follower's AppendEntries answer, a client's write answer) waited for the
@@ -144,10 +163,12 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     match opts.storage.clone() {
         StorageChoice::DataDir(dir) => {
             let backend = Arc::new(open_data_dir(&dir, opts.id)?);
-            serve(opts, backend, Watermark::in_dir(&dir), incoming, addr, channels, metrics_listener).await
+            let listeners = Listeners { metrics: metrics_listener, peers: peer_listener };
+            serve(opts, backend, Watermark::in_dir(&dir), incoming, addr, channels, listeners).await
         }
         StorageChoice::Memory => {
-            serve(opts, Arc::new(MemBackend::new()), Watermark::disabled(), incoming, addr, channels, metrics_listener).await
+            let listeners = Listeners { metrics: metrics_listener, peers: peer_listener };
+            serve(opts, Arc::new(MemBackend::new()), Watermark::disabled(), incoming, addr, channels, listeners).await
         }
     }
 }
@@ -155,7 +176,7 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
 /// [`start_node`] over a stream of accepted connections and a given storage backend, for the
 /// deterministic simulation: it serves over its simulated network and keeps `backend` across
 /// a crash of the node, as a disk would. `opts.listen`, `opts.storage` and
-/// `opts.metrics_listen` are not used; `addr` is the address the node serves at and
+/// `opts.metrics_listen` and `opts.peer_listen` are not used; `addr` is the address the node serves at and
 /// `channels` opens its connections to peers. Everything else is as in [`start_node`].
 pub async fn start_node_with_incoming<B, I, IO, IE>(
     opts: NodeOptions,
@@ -170,7 +191,71 @@ where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + tonic::transport::server::Connected + Unpin + Send + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
 {
-    serve(opts, backend, Watermark::disabled(), incoming, addr, channels, None).await
+    serve(opts, backend, Watermark::disabled(), incoming, addr, channels, Listeners::default()).await
+}
+
+/// Warns when the membership sends this node's Raft RPCs somewhere other than its peer
+/// listener: they then still arrive, at the API's listener, but without what the peer
+/// listener is for.
+async fn warn_if_peers_look_elsewhere(raft: raft::Raft, id: NodeId, serving_at: String) {
+    let Some(member) = raft::consensus::member_once_known(&raft, id).await else { return };
+    if member.peer_addr.as_deref() != Some(serving_at.as_str()) {
+        tracing::warn!(
+            "this node serves its peers at {serving_at}, but the membership records it as {member}, so peers send it Raft's RPCs \
+             at {}; to move them, remove the node and add it again with `gpuctl cluster add --peer-address {serving_at}`",
+            member.raft_addr()
+        );
+    }
+}
+
+/// The listeners a node has besides its API's.
+#[derive(Default)]
+struct Listeners {
+    /// `/metrics`, `/healthz` and `/readyz`.
+    metrics: Option<TcpListener>,
+    /// Raft's peer RPCs (`NodeOptions::peer_listen`).
+    peers: Option<std::net::TcpListener>,
+}
+
+/// gRPC server settings shared by the API's server and the peers'. HTTP/2 pings on idle
+/// connections: a host that dies without closing its connection (power, kernel, network)
+/// ends its agent's stream within 3 s, which the failure detector takes as the host's end
+/// (`agents::watch_ends`); without them the connection would linger until TCP gives up,
+/// minutes later.
+fn server_builder(security: &Security) -> anyhow::Result<tonic::transport::Server> {
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+    if let Some(tls) = &security.tls {
+        builder = builder.tls_config(tls.server_config()?)?;
+    }
+    Ok(builder)
+}
+
+fn raft_peer_server(
+    raft: &raft::Raft,
+    gates: &Arc<Gatekeeper>,
+) -> InterceptedService<RaftServiceServer<RaftPeerService>, crate::security::Gate> {
+    InterceptedService::new(
+        RaftServiceServer::new(RaftPeerService::new(raft.clone()))
+            .max_decoding_message_size(MAX_PEER_MESSAGE)
+            .max_encoding_message_size(MAX_PEER_MESSAGE),
+        gates.gate(Api::Raft),
+    )
+}
+
+/// Serves Raft's peer RPCs alone over `listener`, on `runtime` (Raft's own when it has
+/// one). No Nagle, as on the API's listener (see `start_node`).
+fn serve_peers(
+    listener: std::net::TcpListener,
+    runtime: &tokio::runtime::Handle,
+    service: InterceptedService<RaftServiceServer<RaftPeerService>, crate::security::Gate>,
+    builder: tonic::transport::Server,
+) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
+    let _in_runtime = runtime.enter();
+    let listener = TcpListener::from_std(listener)?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    Ok(runtime.spawn(builder.layer(crate::telemetry::tracing::TraceContextLayer).add_service(service).serve_with_incoming(incoming)))
 }
 
 /// Starts Raft over `backend` and serves the gRPC services over `incoming`.
@@ -181,7 +266,7 @@ async fn serve<B, I, IO, IE>(
     incoming: I,
     addr: SocketAddr,
     channels: PeerChannels,
-    metrics_listener: Option<TcpListener>,
+    listeners: Listeners,
 ) -> anyhow::Result<RunningNode>
 where
     B: crate::storage::KvBackend,
@@ -223,25 +308,21 @@ where
         elections: handle.elections.clone(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    // HTTP/2 pings on idle connections: a host that dies without closing its connection
-    // (power, kernel, network) ends its agent's stream within 3 s, which the failure
-    // detector takes as the host's end (`agents::watch_ends`); without them the connection
-    // would linger until TCP gives up, minutes later.
-    let mut builder = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
-    if let Some(tls) = &opts.security.tls {
-        builder = builder.tls_config(tls.server_config()?)?;
-    }
     let gates = Gatekeeper::new(&opts.security);
-    let router = builder
+    let (peer_server, peer_addr) = match listeners.peers {
+        Some(listener) => {
+            let bound = listener.local_addr()?;
+            let runtime = raft_runtime.as_ref().map_or_else(tokio::runtime::Handle::current, |r| r.handle().clone());
+            let server = serve_peers(listener, &runtime, raft_peer_server(&handle.raft, &gates), server_builder(&opts.security)?)?;
+            (Some(server), Some(bound))
+        }
+        None => (None, None),
+    };
+    // The API's listener serves Raft's RPCs too: for members without a peer address, and
+    // for peers whose membership does not have this node's yet.
+    let router = server_builder(&opts.security)?
         .layer(crate::telemetry::tracing::TraceContextLayer)
-        .add_service(InterceptedService::new(
-            RaftServiceServer::new(RaftPeerService::new(handle.raft.clone()))
-                .max_decoding_message_size(MAX_PEER_MESSAGE)
-                .max_encoding_message_size(MAX_PEER_MESSAGE),
-            gates.gate(Api::Raft),
-        ))
+        .add_service(raft_peer_server(&handle.raft, &gates))
         .add_service(InterceptedService::new(
             ControlPlaneServer::new(ResourceService::new(controller.clone(), opts.loops.clone())),
             gates.gate(Api::Client),
@@ -253,16 +334,20 @@ where
     }));
     if let Some(members) = &opts.bootstrap {
         if !handle.raft.is_initialized().await? {
-            let mut nodes: BTreeMap<NodeId, Node> = members.iter().map(|(id, a)| (*id, Node::new(a.clone()))).collect();
-            nodes.entry(opts.id).or_insert_with(|| Node::new(advertise.clone()));
+            let mut nodes = members.clone();
+            let own_peer_addr = opts.peer_advertise.clone().or_else(|| peer_addr.map(|a| a.to_string()));
+            let own = nodes.entry(opts.id).or_insert_with(|| Node::new(advertise.clone()));
+            if own.peer_addr.is_none() {
+                own.peer_addr = own_peer_addr;
+            }
             tracing::info!(members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new cluster");
             handle.raft.initialize(nodes).await?;
         }
     }
-    let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr).transpose()?;
-    let metrics = metrics_listener.map(|l| tokio::spawn(serve_controller(l, controller.clone())));
+    let metrics_addr = listeners.metrics.as_ref().map(TcpListener::local_addr).transpose()?;
+    let metrics = listeners.metrics.map(|l| tokio::spawn(serve_controller(l, controller.clone())));
     let loops = loops::spawn(controller.clone(), opts.loops.clone());
-    let relays = vec![
+    let mut relays = vec![
         tokio::spawn(crate::agents::watch_ends::relay(controller.clone())),
         tokio::spawn(crate::agents::report_relay::relay(controller.clone())),
         tokio::spawn({
@@ -270,10 +355,16 @@ where
             crate::telemetry::probe_runtime_lag(move |late| telemetry.observe_runtime_lag(late))
         }),
     ];
-    tracing::info!(id = opts.id, %addr, metrics = ?metrics_addr, "controller serving");
+    if let Some(bound) = peer_addr {
+        let serving_at = opts.peer_advertise.clone().unwrap_or_else(|| bound.to_string());
+        relays.push(tokio::spawn(warn_if_peers_look_elsewhere(handle.raft.clone(), opts.id, serving_at)));
+    }
+    tracing::info!(id = opts.id, %addr, peers = ?peer_addr, metrics = ?metrics_addr, "controller serving");
     Ok(RunningNode {
         controller,
         addr,
+        peer_addr,
+        peer_server,
         metrics_addr,
         metrics,
         shutdown: Some(shutdown_tx),

@@ -85,6 +85,17 @@ fn each_controller_pod_resolves_its_own_node_id_and_only_the_first_bootstraps() 
         }
     }
     assert_eq!(bootstrapping, ["gpuplane-controller-0"]);
+    // Peers reach each pod's peer listener, through a port the headless Service and the
+    // container publish.
+    let cfg = controller_config(text);
+    let peer_port = cfg.peer_listen.expect("peer_listen in controller.toml").port();
+    for (id, m) in cfg.peer_map().unwrap() {
+        let peer_addr = m.peer_addr.unwrap_or_else(|| panic!("peer {id} has no peer address"));
+        assert!(peer_addr.ends_with(&format!(":{peer_port}")), "peer {id}: {peer_addr}");
+    }
+    let publishes = |ports: &Value, key: &str| ports.as_sequence().unwrap().iter().any(|p| p[key].as_u64() == Some(peer_port.into()));
+    assert!(publishes(&headless["spec"]["ports"], "port"), "the headless Service does not publish port {peer_port}");
+    assert!(publishes(&container["ports"], "containerPort"), "the container does not publish port {peer_port}");
 
     let mount = |name: &str| {
         container["volumeMounts"].as_sequence().unwrap().iter().find(|m| m["name"] == name).map(|m| str_at(&m["mountPath"], "mountPath"))
@@ -122,9 +133,12 @@ fn the_compose_cluster_configs_parse_and_point_at_the_compose_services() {
 
     let cfg = controller_config(&read("compose/controller.toml"));
     let peers = cfg.peer_map().unwrap();
+    let peer_port = cfg.peer_listen.expect("peer_listen in controller.toml").port();
     let mut bootstrapping = Vec::new();
-    for (id, addr) in &peers {
+    for (id, member) in &peers {
+        let addr = &member.addr;
         let service = addr.split(':').next().unwrap();
+        assert_eq!(member.peer_addr, Some(format!("{service}:{peer_port}")), "peer {id}");
         let command: Vec<&str> = services.get(service).unwrap_or_else(|| panic!("peer {id} = {addr:?}: no compose service {service:?}"))
             ["command"]
             .as_sequence()
@@ -145,6 +159,6 @@ fn the_compose_cluster_configs_parse_and_point_at_the_compose_services() {
         let path = deploy(&format!("compose/agent-{n}.toml"));
         let agent = AgentConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(agent.advertise, format!("agent-{n}:7200"), "routers bind to the advertised host");
-        assert!(agent.controllers.iter().all(|c| peers.values().any(|p| p == c)), "{}: {:?}", path.display(), agent.controllers);
+        assert!(agent.controllers.iter().all(|c| peers.values().any(|p| p.addr == *c)), "{}: {:?}", path.display(), agent.controllers);
     }
 }

@@ -19,6 +19,8 @@ use devcluster::{Binaries, Controllers};
 use super::net::{Host, Network};
 
 pub const CONTROLLER_PORT: u16 = 7400;
+/// Where each controller serves its peers (`--peer-listen`), on its namespace's address.
+pub const CONTROLLER_PEER_PORT: u16 = 7410;
 
 pub struct Agent {
     pub index: u8,
@@ -113,7 +115,9 @@ impl Cluster {
         let namespaces: BTreeMap<u64, String> =
             ids.iter().map(|&id| (id, net.namespace(Host::Controller(id)).expect("a controller's namespace"))).collect();
         let tls = certs.clone();
+        let peer_addrs = ids.iter().map(|&id| (id, format!("{}:{CONTROLLER_PEER_PORT}", net.ip(Host::Controller(id)))));
         let controllers = Controllers::new(&bins.controlplane, dir, members)
+            .with_peer_addrs(peer_addrs)
             .with_flags(move |id| {
                 let (cert, key) = certs::leaf_files(&tls, &Principal::Controller(id));
                 [

@@ -325,8 +325,12 @@ async fn replace_member(cluster: &mut Cluster, id: u64, client: &Client, within:
         r.map_err(|e| format!("wiping {}: {e}", p.display()))?;
     }
     cluster.start_controller(id, false)?;
-    let addr = cluster.controllers.members[&id].addr.clone();
-    client.add_member(id, &addr, true).await.map_err(|e| format!("adding controller {id} back: {e}"))?;
+    let member = &cluster.controllers.members[&id];
+    let (addr, peer_addr) = (member.addr.clone(), member.peer_addr.clone());
+    client
+        .add_member_with_peer_address(id, &addr, peer_addr.as_deref(), true)
+        .await
+        .map_err(|e| format!("adding controller {id} back: {e}"))?;
     let t = observe::wait_caught_up(client, &addrs, id, within).await?;
     out.rejoined = true;
     out.recovery = format!("removed from the cluster, data dir wiped, added back empty; caught up in {:.1}s", t.as_secs_f64());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use controlplane::controller::Controller;
 use controlplane::loops::LoopSettings;
-use controlplane::raft::RaftSettings;
+use controlplane::raft::{Member, RaftSettings};
 use controlplane::security::Security;
 use controlplane::server::{start_node_with_incoming, NodeOptions, StorageChoice};
 use controlplane::storage::{BackendError, KvBackend, KvPair, KvPairs, MemBackend, Tree};
@@ -118,7 +118,9 @@ pub fn add_controller(sim: &mut turmoil::Sim<'_>, id: u64, members: u64, electio
     sim.host(controller_host(id), move || {
         let disk = disk.clone();
         let running = running.clone();
-        let bootstrap = (id == 1).then(|| (1..=members).map(|m| (m, controller_addr(m))).collect::<BTreeMap<u64, String>>());
+        // No peer listeners here: the simulation's nodes serve their peers on the API's
+        // listener, as a member without a peer address does.
+        let bootstrap = (id == 1).then(|| (1..=members).map(|m| (m, Member::new(controller_addr(m)))).collect::<BTreeMap<u64, Member>>());
         async move {
             let listener = turmoil::net::TcpListener::bind(("0.0.0.0", CONTROLLER_PORT)).await?;
             let addr = listener.local_addr()?;
@@ -126,6 +128,8 @@ pub fn add_controller(sim: &mut turmoil::Sim<'_>, id: u64, members: u64, electio
                 id,
                 listen: addr,
                 advertise: Some(controller_addr(id)),
+                peer_listen: None,
+                peer_advertise: None,
                 storage: StorageChoice::Memory,
                 raft: raft_settings(election_timeout_ms),
                 bootstrap,

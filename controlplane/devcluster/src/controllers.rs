@@ -11,8 +11,11 @@ use crate::process::Proc;
 /// One controller of the cluster.
 pub struct Member {
     pub id: u64,
-    /// The address it listens on and its peers reach it at.
+    /// The address its API listens on.
     pub addr: String,
+    /// The address of its peer listener (`--peer-listen`), if it has one; else its peers
+    /// reach it at `addr`.
+    pub peer_addr: Option<String>,
     pub data_dir: PathBuf,
     /// The running process, if any.
     pub proc: Option<Proc>,
@@ -42,7 +45,9 @@ impl Controllers {
     pub fn new(bin: &Path, dir: &Path, members: impl IntoIterator<Item = (u64, String)>) -> Controllers {
         let members = members
             .into_iter()
-            .map(|(id, addr)| (id, Member { id, addr, data_dir: dir.join(format!("controller-{id}")), proc: None, starts: 0 }))
+            .map(|(id, addr)| {
+                (id, Member { id, addr, peer_addr: None, data_dir: dir.join(format!("controller-{id}")), proc: None, starts: 0 })
+            })
             .collect();
         Controllers {
             bin: bin.to_path_buf(),
@@ -54,9 +59,21 @@ impl Controllers {
         }
     }
 
-    /// Three controllers on free loopback ports.
+    /// Three controllers on free loopback ports, each with a peer listener of its own.
     pub fn three_on_loopback(bin: &Path, dir: &Path) -> Controllers {
         Controllers::new(bin, dir, (1..=3).map(|id| (id, crate::ports::free_loopback_addr())))
+            .with_peer_addrs((1..=3).map(|id| (id, crate::ports::free_loopback_addr())))
+    }
+
+    /// Gives controllers peer listeners (`--peer-listen`) at these addresses, and every
+    /// controller's `--peer` flags these as their peer addresses.
+    pub fn with_peer_addrs(mut self, peer_addrs: impl IntoIterator<Item = (u64, String)>) -> Self {
+        for (id, peer_addr) in peer_addrs {
+            if let Some(m) = self.members.get_mut(&id) {
+                m.peer_addr = Some(peer_addr);
+            }
+        }
+        self
     }
 
     /// The flags each start gets after its identity ones (replacing `--insecure`).
@@ -86,11 +103,21 @@ impl Controllers {
     /// initialises a new cluster. Returns the log of this start: `controller-<id>.log`, then
     /// `controller-<id>.start-<n>.log` for later starts.
     pub fn start(&mut self, id: u64, bootstrap: bool) -> Result<PathBuf, String> {
-        let peers: Vec<String> = self.members.values().map(|m| format!("{}={}", m.id, m.addr)).collect();
+        let peers: Vec<String> = self
+            .members
+            .values()
+            .map(|m| match &m.peer_addr {
+                Some(peer) => format!("{}={},{peer}", m.id, m.addr),
+                None => format!("{}={}", m.id, m.addr),
+            })
+            .collect();
         let member = self.members.get_mut(&id).ok_or(format!("no controller {id}"))?;
         member.starts += 1;
         let mut cmd = Command::new(&self.bin);
         cmd.arg("--node-id").arg(id.to_string()).arg("--listen").arg(&member.addr).arg("--data-dir").arg(&member.data_dir);
+        if let Some(peer_addr) = &member.peer_addr {
+            cmd.arg("--peer-listen").arg(peer_addr);
+        }
         for p in &peers {
             cmd.arg("--peer").arg(p);
         }

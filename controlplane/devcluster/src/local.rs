@@ -51,6 +51,8 @@ impl LocalCluster {
     pub fn new(dir: &Path, bins: Binaries, mig_strategy: MigStrategy, timings: LoopTimings) -> Result<Self, String> {
         let base = free_port_block(17400, 3)?;
         let addrs: BTreeMap<u64, String> = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", base + id as u16 - 1))).collect();
+        let peer_base = free_port_block(base + 10, 3)?;
+        let peer_addrs = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", peer_base + id as u16 - 1)));
         let metrics_base = free_port_block(base + 100, 3)?;
         let metrics_addrs: BTreeMap<u64, String> =
             (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", metrics_base + id as u16 - 1))).collect();
@@ -63,6 +65,7 @@ impl LocalCluster {
         }
         let config_dir = dir.to_path_buf();
         let controllers = Controllers::new(&bins.controlplane, dir, addrs)
+            .with_peer_addrs(peer_addrs)
             .with_flags(move |id| {
                 vec!["--insecure".into(), "--config".into(), config_dir.join(format!("controller-{id}.toml")).display().to_string()]
             })

@@ -157,6 +157,10 @@ enum ClusterCommand {
         node_id: u64,
         /// host:port the new controller serves on; it must answer before it is added.
         address: String,
+        /// host:port of its peer listener (its `--peer-listen`), where the other
+        /// controllers send it Raft's RPCs; without it they use `address`.
+        #[arg(long)]
+        peer_address: Option<String>,
         /// Keep it a non-voting learner.
         #[arg(long)]
         learner: bool,
@@ -614,8 +618,8 @@ async fn cluster(client: &Client, servers: &[String], command: ClusterCommand, o
             }
             return Ok(());
         }
-        ClusterCommand::Add { node_id, address, learner } => {
-            client.add_member(node_id, &address, !learner).await.map_err(describe_status)?
+        ClusterCommand::Add { node_id, address, peer_address, learner } => {
+            client.add_member_with_peer_address(node_id, &address, peer_address.as_deref(), !learner).await.map_err(describe_status)?
         }
         ClusterCommand::Remove { node_id } => client.remove_member(node_id).await.map_err(describe_status)?,
         ClusterCommand::Transfer { node_id } => client.transfer_leader(node_id.unwrap_or(0)).await.map_err(describe_status)?,
@@ -667,6 +671,6 @@ fn status_json(s: &proto::ClusterStatusResponse) -> serde_json::Value {
         "last_log_index": s.last_log_index,
         "snapshot_index": s.snapshot_index,
         "purged_index": s.purged_index,
-        "members": s.members.iter().map(|m| serde_json::json!({"node_id": m.node_id, "address": m.address, "voter": m.voter, "matched_index": m.matched_index})).collect::<Vec<_>>(),
+        "members": s.members.iter().map(|m| serde_json::json!({"node_id": m.node_id, "address": m.address, "peer_address": m.peer_address, "voter": m.voter, "matched_index": m.matched_index})).collect::<Vec<_>>(),
     })
 }

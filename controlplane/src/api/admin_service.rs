@@ -34,10 +34,18 @@ impl AdminService {
 }
 
 fn check_address(field: &str, addr: &str) -> Result<(), FieldError> {
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
-        _ => Err(FieldError::invalid(field, format!("{addr:?} is not host:port"))),
+    crate::raft::check_host_port(addr).map_err(|why| FieldError::invalid(field, why))
+}
+
+/// A member's addresses from a request's `{prefix}address` and `{prefix}peer_address`
+/// (empty: none).
+fn member_of(prefix: &str, address: &str, peer_address: &str) -> Result<Node, FieldError> {
+    check_address(&format!("{prefix}address"), address)?;
+    if peer_address.is_empty() {
+        return Ok(Node::new(address));
     }
+    check_address(&format!("{prefix}peer_address"), peer_address)?;
+    Ok(Node::with_peer_addr(address, Some(peer_address.to_string())))
 }
 
 #[tonic::async_trait]
@@ -54,8 +62,8 @@ impl Admin for AdminService {
         }
         let mut members = BTreeMap::new();
         for (i, m) in req.members.iter().enumerate() {
-            check_address(&format!("members[{i}].address"), &m.address).map_err(ApiError::from)?;
-            if members.insert(m.node_id, Node::new(m.address.clone())).is_some() {
+            let member = member_of(&format!("members[{i}]."), &m.address, &m.peer_address).map_err(ApiError::from)?;
+            if members.insert(m.node_id, member).is_some() {
                 return Err(ApiError::from(FieldError::invalid(
                     format!("members[{i}].node_id"),
                     format!("duplicate node id {}", m.node_id),
@@ -75,8 +83,8 @@ impl Admin for AdminService {
         let caller = caller(&request)?;
         require_admin(&caller, "AddMember")?;
         let req = request.into_inner();
-        check_address("address", &req.address).map_err(ApiError::from)?;
-        match self.controller.add_member(req.node_id, req.address.clone(), req.promote).await {
+        let member = member_of("", &req.address, &req.peer_address).map_err(ApiError::from)?;
+        match self.controller.add_member(req.node_id, member, req.promote).await {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
                 to_leader(&self.controller, forwarded, leader, |ch| async move {

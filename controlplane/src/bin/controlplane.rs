@@ -15,6 +15,7 @@ use controlplane::cloud::sim::{SimCloud, SimCloudConfig};
 use controlplane::cloud::NodeProvider;
 use controlplane::config::{parse_peer_flag, ControllerConfig};
 use controlplane::loops::LoopSettings;
+use controlplane::raft::Member;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
 use controlplane::telemetry::tracing::{init as init_tracing, otlp_endpoint};
 
@@ -32,6 +33,13 @@ struct Args {
     /// Address peers and clients use to reach this node.
     #[arg(long)]
     advertise: Option<String>,
+    /// Serve Raft's peer RPCs here, on Raft's own threads, e.g. 0.0.0.0:7410 (default:
+    /// peers use the listen address).
+    #[arg(long)]
+    peer_listen: Option<SocketAddr>,
+    /// Address peers reach the peer listener at.
+    #[arg(long)]
+    peer_advertise: Option<String>,
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Serve /metrics, /healthz and /readyz over HTTP here, e.g. 127.0.0.1:9400.
@@ -40,7 +48,8 @@ struct Args {
     /// Export traces over OTLP/gRPC here, e.g. http://collector:4317.
     #[arg(long)]
     otlp_endpoint: Option<String>,
-    /// Initial member, ID=HOST:PORT (repeat for each member, this node included).
+    /// Initial member, ID=HOST:PORT, or ID=HOST:PORT,PEER_HOST:PEER_PORT for a member with
+    /// a peer listener (repeat for each member, this node included).
     #[arg(long = "peer", value_parser = parse_peer_flag)]
     peers: Vec<(String, String)>,
     /// Initialise a new cluster from the peer list if this node has no state yet.
@@ -113,6 +122,8 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
     cfg.node_id = args.node_id.or(cfg.node_id);
     cfg.listen = args.listen.or(cfg.listen);
     cfg.advertise = args.advertise.clone().or(cfg.advertise);
+    cfg.peer_listen = args.peer_listen.or(cfg.peer_listen);
+    cfg.peer_advertise = args.peer_advertise.clone().or(cfg.peer_advertise);
     cfg.data_dir = args.data_dir.clone().or(cfg.data_dir);
     cfg.metrics_listen = args.metrics_listen.or(cfg.metrics_listen);
     cfg.bootstrap |= args.bootstrap;
@@ -141,6 +152,8 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
         id,
         listen,
         advertise: cfg.advertise.clone(),
+        peer_listen: cfg.peer_listen,
+        peer_advertise: cfg.peer_advertise.clone().or_else(|| peers.get(&id).and_then(|m| m.peer_addr.clone())),
         storage: StorageChoice::DataDir(data_dir),
         raft: cfg.raft.settings(),
         loops: LoopSettings { provider: sim_cloud(&cfg, &peers)?, ..cfg.loops.settings(!args.no_loops).map_err(anyhow::Error::msg)? },
@@ -153,7 +166,7 @@ async fn run_node(args: &Args) -> anyhow::Result<()> {
 }
 
 /// The node provider of `[cloud]`, if one is configured.
-fn sim_cloud(cfg: &ControllerConfig, peers: &BTreeMap<u64, String>) -> anyhow::Result<Option<Arc<dyn NodeProvider>>> {
+fn sim_cloud(cfg: &ControllerConfig, peers: &BTreeMap<u64, Member>) -> anyhow::Result<Option<Arc<dyn NodeProvider>>> {
     let c = &cfg.cloud;
     match c.provider.as_deref() {
         None => Ok(None),
@@ -165,7 +178,7 @@ fn sim_cloud(cfg: &ControllerConfig, peers: &BTreeMap<u64, String>) -> anyhow::R
             let need = |v: &Option<PathBuf>, field: &str| {
                 v.clone().ok_or_else(|| anyhow::anyhow!("cloud.{field}: required with provider = \"sim\""))
             };
-            let mut controllers: Vec<String> = peers.values().cloned().collect();
+            let mut controllers: Vec<String> = peers.values().map(|m| m.addr.clone()).collect();
             if controllers.is_empty() {
                 controllers.extend(cfg.advertise.clone().or(cfg.listen.map(|l| l.to_string())));
             }
@@ -187,6 +200,7 @@ fn sim_cloud(cfg: &ControllerConfig, peers: &BTreeMap<u64, String>) -> anyhow::R
 async fn run_dev(args: &Args) -> anyhow::Result<()> {
     let base = args.data_dir.clone().unwrap_or_else(|| PathBuf::from(".gpuplane-dev"));
     let addrs: BTreeMap<u64, String> = (1..=3u64).map(|id| (id, format!("127.0.0.1:{}", args.dev_port + id as u16 - 1))).collect();
+    let members: BTreeMap<u64, Member> = addrs.iter().map(|(id, addr)| (*id, Member::new(addr.clone()))).collect();
     let mut nodes = Vec::new();
     controlplane::security::warn_insecure("controlplane --dev");
     for (id, addr) in &addrs {
@@ -194,9 +208,11 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
             id: *id,
             listen: addr.parse()?,
             advertise: Some(addr.clone()),
+            peer_listen: None,
+            peer_advertise: None,
             storage: StorageChoice::DataDir(base.join(format!("controller-{id}"))),
             raft: Default::default(),
-            bootstrap: (*id == 1).then(|| addrs.clone()),
+            bootstrap: (*id == 1).then(|| members.clone()),
             loops: LoopSettings { enabled: !args.no_loops, ..Default::default() },
             // --metrics-listen serves node 1's figures in --dev.
             metrics_listen: args.metrics_listen.filter(|_| *id == 1),

@@ -22,6 +22,8 @@ pub struct RaftStatus {
     pub purged_index: u64,
     /// Every member, voters and learners, with its address.
     pub members: BTreeMap<NodeId, String>,
+    /// The members that have a peer address of their own (`Member::peer_addr`), with it.
+    pub peer_addrs: BTreeMap<NodeId, String>,
     pub voters: BTreeSet<NodeId>,
     /// On the leader: the log index each member has matched, `None` until it has
     /// acknowledged an entry. Empty on the others.
@@ -69,6 +71,7 @@ pub fn status(raft: &Raft) -> RaftStatus {
         snapshot_index: m.snapshot.map_or(0, |l| l.index),
         purged_index: m.purged.map_or(0, |l| l.index),
         members: membership.nodes().map(|(id, n)| (*id, n.addr.clone())).collect(),
+        peer_addrs: membership.nodes().filter_map(|(id, n)| Some((*id, n.peer_addr.clone()?))).collect(),
         voters: membership.voter_ids().collect(),
         matched: m.replication.as_ref().map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect()).unwrap_or_default(),
     }
@@ -122,9 +125,9 @@ fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> Con
     }
 }
 
-/// Adds node `id` at `addr` as a learner (it receives the log but does not vote).
-pub async fn add_learner(raft: &Raft, id: NodeId, addr: &str) -> Result<(), ConsensusError> {
-    raft.add_learner(id, Node::new(addr.to_string()), false).await.map(|_| ()).map_err(membership_error)
+/// Adds node `id` at `member`'s addresses as a learner (it receives the log but does not vote).
+pub async fn add_learner(raft: &Raft, id: NodeId, member: Node) -> Result<(), ConsensusError> {
+    raft.add_learner(id, member, false).await.map(|_| ()).map_err(membership_error)
 }
 
 /// Makes learner `id` a voter.
@@ -193,6 +196,17 @@ impl LeadershipWatch {
     /// Raft has stopped.
     pub async fn changed(&mut self) -> bool {
         self.0.changed().await.is_ok()
+    }
+}
+
+/// Node `id` as the membership records it, once it does; `None` if Raft stops first.
+pub async fn member_once_known(raft: &Raft, id: NodeId) -> Option<Node> {
+    let mut server = raft.server_metrics();
+    loop {
+        if let Some(node) = server.borrow_and_update().membership_config.membership().get_node(&id) {
+            return Some(node.clone());
+        }
+        server.changed().await.ok()?;
     }
 }
 

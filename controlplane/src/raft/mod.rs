@@ -5,6 +5,7 @@
 pub mod consensus;
 mod election_gate;
 mod log_store;
+mod member;
 mod network;
 mod node_wakers;
 mod own_runtime;
@@ -17,6 +18,7 @@ mod types;
 pub use consensus::{ConsensusError, RaftStatus};
 pub use election_gate::{ElectionGate, Hold, VoteReplies};
 pub use log_store::LogStore;
+pub use member::{check_host_port, Member, MAX_ADDRESS_LEN};
 pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use own_runtime::RaftRuntime;
 pub use peer_service::RaftPeerService;

@@ -102,7 +102,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        PeerClient { target, addr: node.addr.clone(), channels: self.channels.clone(), vote_replies: self.vote_replies.clone() }
+        PeerClient { target, addr: node.raft_addr().to_string(), channels: self.channels.clone(), vote_replies: self.vote_replies.clone() }
     }
 }
 

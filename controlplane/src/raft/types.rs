@@ -10,12 +10,12 @@ openraft::declare_raft_types!(
         // membership).
         R = Vec<CommandResult>,
         NodeId = u64,
-        Node = openraft::BasicNode,
+        Node = super::member::Member,
         SnapshotData = Cursor<Vec<u8>>,
 );
 
 pub type NodeId = u64;
-pub type Node = openraft::BasicNode;
+pub type Node = super::member::Member;
 pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<NodeId>;
 pub type Vote = openraft::Vote<NodeId>;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use controlplane::client::Client;
 use controlplane::loops::LoopSettings;
-use controlplane::raft::RaftSettings;
+use controlplane::raft::{Member, RaftSettings};
 use controlplane::security::Security;
 use controlplane::server::{start_node, NodeOptions, RunningNode, StorageChoice};
 
@@ -20,6 +20,9 @@ pub struct TestCluster {
     pub dir: tempfile::TempDir,
     pub nodes: BTreeMap<u64, Option<RunningNode>>,
     pub addrs: BTreeMap<u64, SocketAddr>,
+    /// Each node's peer listener (`NodeOptions::peer_listen`). The nodes the cluster starts
+    /// with are members at it; nodes a test adds with `add_member` are reached at `addrs`.
+    pub peer_addrs: BTreeMap<u64, SocketAddr>,
     pub settings: RaftSettings,
     /// Off unless a test turns them on: most tests check Raft and the API alone.
     pub loops: LoopSettings,
@@ -42,14 +45,18 @@ impl TestCluster {
 
     pub async fn start_with(n: u64, settings: RaftSettings, loops: LoopSettings, security: SecurityOf) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut cluster = TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), settings, loops, security };
+        let mut cluster =
+            TestCluster { dir, nodes: BTreeMap::new(), addrs: BTreeMap::new(), peer_addrs: BTreeMap::new(), settings, loops, security };
         for id in 1..=n {
             cluster.start_node(id, "127.0.0.1:0".parse().unwrap(), None).await;
         }
-        let members: BTreeMap<u64, String> = cluster.addrs.iter().map(|(id, a)| (*id, a.to_string())).collect();
+        let nodes = cluster
+            .addrs
+            .iter()
+            .map(|(id, a)| (*id, Member::with_peer_addr(a.to_string(), Some(cluster.peer_addrs[id].to_string()))))
+            .collect();
         // Initialise through node 1 only, exactly once.
         let first = cluster.node(1);
-        let nodes = members.iter().map(|(id, a)| (*id, controlplane::raft::Node::new(a.clone()))).collect();
         first.controller.initialize(nodes).await.unwrap();
         cluster.wait_leader().await;
         cluster
@@ -59,11 +66,13 @@ impl TestCluster {
         self.dir.path().join(format!("node-{id}"))
     }
 
-    pub async fn start_node(&mut self, id: u64, listen: SocketAddr, bootstrap: Option<BTreeMap<u64, String>>) {
+    pub async fn start_node(&mut self, id: u64, listen: SocketAddr, bootstrap: Option<BTreeMap<u64, Member>>) {
         let opts = NodeOptions {
             id,
             listen,
             advertise: None,
+            peer_listen: Some("127.0.0.1:0".parse().unwrap()),
+            peer_advertise: None,
             storage: StorageChoice::DataDir(self.data_dir(id)),
             raft: self.settings.clone(),
             bootstrap,
@@ -73,17 +82,20 @@ impl TestCluster {
         };
         let node = start_node(opts).await.unwrap();
         self.addrs.insert(id, node.addr);
+        self.peer_addrs.insert(id, node.peer_addr.expect("a peer listener"));
         self.nodes.insert(id, Some(node));
     }
 
-    /// Restarts a stopped node on its old address from its data dir.
+    /// Restarts a stopped node on its old addresses from its data dir.
     pub async fn restart(&mut self, id: u64) {
-        let addr = self.addrs[&id];
+        let (addr, peer_addr) = (self.addrs[&id], self.peer_addrs[&id]);
         for _ in 0..50 {
             let opts = NodeOptions {
                 id,
                 listen: addr,
                 advertise: None,
+                peer_listen: Some(peer_addr),
+                peer_advertise: None,
                 storage: StorageChoice::DataDir(self.data_dir(id)),
                 raft: self.settings.clone(),
                 bootstrap: None,

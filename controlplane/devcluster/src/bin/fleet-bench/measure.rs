@@ -374,7 +374,8 @@ impl ControllerProbe {
         }
         let started = Instant::now();
         let address = cluster.controllers.addr(id).to_string();
-        while let Err(e) = admin.add_member(id, &address, false).await {
+        let peer_address = cluster.controllers.members[&id].peer_addr.clone();
+        while let Err(e) = admin.add_member_with_peer_address(id, &address, peer_address.as_deref(), false).await {
             if started.elapsed() > timeout {
                 eprintln!("catch-up: adding controller {id} back: {e}");
                 return result;
@@ -387,7 +388,7 @@ impl ControllerProbe {
             let applied = self.status(id as usize - 1).await.map_or(0, |s| s.applied_index);
             if applied >= target {
                 result.catch_up_s = Some(started.elapsed().as_secs_f64());
-                if let Err(e) = admin.add_member(id, &address, true).await {
+                if let Err(e) = admin.add_member_with_peer_address(id, &address, peer_address.as_deref(), true).await {
                     eprintln!("catch-up: promoting controller {id} again: {e}");
                 }
                 break;
