@@ -13,19 +13,25 @@ use planner::plan::Plan;
 pub fn state_from_resources(resources: &[proto::Resource]) -> Result<ClusterState, String> {
     let mut state = ClusterState::default();
     for (i, r) in resources.iter().enumerate() {
-        let what = format!("{} {:?}", r.kind, r.name);
-        let spec = spec_from_proto(r).map_err(|e| format!("{what}: {e}"))?;
-        validate_spec(&spec).map_err(|e| format!("{what}: {e}"))?;
-        let request = Request {
-            request_id: format!("offline-{i}"),
-            command: Command::Put { name: r.name.clone(), tenant: r.tenant.clone(), spec, mode: WriteMode::Upsert, expected_version: 0 },
-            trace_parent: None,
-        };
-        state.check(&request).map_err(|e| format!("{what}: {e}"))?;
-        let (result, _) = state.apply(i as u64 + 1, &request);
-        result.map_err(|e| format!("{what}: {e}"))?;
+        put_resource(&mut state, i as u64 + 1, r)?;
     }
     Ok(state)
+}
+
+/// Puts `r` into `state` at `revision`, with the controllers' validation and reference
+/// checks, or says why not in one line.
+pub fn put_resource(state: &mut ClusterState, revision: u64, r: &proto::Resource) -> Result<(), String> {
+    let what = format!("{} {:?}", r.kind, r.name);
+    let spec = spec_from_proto(r).map_err(|e| format!("{what}: {e}"))?;
+    validate_spec(&spec).map_err(|e| format!("{what}: {e}"))?;
+    let request = Request {
+        request_id: format!("offline-{revision}"),
+        command: Command::Put { name: r.name.clone(), tenant: r.tenant.clone(), spec, mode: WriteMode::Upsert, expected_version: 0 },
+        trace_parent: None,
+    };
+    state.check(&request).map_err(|e| format!("{what}: {e}"))?;
+    let (result, _) = state.apply(revision, &request);
+    result.map(|_| ()).map_err(|e| format!("{what}: {e}"))
 }
 
 /// Runs `strategy` on the state's services and GPU models (the fleet's nodes are not

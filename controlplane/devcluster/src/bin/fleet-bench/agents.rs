@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use controlplane::client::{Client, RetryPolicy};
-use serde_json::json;
 
 /// What one agent has received.
 #[derive(Clone, Debug, Default)]
@@ -76,22 +75,8 @@ impl Observed {
     }
 }
 
-pub const GPUS_PER_NODE: usize = 8;
-
-pub fn node_name(i: usize) -> String {
-    format!("host-{i:05}")
-}
-
-fn node_resource(name: &str) -> proto::Resource {
-    let gpus: Vec<_> =
-        (0..GPUS_PER_NODE).map(|g| json!({"uuid": format!("GPU-{name}-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
-    proto::Resource {
-        kind: "Node".into(),
-        name: name.into(),
-        spec_json: json!({"address": format!("{name}:7000"), "instance_type": "a100-8x", "gpus": gpus}).to_string(),
-        ..Default::default()
-    }
-}
+pub use devcluster::synthetic_fleet::node_name;
+use devcluster::synthetic_fleet::node_resource;
 
 /// The report an agent that applied `desired` sends: the GPUs as configured, its workloads
 /// running, and a window of metrics per service placed on it.

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use controlplane::client::Client;
 use devcluster::local::{LocalCluster, LoopTimings};
+use devcluster::synthetic_fleet::service;
 use devcluster::Binaries;
-use serde_json::json;
 
 use agents::Observed;
 use measure::{percentile, ControllerProbe, Row};
@@ -97,17 +97,6 @@ fn main() {
     }
 }
 
-fn service(i: usize, rate: f64) -> proto::Resource {
-    proto::Resource {
-        kind: "Service".into(),
-        name: format!("svc-{i:05}"),
-        tenant: "acme".into(),
-        spec_json: json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": rate}, "allowed_gpu_models": ["A100-80GB"]})
-            .to_string(),
-        ..Default::default()
-    }
-}
-
 /// The leader's log is settled when it grows by less than this in a second: reports
 /// change no status, only a handful of writes go through.
 const SETTLED_BYTES_PER_S: u64 = 256 * 1024;
@@ -134,24 +123,12 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let servers = cluster.servers();
     let admin = Client::new(servers.clone());
     // The demo's GPU models, instance types and profiles, and a tenant for the Services.
-    for r in devcluster::demo::scenario::resources().into_iter().filter(|r| r.kind != "Service") {
+    for r in devcluster::synthetic_fleet::base_resources() {
         while let Err(e) = admin.put(r.clone(), proto::WriteMode::Unspecified).await {
             eprintln!("seeding {} {}: {e}; retrying", r.kind, r.name);
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    admin
-        .put(
-            proto::Resource {
-                kind: "Tenant".into(),
-                name: "acme".into(),
-                spec_json: json!({"display_name": "Acme", "max_services": 10_000}).to_string(),
-                ..Default::default()
-            },
-            proto::WriteMode::Unspecified,
-        )
-        .await
-        .expect("tenant");
     let probe = ControllerProbe::new(&cluster);
     let start_terms = probe.terms().await;
     let cpu_start = probe.cpu_seconds();

@@ -1,0 +1,160 @@
+//! provision-bench: what one provisioning pass costs, phase by phase, at 100, 1,000 and
+//! 10,000 hosts, in-process (no Raft, no network, no other load): the first pass over
+//! fleet-bench's fleet, then the pass after one Service's rate +25% (the pass fleet-bench's
+//! "one service +25%" waits for). The phases are the provisioner's (`loops::provisioner`),
+//! called in its order through the same public functions.
+//!
+//!   provision-bench [--hosts N] [--runs R]
+
+use std::time::Instant;
+
+use clap::Parser;
+use controlplane::provision::offline::{put_resource, state_from_resources};
+use controlplane::provision::quota::plan_within_limits;
+use controlplane::provision::{fleet_capacity, gather, inputs_digest, provision_keeping, MigStrategy, PoolPlans};
+use controlplane::resources::PlanSpec;
+use controlplane::state::ClusterState;
+use devcluster::synthetic_fleet::{base_resources, node_name, node_resource, service};
+
+/// The controller's allocator (`controlplane`'s binary): the pass allocates a great deal,
+/// and glibc's malloc would make it another pass.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(about = "One provisioning pass's phases at fleet scale, in-process")]
+struct Args {
+    /// One fleet size (default: 100, 1,000 and 10,000 hosts).
+    #[arg(long)]
+    hosts: Option<usize>,
+    /// Runs of each pass; the table shows their medians.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Request rate of each Service (req/s), as fleet-bench's default.
+    #[arg(long, default_value_t = 30_000.0)]
+    rate: f64,
+    /// Hosts per Service, as fleet-bench's default.
+    #[arg(long, default_value_t = 4)]
+    hosts_per_service: usize,
+}
+
+const PHASES: [&str; 7] =
+    ["gather inputs", "fleet capacity", "inputs digest", "plan (pools, quotas)", "place on the fleet", "diff with committed", "whole pass"];
+
+/// One pass as the provisioner makes it, with each phase's seconds.
+fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<&PoolPlans>) -> ([f64; 7], PlanSpec, PoolPlans) {
+    let mut seconds = [0.0; 7];
+    let started = Instant::now();
+    let mut lap = Instant::now();
+    let mut mark = |i: usize, lap: &mut Instant| {
+        seconds[i] = lap.elapsed().as_secs_f64();
+        *lap = Instant::now();
+    };
+    let mut inputs = gather(state);
+    // The committed plan: what the state machine holds once the last pass's plan committed.
+    inputs.current = committed.cloned();
+    mark(0, &mut lap);
+    inputs.capacity = Some(fleet_capacity(state, &inputs.fleet, &inputs.input.gpu_types, false));
+    mark(1, &mut lap);
+    let digest = inputs_digest(&inputs, MigStrategy::Parvagpu);
+    mark(2, &mut lap);
+    let (mut plan, pools) = provision_keeping(&inputs, MigStrategy::Parvagpu, digest, previous, &|| false).expect("never stopped");
+    let plan_and_place = lap.elapsed().as_secs_f64();
+    // The planning alone, again (it is pure), to split the two: not part of the pass.
+    let planning = Instant::now();
+    std::hint::black_box(plan_within_limits(
+        &inputs.input,
+        &inputs.rules,
+        MigStrategy::Parvagpu,
+        previous,
+        &|| false,
+        inputs.capacity.as_ref(),
+    ));
+    seconds[3] = planning.elapsed().as_secs_f64();
+    seconds[4] = (plan_and_place - seconds[3]).max(0.0);
+    let pass_so_far = started.elapsed().as_secs_f64() - seconds[3];
+    lap = Instant::now();
+    plan.normalise();
+    if let Some(current) = &inputs.current {
+        std::hint::black_box(current.diff(&plan));
+    }
+    seconds[5] = lap.elapsed().as_secs_f64();
+    seconds[6] = pass_so_far + seconds[5];
+    (seconds, plan, pools)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Measured {
+    hosts: usize,
+    first: [f64; 7],
+    one_service: [f64; 7],
+    gpus_planned: usize,
+    gpus_moved: usize,
+}
+
+fn measure(hosts: usize, args: &Args) -> Measured {
+    let services = hosts.div_ceil(args.hosts_per_service);
+    let mut resources = base_resources();
+    resources.extend((0..hosts).map(|i| node_resource(&node_name(i))));
+    resources.extend((0..services).map(|i| service(i, args.rate)));
+    let mut state = state_from_resources(&resources).unwrap_or_else(|e| panic!("the synthetic fleet: {e}"));
+    let runs = args.runs.max(1);
+    let mut firsts = Vec::new();
+    let mut first = None;
+    for _ in 0..runs {
+        let (seconds, plan, pools) = pass(&state, None, None);
+        firsts.push(seconds);
+        first = Some((plan, pools));
+    }
+    let (committed, pools) = first.expect("at least one run");
+    let revision = state.revision() + 1;
+    put_resource(&mut state, revision, &service(0, args.rate * 1.25)).expect("Service 0 at +25%");
+    let mut ones = Vec::new();
+    let mut moved = 0;
+    for _ in 0..runs {
+        let (seconds, plan, _) = pass(&state, Some(&committed), Some(&pools));
+        let patch = committed.diff(&plan);
+        moved = patch.set_gpus.len() + patch.remove_gpus.len();
+        ones.push(seconds);
+    }
+    let phase = |all: &[[f64; 7]], i: usize| median(all.iter().map(|s| s[i]).collect());
+    Measured {
+        hosts,
+        first: std::array::from_fn(|i| phase(&firsts, i)),
+        one_service: std::array::from_fn(|i| phase(&ones, i)),
+        gpus_planned: committed.gpus.len(),
+        gpus_moved: moved,
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let sizes = args.hosts.map_or(vec![100, 1_000, 10_000], |n| vec![n]);
+    let rows: Vec<Measured> = sizes.iter().map(|&n| measure(n, &args)).collect();
+    println!("provisioning pass, median of {} runs (seconds; one process, no other load)", args.runs.max(1));
+    print!("{:<34}", "");
+    for r in &rows {
+        print!("{:>14}", format!("{} hosts", r.hosts));
+    }
+    println!();
+    for (title, pick) in [("first pass", 0), ("after one Service +25%", 1)] {
+        println!("{title}");
+        for (i, name) in PHASES.iter().enumerate() {
+            print!("  {name:<32}");
+            for r in &rows {
+                let s = if pick == 0 { r.first[i] } else { r.one_service[i] };
+                print!("{s:>14.4}");
+            }
+            println!();
+        }
+    }
+    print!("{:<34}", "planned GPUs / moved by the change");
+    for r in &rows {
+        print!("{:>14}", format!("{} / {}", r.gpus_planned, r.gpus_moved));
+    }
+    println!();
+}

@@ -1,0 +1,51 @@
+//! The synthetic fleet the scale benchmarks use (`fleet-bench`, `provision-bench`): hosts of
+//! 8 A100-80GB GPUs and resnet50 Services (SLO 50 ms) of one tenant, over the demo's GPU
+//! models, instance types and profiles.
+
+use serde_json::json;
+
+pub const GPUS_PER_NODE: usize = 8;
+
+pub fn node_name(i: usize) -> String {
+    format!("host-{i:05}")
+}
+
+/// Host `name` as its agent registers it.
+pub fn node_resource(name: &str) -> proto::Resource {
+    let gpus: Vec<_> =
+        (0..GPUS_PER_NODE).map(|g| json!({"uuid": format!("GPU-{name}-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
+    proto::Resource {
+        kind: "Node".into(),
+        name: name.into(),
+        spec_json: json!({"address": format!("{name}:7000"), "instance_type": "a100-8x", "gpus": gpus}).to_string(),
+        ..Default::default()
+    }
+}
+
+/// Service `i` at `rate` requests a second.
+pub fn service(i: usize, rate: f64) -> proto::Resource {
+    proto::Resource {
+        kind: "Service".into(),
+        name: format!("svc-{i:05}"),
+        tenant: TENANT.into(),
+        spec_json: json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": rate}, "allowed_gpu_models": ["A100-80GB"]})
+            .to_string(),
+        ..Default::default()
+    }
+}
+
+/// The tenant of every Service.
+pub const TENANT: &str = "acme";
+
+/// What the Services and Nodes refer to: the demo's GPU models, instance types and
+/// profiles, and the tenant (room for 10,000 Services).
+pub fn base_resources() -> Vec<proto::Resource> {
+    let mut resources: Vec<proto::Resource> = crate::demo::scenario::resources().into_iter().filter(|r| r.kind != "Service").collect();
+    resources.push(proto::Resource {
+        kind: "Tenant".into(),
+        name: TENANT.into(),
+        spec_json: json!({"display_name": "Acme", "max_services": 10_000}).to_string(),
+        ..Default::default()
+    });
+    resources
+}
