@@ -1,6 +1,6 @@
-//! Peer listeners (README, "Membership"): a member with a peer address is sent Raft's RPCs
-//! there, not at its API address; the peer listener serves nothing else; AddMember checks
-//! the peer address as it checks the API address.
+//! Peer listeners (README, `peer_listen` and `gpuctl cluster add`): a member with a peer
+//! address is sent Raft's RPCs there, not at its API address; the peer listener serves
+//! nothing else; AddMember checks the peer address as it checks the API address.
 
 mod common;
 
