@@ -283,7 +283,7 @@ impl Controller {
                     format!("{other_addr} is already the address of node {other} ({})", role(other)),
                 ));
             }
-            if let (true, Some(peer)) = (*other != id && other_member.peer_addr == member.peer_addr, &member.peer_addr) {
+            if let Some(peer) = member.peer_addr.as_ref().filter(|p| *other != id && other_member.peer_addr.as_ref() == Some(p)) {
                 return Err(field_error(
                     ErrorCode::AlreadyExists,
                     "peer_address",

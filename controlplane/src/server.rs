@@ -160,23 +160,20 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
     // peer's delayed ACK, 40 ms, and a new leader re-sending its log tail to a follower
     // took 40 ms per 512 KiB batch (the clients' and peers' own ends already set it).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let listeners = Listeners { metrics: metrics_listener, peers: peer_listener };
     match opts.storage.clone() {
         StorageChoice::DataDir(dir) => {
             let backend = Arc::new(open_data_dir(&dir, opts.id)?);
-            let listeners = Listeners { metrics: metrics_listener, peers: peer_listener };
             serve(opts, backend, Watermark::in_dir(&dir), incoming, addr, channels, listeners).await
         }
-        StorageChoice::Memory => {
-            let listeners = Listeners { metrics: metrics_listener, peers: peer_listener };
-            serve(opts, Arc::new(MemBackend::new()), Watermark::disabled(), incoming, addr, channels, listeners).await
-        }
+        StorageChoice::Memory => serve(opts, Arc::new(MemBackend::new()), Watermark::disabled(), incoming, addr, channels, listeners).await,
     }
 }
 
 /// [`start_node`] over a stream of accepted connections and a given storage backend, for the
 /// deterministic simulation: it serves over its simulated network and keeps `backend` across
-/// a crash of the node, as a disk would. `opts.listen`, `opts.storage` and
-/// `opts.metrics_listen` and `opts.peer_listen` are not used; `addr` is the address the node serves at and
+/// a crash of the node, as a disk would. `opts.listen`, `opts.storage`, `opts.metrics_listen`
+/// and `opts.peer_listen` are not used; `addr` is the address the node serves at and
 /// `channels` opens its connections to peers. Everything else is as in [`start_node`].
 pub async fn start_node_with_incoming<B, I, IO, IE>(
     opts: NodeOptions,
@@ -309,7 +306,7 @@ where
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let gates = Gatekeeper::new(&opts.security);
-    let (peer_server, peer_addr) = match listeners.peers {
+    let (peer_server, peer_bound) = match listeners.peers {
         Some(listener) => {
             let bound = listener.local_addr()?;
             let runtime = raft_runtime.as_ref().map_or_else(tokio::runtime::Handle::current, |r| r.handle().clone());
@@ -318,6 +315,8 @@ where
         }
         None => (None, None),
     };
+    // Where peers reach this node's peer listener, if it has one.
+    let peer_advertise = peer_bound.map(|bound| opts.peer_advertise.clone().unwrap_or_else(|| bound.to_string()));
     // The API's listener serves Raft's RPCs too: for members without a peer address, and
     // for peers whose membership does not have this node's yet.
     let router = server_builder(&opts.security)?
@@ -335,10 +334,9 @@ where
     if let Some(members) = &opts.bootstrap {
         if !handle.raft.is_initialized().await? {
             let mut nodes = members.clone();
-            let own_peer_addr = opts.peer_advertise.clone().or_else(|| peer_addr.map(|a| a.to_string()));
             let own = nodes.entry(opts.id).or_insert_with(|| Node::new(advertise.clone()));
             if own.peer_addr.is_none() {
-                own.peer_addr = own_peer_addr;
+                own.peer_addr.clone_from(&peer_advertise);
             }
             tracing::info!(members = ?nodes.keys().collect::<Vec<_>>(), "initializing a new cluster");
             handle.raft.initialize(nodes).await?;
@@ -355,15 +353,14 @@ where
             crate::telemetry::probe_runtime_lag(move |late| telemetry.observe_runtime_lag(late))
         }),
     ];
-    if let Some(bound) = peer_addr {
-        let serving_at = opts.peer_advertise.clone().unwrap_or_else(|| bound.to_string());
+    if let Some(serving_at) = peer_advertise {
         relays.push(tokio::spawn(warn_if_peers_look_elsewhere(handle.raft.clone(), opts.id, serving_at)));
     }
-    tracing::info!(id = opts.id, %addr, peers = ?peer_addr, metrics = ?metrics_addr, "controller serving");
+    tracing::info!(id = opts.id, %addr, peers = ?peer_bound, metrics = ?metrics_addr, "controller serving");
     Ok(RunningNode {
         controller,
         addr,
-        peer_addr,
+        peer_addr: peer_bound,
         peer_server,
         metrics_addr,
         metrics,

@@ -80,8 +80,12 @@ mod tests {
         for bad in ["c-0", ":7400", "c-0:", "c-0:70000", "c-0:port"] {
             assert_eq!(check_host_port(bad).unwrap_err(), format!("{bad:?} is not host:port"));
         }
-        let long = format!("{}:7400", "a".repeat(MAX_ADDRESS_LEN));
-        assert!(check_host_port(&long).unwrap_err().contains("longer than an address can be"));
+        // At the bound and one past it.
+        let longest = format!("{}:7400", "a".repeat(MAX_ADDRESS_LEN - 5));
+        assert_eq!(longest.len(), MAX_ADDRESS_LEN);
+        assert!(check_host_port(&longest).is_ok());
+        let too_long = format!("a{longest}");
+        assert!(check_host_port(&too_long).unwrap_err().contains("longer than an address can be"));
     }
 
     #[test]

@@ -41,25 +41,28 @@ struct Args {
 const PHASES: [&str; 7] =
     ["gather inputs", "fleet capacity", "inputs digest", "plan (pools, quotas)", "place on the fleet", "diff with committed", "whole pass"];
 
+/// Seconds since `since`, which then starts again.
+fn lap(since: &mut Instant) -> f64 {
+    let seconds = since.elapsed().as_secs_f64();
+    *since = Instant::now();
+    seconds
+}
+
 /// One pass as the provisioner makes it, with each phase's seconds.
 fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<&PoolPlans>) -> ([f64; 7], PlanSpec, PoolPlans) {
     let mut seconds = [0.0; 7];
     let started = Instant::now();
-    let mut lap = Instant::now();
-    let mut mark = |i: usize, lap: &mut Instant| {
-        seconds[i] = lap.elapsed().as_secs_f64();
-        *lap = Instant::now();
-    };
+    let mut since = Instant::now();
     let mut inputs = gather(state);
     // The committed plan: what the state machine holds once the last pass's plan committed.
     inputs.current = committed.cloned();
-    mark(0, &mut lap);
+    seconds[0] = lap(&mut since);
     inputs.capacity = Some(fleet_capacity(state, &inputs.fleet, &inputs.input.gpu_types, false));
-    mark(1, &mut lap);
+    seconds[1] = lap(&mut since);
     let digest = inputs_digest(&inputs, MigStrategy::Parvagpu);
-    mark(2, &mut lap);
+    seconds[2] = lap(&mut since);
     let (mut plan, pools) = provision_keeping(&inputs, MigStrategy::Parvagpu, digest, previous, &|| false).expect("never stopped");
-    let plan_and_place = lap.elapsed().as_secs_f64();
+    let plan_and_place = lap(&mut since);
     // The planning alone, again (it is pure), to split the two: not part of the pass.
     let planning = Instant::now();
     std::hint::black_box(plan_within_limits(
@@ -73,12 +76,12 @@ fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<&Po
     seconds[3] = planning.elapsed().as_secs_f64();
     seconds[4] = (plan_and_place - seconds[3]).max(0.0);
     let pass_so_far = started.elapsed().as_secs_f64() - seconds[3];
-    lap = Instant::now();
+    since = Instant::now();
     plan.normalise();
     if let Some(current) = &inputs.current {
         std::hint::black_box(current.diff(&plan));
     }
-    seconds[5] = lap.elapsed().as_secs_f64();
+    seconds[5] = lap(&mut since);
     seconds[6] = pass_so_far + seconds[5];
     (seconds, plan, pools)
 }
