@@ -1,11 +1,12 @@
 //! gpuplane's provisioner in simulated time: the same planning input, pools, strategies and
 //! incremental re-planning (`plan_within_limits` with the previous pool plans) the leader
-//! runs, for the rates a policy asks; what each service gets out of the plan.
+//! runs, for the rates a policy asks, and the same consolidation on its periodic pass; what
+//! each service gets out of the plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use controlplane::provision::quota::plan_within_limits;
-use controlplane::provision::{planning_input, service_rules, MigStrategy, PoolPlans, ServiceRules};
+use controlplane::provision::{planning_input, service_rules, MigStrategy, PoolPlans, Previous, ServiceRules};
 use controlplane::state::ClusterState;
 use planner::input::PlanningInput;
 use planner::plan::{Plan, Sharing};
@@ -48,8 +49,8 @@ impl Provisioner {
     }
 
     /// Plans every service for `rates` (services absent keep their manifest's rate),
-    /// incrementally from the previous plan; what each service gets, and the plan (for the
-    /// node assignment).
+    /// incrementally from the previous plan, as a pass a change woke (consolidation left
+    /// owed); what each service gets, and the plan (for the node assignment).
     pub fn plan(&mut self, rates: &BTreeMap<String, f64>) -> (Planned, Plan) {
         for s in &mut self.input.services {
             if let Some(&r) = rates.get(&s.name) {
@@ -57,11 +58,29 @@ impl Provisioner {
                 s.request_rate = r.max(0.01);
             }
         }
-        let (plan, pools) = plan_within_limits(&self.input, &self.rules, self.strategy, self.previous.as_ref(), &|| false, None)
-            .expect("a plan that is never stopped");
+        let previous = self.previous.as_ref().map(|plans| Previous { plans, consolidate: false });
+        let (plan, pools) =
+            plan_within_limits(&self.input, &self.rules, self.strategy, previous, &|| false, None).expect("a plan that is never stopped");
         let incremental = pools.incremental;
         self.previous = Some(pools);
         (Planned { incremental, ..outcome(&plan) }, plan)
+    }
+
+    /// Whether minimal re-plans since the last full plan leave a consolidation owed.
+    pub fn owes_consolidation(&self) -> bool {
+        self.previous.as_ref().is_some_and(PoolPlans::owes_consolidation)
+    }
+
+    /// The provisioner's periodic pass: when a consolidation is owed, weighs a full plan
+    /// against the current one; the full plan when it was taken.
+    pub fn consolidate(&mut self) -> Option<(Planned, Plan)> {
+        let plans = self.previous.as_ref().filter(|p| p.owes_consolidation())?;
+        let previous = Some(Previous { plans, consolidate: true });
+        let (plan, pools) =
+            plan_within_limits(&self.input, &self.rules, self.strategy, previous, &|| false, None).expect("a plan that is never stopped");
+        let taken = !pools.incremental;
+        self.previous = Some(pools);
+        taken.then(|| (outcome(&plan), plan))
     }
 }
 
@@ -98,4 +117,32 @@ fn outcome(plan: &Plan) -> Planned {
         }
     }
     Planned { services, gpus, incremental: false }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::Scenario;
+
+    #[test]
+    fn a_change_leaves_consolidation_to_the_periodic_pass_which_takes_a_full_plan_that_saves_enough() {
+        let scenario = Scenario::builtin(24, 2, 7).unwrap();
+        let mut provisioner = Provisioner::new(&scenario.state, MigStrategy::Parvagpu);
+        let peak: BTreeMap<String, f64> = scenario.services.iter().map(|s| (s.name.clone(), s.base_rps * 4.0)).collect();
+        let (first, _) = provisioner.plan(&peak);
+        assert!(!first.incremental && !provisioner.owes_consolidation());
+        assert!(provisioner.consolidate().is_none(), "nothing owed, nothing weighed");
+        // A few services' rates fall to a twentieth: re-planned minimally, repacking owed.
+        let mut fallen = peak.clone();
+        for rate in fallen.values_mut().take(6) {
+            *rate /= 20.0;
+        }
+        let (changed, _) = provisioner.plan(&fallen);
+        assert!(changed.incremental && provisioner.owes_consolidation());
+        let (consolidated, _) = provisioner.consolidate().expect("a full plan that saves at least 2%");
+        assert!(!consolidated.incremental && !provisioner.owes_consolidation());
+        let gpus = |p: &Planned| p.gpus.values().sum::<u32>();
+        assert!(gpus(&consolidated) < gpus(&changed), "{} GPUs repacked, {} relocated", gpus(&consolidated), gpus(&changed));
+        assert!(provisioner.consolidate().is_none(), "paid");
+    }
 }

@@ -365,6 +365,11 @@ pub struct Gpuplane {
     windows: BTreeMap<String, Measurement>,
     /// Seconds between the tuner's passes (`[loops] tune_interval`, its default).
     tune_every_s: u32,
+    /// Seconds between the provisioner's periodic passes (`[loops] provision_interval`, its
+    /// default), which consolidate what changes re-planned minimally.
+    provision_every_s: u32,
+    /// When the provisioner last left no consolidation owed.
+    weighed_at: u32,
     services: Vec<SimService>,
     provisioned: Vec<f64>,
     samples: Vec<VecDeque<LoadSample>>,
@@ -400,6 +405,8 @@ impl Gpuplane {
             slos_ms: scenario.services.iter().map(|s| (s.name.clone(), s.slo_ms)).collect(),
             windows: BTreeMap::new(),
             tune_every_s: (controlplane::loops::LoopSettings::default().tune_interval.as_secs() as u32).max(1),
+            provision_every_s: (controlplane::loops::LoopSettings::default().provision_interval.as_secs() as u32).max(1),
+            weighed_at: 0,
             services: scenario.services.clone(),
             samples: vec![VecDeque::new(); provisioned.len()],
             provisioned,
@@ -502,6 +509,24 @@ impl Policy for Gpuplane {
             r.of_others_in_full += if planned.incremental { 0 } else { others };
             self.reconfigure(&changed, &before, t);
             (self.planned, self.plan) = (planned, plan);
+            if !self.provisioner.owes_consolidation() {
+                self.weighed_at = t;
+            }
+        } else if self.provisioner.owes_consolidation() && t >= self.weighed_at + self.provision_every_s {
+            // The periodic pass, an interval after the last weighing: a full plan replaces
+            // the minimal re-plans when it saves enough (`CONSOLIDATION_SAVING`).
+            self.weighed_at = t;
+            if let Some((planned, plan)) = self.provisioner.consolidate() {
+                let before = self.servings(t);
+                let changed = self.place(&plan, t);
+                let r = &mut self.replanning;
+                r.replans += 1;
+                r.full_replans += 1;
+                r.of_others += changed.len() as u32;
+                r.of_others_in_full += changed.len() as u32;
+                self.reconfigure(&changed, &before, t);
+                (self.planned, self.plan) = (planned, plan);
+            }
         } else if deciding && self.fleet.placeable_ids(t) != self.placed_on {
             // A host registered or was marked failed: the provisioner places the same plan
             // on the hosts there are now.

@@ -17,7 +17,7 @@ use super::runner::{Pass, Reconciler, Settled, Write};
 use super::LoopSettings;
 use super::PlanChange;
 use crate::controller::Controller;
-use crate::provision::{gather, inputs_digest, provision_keeping, MigStrategy, PoolPlans};
+use crate::provision::{gather, inputs_digest, place, plan_inputs, MigStrategy, PoolPlans, Previous};
 use crate::raft::WatchSignal;
 use crate::resources::{Kind, Spec};
 use crate::state::{ChangeEvent, ChangeType, ClusterState};
@@ -51,6 +51,13 @@ pub(crate) struct Provisioner {
     planned_digest: Option<String>,
     /// The pool plans of the last pass, for minimal re-planning (`provision::replan`).
     memory: Option<PoolPlans>,
+    /// Whether a change woke this pass (else it is the periodic one). A change's pass
+    /// re-plans minimally and leaves consolidation (weighing a full plan, as much work
+    /// again) owed to the periodic pass.
+    woken: bool,
+    /// When a pass last left no consolidation owed (planned in full, or weighed it): the
+    /// periodic pass comes at most an interval after, however often changes wake passes.
+    weighed_at: Option<tokio::time::Instant>,
     /// The trace of the change that woke the pass; none for a periodic pass.
     trigger: Option<String>,
     /// Whether this pass planned (and so counts in the planning time), and whether it
@@ -69,19 +76,33 @@ pub(crate) struct Committed {
 
 impl Provisioner {
     fn new(controller: &Controller, settings: &LoopSettings) -> Self {
+        Self::with(settings.provision_interval, settings.mig_strategy, settings.provider.is_some(), controller.sm.subscribe())
+    }
+
+    fn with(interval: Duration, strategy: MigStrategy, can_grow: bool, signals: broadcast::Receiver<WatchSignal>) -> Self {
         Provisioner {
-            interval: settings.provision_interval,
-            strategy: settings.mig_strategy,
-            can_grow: settings.provider.is_some(),
-            signals: controller.sm.subscribe(),
+            interval,
+            strategy,
+            can_grow,
+            signals,
             fleet_seen: FleetFingerprints::default(),
             planned_digest: None,
             memory: None,
+            woken: false,
+            weighed_at: None,
             trigger: None,
             planned: false,
             proposed: false,
             demand: None,
         }
+    }
+
+    /// When a pass at `now` that leaves consolidation owed (`owes`) is to run again: an
+    /// interval after the last weighing, so that passes changes wake, however often, never
+    /// put the periodic one off; `None` (the loop's interval) when nothing is owed.
+    fn periodic_in(&self, owes: bool, now: tokio::time::Instant) -> Option<Duration> {
+        let at = self.weighed_at.filter(|_| owes)?;
+        Some((at + self.interval).saturating_duration_since(now))
     }
 
     /// A change the plan may depend on, then everything that arrives while it settles,
@@ -95,6 +116,7 @@ impl Provisioner {
                 break;
             }
         }
+        self.woken = true;
     }
 }
 
@@ -130,27 +152,47 @@ impl Reconciler for Provisioner {
         })
     }
 
-    fn pass(&mut self, view: Committed, _now: tokio::time::Instant, cancelled: &dyn Fn() -> bool) -> Pass {
+    fn pass(&mut self, view: Committed, now: tokio::time::Instant, cancelled: &dyn Fn() -> bool) -> Pass {
         let Committed { cluster, plan_version } = view;
         (self.planned, self.proposed, self.demand) = (false, false, None);
+        // A pass no change woke is the periodic one: it weighs a full plan against the
+        // minimal re-plans made since (consolidation, `provision::replan`).
+        let consolidating = !std::mem::take(&mut self.woken);
         // Taken: a pass that stops plans in full next time.
         let previous = self.memory.take();
+        let owed = previous.as_ref().is_some_and(PoolPlans::owes_consolidation);
         let mut inputs = gather(&cluster);
         inputs.capacity = Some(crate::provision::fleet_capacity(&cluster, &inputs.fleet, &inputs.input.gpu_types, self.can_grow));
         let digest = inputs_digest(&inputs, self.strategy);
         let current = inputs.current.as_ref();
-        if current.is_some_and(|p| p.inputs_digest == digest) || self.planned_digest.as_deref() == Some(digest.as_str()) {
+        let planned_already = current.is_some_and(|p| p.inputs_digest == digest) || self.planned_digest.as_deref() == Some(digest.as_str());
+        if planned_already && !(owed && consolidating) {
             // Planned from these very inputs (and perhaps tuned since): nothing to do.
             self.memory = previous;
-            return Pass::default();
+            return Pass { next_in: self.periodic_in(owed, now), ..Pass::default() };
         }
-        let Some((plan, pools)) = provision_keeping(&inputs, self.strategy, digest.clone(), previous.as_ref(), cancelled) else {
+        let from = previous.as_ref().map(|plans| Previous { plans, consolidate: consolidating });
+        let Some((plan, pools)) = plan_inputs(&inputs, self.strategy, from, cancelled) else {
             // Stopped: leadership moved.
             return Pass::default();
         };
         self.planned = true;
         self.demand = Some(pools.gpus_by_model());
+        let (weighed_and_kept, owes) = (planned_already && pools.incremental, pools.owes_consolidation());
+        if !owes {
+            self.weighed_at = Some(now);
+        }
         self.memory = Some(pools);
+        let next_in = self.periodic_in(owes, now);
+        if weighed_and_kept {
+            // The periodic pass weighed a full plan on the committed inputs and kept the
+            // minimal one: the committed plan (and the tuner's changes to it) stays.
+            return Pass { next_in, ..Pass::default() };
+        }
+        if cancelled() {
+            return Pass::default();
+        }
+        let plan = place(&inputs, &plan, digest.clone());
         // The patch from the committed plan, so the proposal carries only what moved.
         let change = PlanChange::between(inputs.current.as_ref().map(|c| (plan_version, c)), plan);
         if let (PlanChange::Patch { patch, .. }, Some(current)) = (&change, &inputs.current) {
@@ -158,12 +200,12 @@ impl Reconciler for Provisioner {
                 // New inputs (a node joined, a node's health came back) that move nothing:
                 // no commit, so no agent is woken.
                 self.planned_digest = Some(digest);
-                return Pass::default();
+                return Pass { next_in, ..Pass::default() };
             }
         }
         self.planned_digest = None;
         self.proposed = true;
-        Pass { writes: vec![Write::Plan(change)], ..Pass::default() }
+        Pass { writes: vec![Write::Plan(change)], next_in, ..Pass::default() }
     }
 
     fn settled(&mut self, controller: &Controller, settled: Settled) {
@@ -322,6 +364,179 @@ pub(super) mod tests {
         // A node turning unhealthy is.
         tx.send(node_event("n5", ChangeType::Modified, node_status(8, Health::Unhealthy))).unwrap();
         assert!(relevant_change(&mut rx, &mut seen).now_or_never().is_some());
+    }
+
+    /// 12 resnet50 Services on 16 hosts of 8 A100s, the first at `rates`.
+    fn fleet(rates: &[f64]) -> ClusterState {
+        let mut yaml = String::from(
+            r#"
+kind: GpuModel
+name: A100-80GB
+spec:
+  sm_count: 108
+  memory_gib: 80
+  mig:
+    compute_slices: 7
+    memory_slices: 8
+    profiles:
+      - {name: 1g, compute_slices: 1, memory_slices: 1, starts: [0, 1, 2, 3, 4, 5, 6]}
+      - {name: 2g, compute_slices: 2, memory_slices: 2, starts: [0, 2, 4]}
+      - {name: 3g, compute_slices: 3, memory_slices: 4, starts: [0, 4]}
+      - {name: 4g, compute_slices: 4, memory_slices: 4, starts: [0]}
+      - {name: 7g, compute_slices: 7, memory_slices: 8, starts: [0]}
+---
+kind: InstanceType
+name: a100-8x
+spec: {gpu_model: A100-80GB, gpu_count: 8, price_per_hour: 32, launch_latency_s: 60}
+---
+kind: ModelProfile
+name: r50
+spec:
+  model: resnet50
+  gpu_model: A100-80GB
+  points:
+    - {gpcs: 1, batch: 8, throughput_rps: 100, latency_ms: 20}
+    - {gpcs: 2, batch: 8, throughput_rps: 210, latency_ms: 15}
+    - {gpcs: 3, batch: 8, throughput_rps: 320, latency_ms: 12}
+    - {gpcs: 4, batch: 8, throughput_rps: 420, latency_ms: 10}
+    - {gpcs: 7, batch: 8, throughput_rps: 720, latency_ms: 8}
+---
+kind: Tenant
+name: acme
+spec: {}
+"#,
+        );
+        for n in 0..16 {
+            let gpus: Vec<String> = (0..8).map(|g| format!("{{uuid: GPU-{n}-{g}, model: A100-80GB}}")).collect();
+            yaml += &format!(
+                "---\nkind: Node\nname: n{n}\nspec: {{address: \"n{n}:7000\", instance_type: a100-8x, gpus: [{}]}}\n",
+                gpus.join(", ")
+            );
+        }
+        for (i, rate) in rates.iter().enumerate() {
+            yaml += &format!(
+                "---\nkind: Service\nname: s{i:02}\ntenant: acme\nspec: {{model: resnet50, slo: {{latency_ms: 50, request_rate: {rate}}}}}\n"
+            );
+        }
+        let resources = crate::manifest::parse("fleet.yaml", &yaml, crate::manifest::Format::Yaml).unwrap();
+        crate::provision::offline::state_from_resources(&resources).unwrap()
+    }
+
+    fn provisioner() -> Provisioner {
+        Provisioner::with(Duration::from_secs(30), MigStrategy::Parvagpu, false, broadcast::channel(1).1)
+    }
+
+    /// One pass over `cluster`, woken by a change or periodic: the plans it proposed, each
+    /// committed into `cluster`, and when it asked to run again.
+    fn pass(p: &mut Provisioner, cluster: &mut ClusterState, woken: bool, now: tokio::time::Instant) -> (usize, Option<Duration>) {
+        use crate::state::{Command, Request, WriteMode};
+        p.woken = woken;
+        let view = Committed {
+            cluster: cluster.resources_only(),
+            plan_version: cluster.get(Kind::Plan, "current").map_or(0, |r| r.resource_version),
+        };
+        let pass = p.pass(view, now, &|| false);
+        let proposed = pass.writes.len();
+        for write in pass.writes {
+            let Write::Plan(change) = write else { panic!("the provisioner writes plans only") };
+            let command = match change {
+                PlanChange::First(spec) => Command::Put {
+                    name: "current".into(),
+                    tenant: String::new(),
+                    spec: Spec::Plan(spec),
+                    mode: WriteMode::Create,
+                    expected_version: 0,
+                },
+                PlanChange::Patch { patch, base_version } => {
+                    Command::PatchPlan { name: "current".into(), patch, expected_version: base_version }
+                }
+            };
+            let revision = cluster.revision() + 1;
+            cluster.apply(revision, &Request { request_id: String::new(), command, trace_parent: None }).0.unwrap();
+        }
+        (proposed, pass.next_in)
+    }
+
+    /// Puts the Services of `from` into `cluster` (their new rates).
+    fn set_rates(cluster: &mut ClusterState, from: &ClusterState) {
+        for r in from.list(Kind::Service) {
+            let revision = cluster.revision() + 1;
+            let command = crate::state::Command::Put {
+                name: r.name.clone(),
+                tenant: r.tenant.clone(),
+                spec: r.spec.clone(),
+                mode: crate::state::WriteMode::Upsert,
+                expected_version: 0,
+            };
+            cluster.apply(revision, &crate::state::Request { request_id: String::new(), command, trace_parent: None }).0.unwrap();
+        }
+    }
+
+    fn plan_version(cluster: &ClusterState) -> u64 {
+        cluster.get(Kind::Plan, "current").unwrap().resource_version
+    }
+
+    #[test]
+    fn a_changes_pass_re_plans_minimally_and_leaves_consolidation_to_the_periodic_pass() {
+        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
+        let mut cluster = fleet(&rates);
+        let mut p = provisioner();
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(pass(&mut p, &mut cluster, true, t0).0, 1, "the first plan");
+        assert!(!p.memory.as_ref().unwrap().owes_consolidation());
+
+        // Every rate falls to a fifth: the change's pass relocates each service alone.
+        set_rates(&mut cluster, &fleet(&rates.iter().map(|r| r * 0.2).collect::<Vec<_>>()));
+        let t1 = t0 + Duration::from_secs(10);
+        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t1);
+        assert_eq!(proposed, 1, "the change is committed");
+        let memory = p.memory.as_ref().unwrap();
+        assert!(memory.incremental && memory.owes_consolidation(), "re-planned minimally, consolidation owed");
+        assert_eq!(next_in, Some(Duration::from_secs(20)), "the periodic pass comes an interval after the first plan");
+        let minimal = plan_version(&cluster);
+
+        // Another change's pass on the same inputs: nothing to do, still owed, and the
+        // periodic pass is not put off.
+        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t1 + Duration::from_secs(1));
+        assert_eq!((proposed, next_in), (0, Some(Duration::from_secs(19))));
+        assert!(p.memory.as_ref().unwrap().owes_consolidation());
+
+        // The periodic pass weighs a full plan on the committed inputs: at a fifth of the
+        // rates it saves far more than the bar, so it is committed.
+        let (proposed, next_in) = pass(&mut p, &mut cluster, false, t0 + Duration::from_secs(30));
+        assert_eq!(proposed, 1, "the consolidated plan is committed");
+        assert!(plan_version(&cluster) > minimal);
+        let memory = p.memory.as_ref().unwrap();
+        assert!(!memory.incremental && !memory.owes_consolidation());
+        assert_eq!(next_in, None, "nothing owed: the loop's interval");
+        let Some(Spec::Plan(committed)) = cluster.get(Kind::Plan, "current").map(|r| r.spec.clone()) else { panic!("a plan") };
+        let full = crate::provision::provision_from(&gather(&cluster), MigStrategy::Parvagpu);
+        assert_eq!(committed.gpus.len(), full.gpus.len(), "as many GPUs as a full plan");
+
+        // Nothing owed: the next periodic pass does not plan.
+        assert_eq!(pass(&mut p, &mut cluster, false, t0 + Duration::from_secs(60)).0, 0);
+        assert!(!p.planned, "it did not plan");
+    }
+
+    #[test]
+    fn a_periodic_pass_that_weighs_and_keeps_the_plan_commits_nothing() {
+        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
+        let mut cluster = fleet(&rates);
+        let mut p = provisioner();
+        let t0 = tokio::time::Instant::now();
+        pass(&mut p, &mut cluster, false, t0);
+        let mut raised = rates.clone();
+        raised[3] *= 1.25;
+        set_rates(&mut cluster, &fleet(&raised));
+        assert_eq!(pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(1)).0, 1);
+        assert!(p.memory.as_ref().unwrap().owes_consolidation());
+        let minimal = plan_version(&cluster);
+        let (proposed, next_in) = pass(&mut p, &mut cluster, false, t0 + Duration::from_secs(30));
+        assert!(p.planned, "it weighed a full plan");
+        assert_eq!(proposed, 0, "one service +25% is not worth a repack: the committed plan (and its tuning) stays");
+        assert_eq!(plan_version(&cluster), minimal);
+        assert!(p.memory.as_ref().unwrap().incremental && !p.memory.as_ref().unwrap().owes_consolidation());
+        assert_eq!(next_in, None);
     }
 
     fn tenant_event(spec: serde_json::Value, status: serde_json::Value) -> WatchSignal {

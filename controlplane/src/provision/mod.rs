@@ -14,7 +14,7 @@ pub mod scaling;
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::{gpu_price, instance_types, planning_input};
 pub use pools::{plan_pools, ServiceRules};
-pub use replan::{plan_pools_from, PoolPlans};
+pub use replan::{plan_pools_from, PoolPlans, Previous};
 
 use std::collections::BTreeMap;
 
@@ -251,27 +251,28 @@ pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
 
 /// [`provision`] from inputs already gathered.
 pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
-    provision_keeping(inputs, strategy, inputs_digest(inputs, strategy), None, &|| false).expect("never stopped").0
+    let (plan, _) = plan_inputs(inputs, strategy, None, &|| false).expect("never stopped");
+    place(inputs, &plan, inputs_digest(inputs, strategy))
 }
 
-/// [`provision_from`], starting from the pool plans of the previous pass (`previous`) when
-/// only a few services' rates or SLOs changed (minimal re-planning, `replan`); also returns
-/// this pass's pool plans for the next. `digest` is `inputs_digest(inputs, strategy)`, which
-/// the caller has computed already (it encodes every GPU of the fleet). `stop` is asked
-/// between steps (each pool, each service re-planned, the placement); `None` when it said
-/// to stop.
-pub fn provision_keeping(
+/// A pass's plan, before it meets the fleet ([`place`]), and its pool plans for the next
+/// pass: from `previous` when only a few services' rates or SLOs changed (minimal
+/// re-planning, `replan`). `stop` is asked between steps (each pool, each service
+/// re-planned); `None` when it said to stop.
+pub fn plan_inputs(
     inputs: &ProvisionInputs,
     strategy: MigStrategy,
-    digest: String,
-    previous: Option<&PoolPlans>,
+    previous: Option<Previous>,
     stop: &dyn Fn() -> bool,
-) -> Option<(PlanSpec, PoolPlans)> {
-    let (plan, pools) = quota::plan_within_limits(&inputs.input, &inputs.rules, strategy, previous, stop, inputs.capacity.as_ref())?;
-    if stop() {
-        return None;
-    }
-    let (mut gpus, unplaced) = assign_to_nodes(&plan, &inputs.fleet, inputs.current.as_ref());
+) -> Option<(planner::plan::Plan, PoolPlans)> {
+    quota::plan_within_limits(&inputs.input, &inputs.rules, strategy, previous, stop, inputs.capacity.as_ref())
+}
+
+/// `plan` placed on the fleet, keeping what the committed plan runs where it can, with what
+/// each service is predicted to get. `digest` is `inputs_digest(inputs, strategy)`, which
+/// the caller has computed already (it encodes every GPU of the fleet).
+pub fn place(inputs: &ProvisionInputs, plan: &planner::plan::Plan, digest: String) -> PlanSpec {
+    let (mut gpus, unplaced) = assign_to_nodes(plan, &inputs.fleet, inputs.current.as_ref());
     // Each workload carries its tenant's boundary, for the agent's own check.
     for w in gpus.iter_mut().flat_map(|g| g.workloads.iter_mut()) {
         if let Some(b) = inputs.rules.boundaries.get(&w.service) {
@@ -298,14 +299,13 @@ pub fn provision_keeping(
         });
     }
     services.sort_by(|a, b| a.service.cmp(&b.service));
-    let spec = PlanSpec {
-        strategy: plan.strategy,
+    PlanSpec {
+        strategy: plan.strategy.clone(),
         gpus: gpus.into(),
         services: services.into(),
         inputs_digest: digest,
         trace_parent: String::new(),
-    };
-    Some((spec, pools))
+    }
 }
 
 #[cfg(test)]

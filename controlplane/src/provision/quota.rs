@@ -12,7 +12,7 @@ use planner::plan::{Infeasible, InfeasibleReason, Plan};
 use planner::policy::fair_share::{fair_share, Claim};
 use serde::Serialize;
 
-use super::{plan_pools, plan_pools_from, planning_input, service_rules, MigStrategy, PoolPlans, ServiceRules};
+use super::{plan_pools, plan_pools_from, planning_input, service_rules, MigStrategy, PoolPlans, Previous, ServiceRules};
 use crate::resources::{ErrorCode, FieldError, TenantSpec};
 use crate::state::ClusterState;
 
@@ -79,6 +79,11 @@ pub fn usage_by_service(plan: &Plan, types: &[GpuType]) -> BTreeMap<String, Usag
 /// (`ServiceRules::keep_order`: priority, then admission, then name) are kept while the
 /// running sum fits; one that does not is refused and the next is tried.
 pub fn over_quota(plan: &Plan, input: &PlanningInput, rules: &ServiceRules) -> Vec<Infeasible> {
+    if rules.quotas.is_empty() {
+        // No tenant is limited: nothing to count (a walk over every planned workload, 7% of a
+        // one-Service change's pass at 10,000 hosts, perf of `provision-bench`).
+        return Vec::new();
+    }
     let usage = usage_by_service(plan, &input.gpu_types);
     let mut by_tenant: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for s in &input.services {
@@ -122,7 +127,7 @@ pub fn plan_within_limits(
     input: &PlanningInput,
     rules: &ServiceRules,
     strategy: MigStrategy,
-    previous: Option<&PoolPlans>,
+    previous: Option<Previous>,
     stop: &dyn Fn() -> bool,
     capacity: Option<&Capacity>,
 ) -> Option<(Plan, PoolPlans)> {

@@ -1,8 +1,9 @@
 //! provision-bench: what one provisioning pass costs, phase by phase, at 100, 1,000 and
 //! 10,000 hosts, in-process (no Raft, no network, no other load): the first pass over
 //! fleet-bench's fleet, then the pass after one Service's rate +25% (the pass fleet-bench's
-//! "one service +25%" waits for). The phases are the provisioner's (`loops::provisioner`),
-//! called in its order through the same public functions.
+//! "one service +25%" waits for), then the periodic pass after it, which weighs a full plan
+//! against the change's minimal re-plan (consolidation). The phases are the provisioner's
+//! (`loops::provisioner`), called in its order through the same public functions.
 //!
 //!   provision-bench [--hosts N] [--runs R]
 
@@ -10,8 +11,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use controlplane::provision::offline::{put_resource, state_from_resources};
-use controlplane::provision::quota::plan_within_limits;
-use controlplane::provision::{fleet_capacity, gather, inputs_digest, provision_keeping, MigStrategy, PoolPlans};
+use controlplane::provision::{fleet_capacity, gather, inputs_digest, place, plan_inputs, MigStrategy, PoolPlans, Previous};
 use controlplane::resources::PlanSpec;
 use controlplane::state::ClusterState;
 use devcluster::synthetic_fleet::{base_resources, node_name, node_resource, service};
@@ -49,7 +49,7 @@ fn lap(since: &mut Instant) -> f64 {
 }
 
 /// One pass as the provisioner makes it, with each phase's seconds.
-fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<&PoolPlans>) -> ([f64; 7], PlanSpec, PoolPlans) {
+fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<Previous>) -> ([f64; 7], PlanSpec, PoolPlans) {
     let mut seconds = [0.0; 7];
     let started = Instant::now();
     let mut since = Instant::now();
@@ -61,28 +61,16 @@ fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<&Po
     seconds[1] = lap(&mut since);
     let digest = inputs_digest(&inputs, MigStrategy::Parvagpu);
     seconds[2] = lap(&mut since);
-    let (mut plan, pools) = provision_keeping(&inputs, MigStrategy::Parvagpu, digest, previous, &|| false).expect("never stopped");
-    let plan_and_place = lap(&mut since);
-    // The planning alone, again (it is pure), to split the two: not part of the pass.
-    let planning = Instant::now();
-    std::hint::black_box(plan_within_limits(
-        &inputs.input,
-        &inputs.rules,
-        MigStrategy::Parvagpu,
-        previous,
-        &|| false,
-        inputs.capacity.as_ref(),
-    ));
-    seconds[3] = planning.elapsed().as_secs_f64();
-    seconds[4] = (plan_and_place - seconds[3]).max(0.0);
-    let pass_so_far = started.elapsed().as_secs_f64() - seconds[3];
-    since = Instant::now();
+    let (plan, pools) = plan_inputs(&inputs, MigStrategy::Parvagpu, previous, &|| false).expect("never stopped");
+    seconds[3] = lap(&mut since);
+    let mut plan = place(&inputs, &plan, digest);
+    seconds[4] = lap(&mut since);
     plan.normalise();
     if let Some(current) = &inputs.current {
         std::hint::black_box(current.diff(&plan));
     }
     seconds[5] = lap(&mut since);
-    seconds[6] = pass_so_far + seconds[5];
+    seconds[6] = started.elapsed().as_secs_f64();
     (seconds, plan, pools)
 }
 
@@ -95,6 +83,9 @@ struct Measured {
     hosts: usize,
     first: [f64; 7],
     one_service: [f64; 7],
+    /// The periodic pass after the change: planning alone (minimal and full, weighed).
+    consolidation_s: f64,
+    consolidated: bool,
     gpus_planned: usize,
     gpus_moved: usize,
 }
@@ -118,17 +109,37 @@ fn measure(hosts: usize, args: &Args) -> Measured {
     put_resource(&mut state, revision, &service(0, args.rate * 1.25)).expect("Service 0 at +25%");
     let mut ones = Vec::new();
     let mut moved = 0;
+    let mut after_change = None;
     for _ in 0..runs {
-        let (seconds, plan, _) = pass(&state, Some(&committed), Some(&pools));
+        // A pass a change woke: minimal re-planning, consolidation owed.
+        let (seconds, plan, next) = pass(&state, Some(&committed), Some(Previous { plans: &pools, consolidate: false }));
         let patch = committed.diff(&plan);
         moved = patch.set_gpus.len() + patch.remove_gpus.len();
         ones.push(seconds);
+        after_change = Some((plan, next));
+    }
+    let (changed, owing) = after_change.expect("at least one run");
+    // The periodic pass on the same inputs: the planning the provisioner does before it
+    // knows whether anything is to be placed.
+    let mut inputs = gather(&state);
+    inputs.current = Some(changed);
+    inputs.capacity = Some(fleet_capacity(&state, &inputs.fleet, &inputs.input.gpu_types, false));
+    let mut weighs = Vec::new();
+    let mut consolidated = false;
+    for _ in 0..runs {
+        let started = Instant::now();
+        let (_, weighed) = plan_inputs(&inputs, MigStrategy::Parvagpu, Some(Previous { plans: &owing, consolidate: true }), &|| false)
+            .expect("never stopped");
+        weighs.push(started.elapsed().as_secs_f64());
+        consolidated = !weighed.incremental;
     }
     let phase = |all: &[[f64; 7]], i: usize| median(all.iter().map(|s| s[i]).collect());
     Measured {
         hosts,
         first: std::array::from_fn(|i| phase(&firsts, i)),
         one_service: std::array::from_fn(|i| phase(&ones, i)),
+        consolidation_s: median(weighs),
+        consolidated,
         gpus_planned: committed.gpus.len(),
         gpus_moved: moved,
     }
@@ -158,6 +169,16 @@ fn main() {
     print!("{:<34}", "planned GPUs / moved by the change");
     for r in &rows {
         print!("{:>14}", format!("{} / {}", r.gpus_planned, r.gpus_moved));
+    }
+    println!();
+    print!("{:<34}", "periodic pass: weigh a full plan");
+    for r in &rows {
+        print!("{:>14.4}", r.consolidation_s);
+    }
+    println!();
+    print!("{:<34}", "  full plan taken (saves >= 2%)");
+    for r in &rows {
+        print!("{:>14}", if r.consolidated { "yes" } else { "no" });
     }
     println!();
 }
