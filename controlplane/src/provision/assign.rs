@@ -8,7 +8,7 @@ use super::kept;
 use crate::resources::{GpuAssignment, MigPlacement, PlanSpec, WorkloadAssignment};
 use planner::plan::{GpuPlan, Plan, Sharing};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher as _};
 
 /// One physical GPU of the fleet.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -73,14 +73,23 @@ struct LayoutKey(u64);
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct ContentKey(u64);
 
-/// SipHash (std's, with its fixed keys) of `fields`.
-fn digest(fields: impl FnOnce(&mut std::hash::DefaultHasher)) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
+/// The hasher of the digests and of the maps keyed by them: foldhash with a fixed seed.
+/// Digests are compared within one pass only, so no stability across builds is needed, and
+/// SipHash (std's) was a quarter of the placement at 10,000 hosts (perf of
+/// `provision-bench`). Its keys are as well known as SipHash's fixed ones were: a tenant
+/// who made two contents collide could only cost a reconfiguration (above).
+type Hashing = foldhash::fast::FixedState;
+type Map<K, V> = HashMap<K, V, Hashing>;
+type Hasher = foldhash::fast::FoldHasher<'static>;
+
+/// The digest of `fields`.
+fn digest(fields: impl FnOnce(&mut Hasher)) -> u64 {
+    let mut h = Hashing::default().build_hasher();
     fields(&mut h);
     h.finish()
 }
 
-fn hash_layout(layout: &[MigPlacement], h: &mut std::hash::DefaultHasher) {
+fn hash_layout(layout: &[MigPlacement], h: &mut Hasher) {
     layout.len().hash(h);
     for p in layout {
         (&p.profile, p.start).hash(h);
@@ -115,8 +124,8 @@ const CANDIDATES_PER_WORKLOAD: usize = 8;
 /// scale most of it (a change to one service leaves nearly every planned GPU as it is).
 /// Built alone, before the other indices, which then hold only the GPUs this round left:
 /// a GPU's workloads are digested and indexed only when it may be taken for a changed GPU.
-fn exact_contents<'a>(fleet: &'a [FleetGpu], now: &HashMap<&str, &GpuAssignment>) -> HashMap<(&'a str, ContentKey), VecDeque<usize>> {
-    let mut out: HashMap<(&str, ContentKey), VecDeque<usize>> = HashMap::new();
+fn exact_contents<'a>(fleet: &'a [FleetGpu], now: &Map<&str, &GpuAssignment>) -> Map<(&'a str, ContentKey), VecDeque<usize>> {
+    let mut out: Map<(&str, ContentKey), VecDeque<usize>> = Map::default();
     // Operators' nodes first, then launched ones, each in fleet order.
     for launched in [false, true] {
         for (k, f) in fleet.iter().enumerate().filter(|(_, f)| f.autoscaled == launched) {
@@ -134,9 +143,9 @@ fn exact_contents<'a>(fleet: &'a [FleetGpu], now: &HashMap<&str, &GpuAssignment>
 /// whole assignment O(n log n) in the plan's and the fleet's size.
 struct FreeGpus<'a> {
     fleet: &'a [FleetGpu],
-    by_model: HashMap<&'a str, FreeSet>,
-    by_layout: HashMap<(&'a str, LayoutKey), FreeSet>,
-    by_workload: HashMap<(&'a str, u64), FreeSet>,
+    by_model: Map<&'a str, FreeSet>,
+    by_layout: Map<(&'a str, LayoutKey), FreeSet>,
+    by_workload: Map<(&'a str, u64), FreeSet>,
     current: Vec<Option<LayoutKey>>,
     /// Digests of the workloads each GPU runs now (sorted): `running[spans[k].0..spans[k].1]`,
     /// in one vector rather than one per GPU.
@@ -146,12 +155,12 @@ struct FreeGpus<'a> {
 
 impl<'a> FreeGpus<'a> {
     /// The fleet's GPUs but those `taken`; `now`: what each GPU runs, by uuid.
-    fn new(fleet: &'a [FleetGpu], now: &HashMap<&str, &GpuAssignment>, taken: &[bool]) -> Self {
+    fn new(fleet: &'a [FleetGpu], now: &Map<&str, &GpuAssignment>, taken: &[bool]) -> Self {
         let mut free = FreeGpus {
             fleet,
-            by_model: HashMap::new(),
-            by_layout: HashMap::new(),
-            by_workload: HashMap::new(),
+            by_model: Map::default(),
+            by_layout: Map::default(),
+            by_workload: Map::default(),
             current: Vec::with_capacity(fleet.len()),
             running: Vec::new(),
             spans: Vec::with_capacity(fleet.len()),
@@ -248,7 +257,7 @@ fn workload_digests(a: &GpuAssignment) -> Vec<u64> {
 /// (no repartitioning), then any free GPU of its model. Within a round, planned GPUs go in
 /// plan order.
 pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpec>) -> (Vec<GpuAssignment>, BTreeMap<String, String>) {
-    let now: HashMap<&str, &GpuAssignment> = current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
+    let now: Map<&str, &GpuAssignment> = current.map(|c| c.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect()).unwrap_or_default();
     // The planned content of each GPU, placed on no GPU yet (node and uuid are filled in).
     let planned: Vec<GpuAssignment> = plan.gpus.iter().map(planned_assignment).collect();
     let mut picked: Vec<Option<usize>> = vec![None; planned.len()];

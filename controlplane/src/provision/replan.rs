@@ -59,7 +59,8 @@ pub struct PoolPlans {
 pub struct Previous<'a> {
     pub plans: &'a PoolPlans,
     /// Whether to weigh a full plan against the minimal re-plan now (a whole planning pass
-    /// more: at 10,000 hosts it was half of a one-Service change's pass, `provision-bench`).
+    /// more: at 10,000 hosts a quarter to a third of a one-Service change's pass,
+    /// `provision-bench`).
     /// When false and services were re-planned minimally, the check is owed.
     pub consolidate: bool,
 }
