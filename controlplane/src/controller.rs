@@ -18,6 +18,14 @@ use crate::telemetry::ControllerMetrics;
 
 /// How long a node being added has to answer the Admin `ClusterStatus` call.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whether a probe's error may pass before `PROBE_TIMEOUT`: a node still starting refuses
+/// connections (`Unavailable`), and a node restarted at the same address fails the first
+/// call on the connection cached to the process before it (`Unknown`, "transport error":
+/// the chaos test's replaced controller hit it). Any other code is the node's answer.
+fn worth_probing_again(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown)
+}
 /// A learner whose matched log index is this close to the leader's last one is caught up.
 pub const CATCH_UP_LAG: u64 = 100;
 /// How long a new learner has to catch up before it would be promoted to voter.
@@ -336,7 +344,7 @@ impl Controller {
             let why = match tokio::time::timeout_at(deadline, AdminClient::new(channel.clone()).cluster_status(request)).await {
                 Err(_) => "timed out".to_string(),
                 Ok(Ok(r)) => break r.into_inner(),
-                Ok(Err(e)) if e.code() == tonic::Code::Unavailable => e.message().to_string(),
+                Ok(Err(e)) if worth_probing_again(e.code()) => format!("{:?}: {}", e.code(), e.message()),
                 Ok(Err(e)) => return Err(no_answer(&format!("{:?}: {}", e.code(), e.message()))),
             };
             if tokio::time::Instant::now() + Duration::from_millis(200) >= deadline {
@@ -414,4 +422,21 @@ fn proposal_span(request: &mut Request) -> tracing::Span {
     let span = tracing::info_span!("raft.proposal", request_id = %request.request_id);
     request.trace_parent = span.in_scope(telemetry_otlp::current_traceparent);
     span
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worth_probing_again;
+    use tonic::Code;
+
+    #[test]
+    fn a_probe_tries_again_only_while_the_node_may_still_be_coming_up() {
+        // Starting (connection refused) or restarted behind a cached connection.
+        assert!(worth_probing_again(Code::Unavailable) && worth_probing_again(Code::Unknown));
+        // An answer: not a controller's Admin service (a peer listener answers Unimplemented),
+        // or one that refuses this cluster's certificate.
+        for code in [Code::Unimplemented, Code::PermissionDenied, Code::Unauthenticated, Code::InvalidArgument] {
+            assert!(!worth_probing_again(code), "{code:?}");
+        }
+    }
 }
