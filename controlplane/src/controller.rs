@@ -18,14 +18,6 @@ use crate::telemetry::ControllerMetrics;
 
 /// How long a node being added has to answer the Admin `ClusterStatus` call.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Whether a probe's error may pass before `PROBE_TIMEOUT`: a node still starting refuses
-/// connections (`Unavailable`), and a node restarted at the same address fails the first
-/// call on the connection cached to the process before it (`Unknown`, "transport error":
-/// the chaos test's replaced controller hit it). Any other code is the node's answer.
-fn worth_probing_again(code: tonic::Code) -> bool {
-    matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown)
-}
 /// A learner whose matched log index is this close to the leader's last one is caught up.
 pub const CATCH_UP_LAG: u64 = 100;
 /// How long a new learner has to catch up before it would be promoted to voter.
@@ -344,8 +336,13 @@ impl Controller {
             let why = match tokio::time::timeout_at(deadline, AdminClient::new(channel.clone()).cluster_status(request)).await {
                 Err(_) => "timed out".to_string(),
                 Ok(Ok(r)) => break r.into_inner(),
-                Ok(Err(e)) if worth_probing_again(e.code()) => format!("{:?}: {}", e.code(), e.message()),
-                Ok(Err(e)) => return Err(no_answer(&format!("{:?}: {}", e.code(), e.message()))),
+                Ok(Err(e)) => {
+                    let why = format!("{:?}: {}", e.code(), e.message());
+                    if !worth_probing_again(e.code()) {
+                        return Err(no_answer(&why));
+                    }
+                    why
+                }
             };
             if tokio::time::Instant::now() + Duration::from_millis(200) >= deadline {
                 return Err(no_answer(&why));
@@ -414,6 +411,14 @@ fn api_error(e: ConsensusError, field: &str) -> ApiError {
         ConsensusError::Invalid(reason) => ApiError::Field(FieldError::invalid(field, reason)),
         ConsensusError::Unavailable(reason) => ApiError::Unavailable(reason),
     }
+}
+
+/// Whether a probe's error may pass before `PROBE_TIMEOUT`: a node still starting refuses
+/// connections (`Unavailable`), and a node restarted at the same address fails the first
+/// call on the connection cached to the process before it (`Unknown`, "transport error":
+/// the chaos test's replaced controller hit it). Any other code is the node's answer.
+fn worth_probing_again(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown)
 }
 
 /// The span of proposing `request`, whose trace the entry carries (`Request::trace_parent`)

@@ -413,13 +413,36 @@ spec: {}
                 gpus.join(", ")
             );
         }
-        for (i, rate) in rates.iter().enumerate() {
-            yaml += &format!(
-                "---\nkind: Service\nname: s{i:02}\ntenant: acme\nspec: {{model: resnet50, slo: {{latency_ms: 50, request_rate: {rate}}}}}\n"
-            );
-        }
-        let resources = crate::manifest::parse("fleet.yaml", &yaml, crate::manifest::Format::Yaml).unwrap();
+        let mut resources = crate::manifest::parse("fleet.yaml", &yaml, crate::manifest::Format::Yaml).unwrap();
+        resources.extend(services(rates));
         crate::provision::offline::state_from_resources(&resources).unwrap()
+    }
+
+    /// The Services s00, s01, ... at `rates`.
+    fn services(rates: &[f64]) -> Vec<proto::Resource> {
+        let yaml: String = rates
+            .iter()
+            .enumerate()
+            .map(|(i, rate)| {
+                format!("---\nkind: Service\nname: s{i:02}\ntenant: acme\nspec: {{model: resnet50, slo: {{latency_ms: 50, request_rate: {rate}}}}}\n")
+            })
+            .collect();
+        crate::manifest::parse("services.yaml", &yaml, crate::manifest::Format::Yaml).unwrap()
+    }
+
+    /// The rates of the twelve Services the tests start from.
+    fn base_rates() -> Vec<f64> {
+        (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect()
+    }
+
+    /// The fleet at [`base_rates`] with its first plan committed, and the provisioner that
+    /// made it (at `t0`).
+    fn first_plan(t0: tokio::time::Instant) -> (ClusterState, Provisioner) {
+        let mut cluster = fleet(&base_rates());
+        let mut p = provisioner();
+        assert_eq!(pass(&mut p, &mut cluster, true, t0).0, 1, "the first plan");
+        assert!(!p.memory.as_ref().unwrap().owes_consolidation(), "a full plan owes nothing");
+        (cluster, p)
     }
 
     fn provisioner() -> Provisioner {
@@ -457,18 +480,11 @@ spec: {}
         (proposed, pass.next_in)
     }
 
-    /// Puts the Services of `from` into `cluster` (their new rates).
-    fn set_rates(cluster: &mut ClusterState, from: &ClusterState) {
-        for r in from.list(Kind::Service) {
+    /// Puts the Services at `rates` into `cluster`.
+    fn set_rates(cluster: &mut ClusterState, rates: &[f64]) {
+        for r in services(rates) {
             let revision = cluster.revision() + 1;
-            let command = crate::state::Command::Put {
-                name: r.name.clone(),
-                tenant: r.tenant.clone(),
-                spec: r.spec.clone(),
-                mode: crate::state::WriteMode::Upsert,
-                expected_version: 0,
-            };
-            cluster.apply(revision, &crate::state::Request { request_id: String::new(), command, trace_parent: None }).0.unwrap();
+            crate::provision::offline::put_resource(cluster, revision, &r).unwrap();
         }
     }
 
@@ -478,15 +494,11 @@ spec: {}
 
     #[test]
     fn a_changes_pass_re_plans_minimally_and_leaves_consolidation_to_the_periodic_pass() {
-        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
-        let mut cluster = fleet(&rates);
-        let mut p = provisioner();
         let t0 = tokio::time::Instant::now();
-        assert_eq!(pass(&mut p, &mut cluster, true, t0).0, 1, "the first plan");
-        assert!(!p.memory.as_ref().unwrap().owes_consolidation());
+        let (mut cluster, mut p) = first_plan(t0);
 
         // Every rate falls to a fifth: the change's pass relocates each service alone.
-        set_rates(&mut cluster, &fleet(&rates.iter().map(|r| r * 0.2).collect::<Vec<_>>()));
+        set_rates(&mut cluster, &base_rates().iter().map(|r| r * 0.2).collect::<Vec<_>>());
         let t1 = t0 + Duration::from_secs(10);
         let (proposed, next_in) = pass(&mut p, &mut cluster, true, t1);
         assert_eq!(proposed, 1, "the change is committed");
@@ -520,14 +532,11 @@ spec: {}
 
     #[test]
     fn a_periodic_pass_that_weighs_and_keeps_the_plan_commits_nothing() {
-        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
-        let mut cluster = fleet(&rates);
-        let mut p = provisioner();
         let t0 = tokio::time::Instant::now();
-        pass(&mut p, &mut cluster, false, t0);
-        let mut raised = rates.clone();
+        let (mut cluster, mut p) = first_plan(t0);
+        let mut raised = base_rates();
         raised[3] *= 1.25;
-        set_rates(&mut cluster, &fleet(&raised));
+        set_rates(&mut cluster, &raised);
         assert_eq!(pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(1)).0, 1);
         assert!(p.memory.as_ref().unwrap().owes_consolidation());
         let minimal = plan_version(&cluster);

@@ -80,8 +80,8 @@ pub fn usage_by_service(plan: &Plan, types: &[GpuType]) -> BTreeMap<String, Usag
 /// running sum fits; one that does not is refused and the next is tried.
 pub fn over_quota(plan: &Plan, input: &PlanningInput, rules: &ServiceRules) -> Vec<Infeasible> {
     if rules.quotas.is_empty() {
-        // No tenant is limited: nothing to count (a walk over every planned workload, 7% of a
-        // one-Service change's pass at 10,000 hosts, perf of `provision-bench`).
+        // No tenant is limited: nothing to count (a walk over every planned workload, 7% of
+        // `provision-bench`'s samples at 10,000 hosts, perf).
         return Vec::new();
     }
     let usage = usage_by_service(plan, &input.gpu_types);
