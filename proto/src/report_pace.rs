@@ -17,9 +17,140 @@ pub fn next_report_in(own: Duration, asked_ms: u32) -> Duration {
     own.max(Duration::from_millis(u64::from(asked_ms)).min(MAX_REPORT_INTERVAL))
 }
 
+/// How much the asked interval may move before an agent spreads its reports again: a
+/// fleet that grows host by host changes every agent's interval a little at each
+/// registration, and spreading at each would shorten every agent's next wait each time.
+const IN_STEP: std::ops::RangeInclusive<f64> = 0.8..=1.25;
+
+/// When an agent sends its next report. Agents that start together (a fleet restarting,
+/// the agents of a controller that went away reconnecting) would otherwise report
+/// together for as long as they run, and the controllers' pacing, which keeps the fleet's
+/// reports within a budget per second on average, would see bursts of several times it
+/// (`fleet-bench` at 10,000 hosts, paced at 2,000 a second: 4,600 reports in one second,
+/// 800 in each of the next three). So after a report out of its schedule, and when the
+/// interval asked for changes by more than a quarter, the next report comes after a
+/// uniformly random part of the interval, so that the agents' phases spread evenly over
+/// it. Never sooner than the agent's own interval: a draw below it waits a whole interval
+/// more (sooner, the agents of a growing fleet, spread at each step of its growth,
+/// reported twice as often as asked). So that one wait is at most the agent's own
+/// interval longer than asked, once: the failure detector counts several missed
+/// intervals. Between those, the reports keep the asked interval exactly. While the controllers do not pace (the asked
+/// interval is the agent's own), there is nothing to spread. Randomness is the caller's
+/// (`u`), so that this stays a pure function of its inputs.
+#[derive(Clone, Debug)]
+pub struct ReportSchedule {
+    own: Duration,
+    /// The interval the last answer asked for (the agent's own before any).
+    interval: Duration,
+    /// The interval the reports were last spread at; `None`: the next answer spreads them.
+    spread_at: Option<Duration>,
+}
+
+impl ReportSchedule {
+    pub fn new(own: Duration) -> Self {
+        ReportSchedule { own, interval: own, spread_at: None }
+    }
+
+    /// The wait before a report when the last one was not answered.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The agent sent a report out of its schedule (at once, on a new desired-state
+    /// stream): the answer to it spreads the reports again.
+    pub fn sent_out_of_schedule(&mut self) {
+        self.spread_at = None;
+    }
+
+    /// The wait before the next report after an answer that asked for `asked_ms` (as
+    /// [`next_report_in`]), `u` being uniformly random in `[0, 1)`.
+    pub fn answered(&mut self, asked_ms: u32, u: f64) -> Duration {
+        self.interval = next_report_in(self.own, asked_ms);
+        if self.interval <= self.own {
+            return self.own;
+        }
+        let in_step = self.spread_at.is_some_and(|at| IN_STEP.contains(&(self.interval.as_secs_f64() / at.as_secs_f64())));
+        if in_step {
+            return self.interval;
+        }
+        self.spread_at = Some(self.interval);
+        let u = if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 };
+        let phase = self.interval.mul_f64(u);
+        if phase < self.own {
+            phase + self.interval
+        } else {
+            phase
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deterministic stand-in for the agents' random draws: the fractional part of
+    /// `i` times the golden ratio, spread evenly over `[0, 1)`.
+    fn draw(i: usize) -> f64 {
+        (i as f64 * 0.618_033_988_749_895).fract()
+    }
+
+    #[test]
+    fn agents_that_start_in_step_spread_their_reports_over_the_paced_interval() {
+        // 10,000 agents whose first reports (out of schedule: a new stream each) all
+        // arrive in the same second, paced at 2,000 reports a second: 5 s each.
+        let own = Duration::from_secs(1);
+        let mut per_second = std::collections::BTreeMap::<u64, u32>::new();
+        for agent in 0..10_000 {
+            let mut schedule = ReportSchedule::new(own);
+            schedule.sent_out_of_schedule();
+            let mut at = 0.0;
+            for report in 0..8 {
+                at += schedule.answered(5_000, draw(agent * 8 + report)).as_secs_f64();
+                *per_second.entry(at as u64).or_default() += 1;
+            }
+        }
+        // From the fifth second on, every second has about its 2,000; in step they would
+        // be 10,000 in one second of every five and none in the others.
+        let steady: Vec<u32> = (5..35).map(|s| per_second.get(&s).copied().unwrap_or(0)).collect();
+        assert!(steady.iter().all(|n| (1_600..=2_400).contains(n)), "{steady:?}");
+    }
+
+    #[test]
+    fn a_wait_is_at_least_the_agents_own_interval_and_at_most_that_longer_than_asked() {
+        let own = Duration::from_secs(1);
+        for u in [0.0, 0.1, 0.2, 0.25, 0.999, 1.0, -3.0, 7.0, f64::NAN, f64::INFINITY] {
+            let mut schedule = ReportSchedule::new(own);
+            let wait = schedule.answered(5_000, u);
+            assert!(wait >= own && wait <= Duration::from_secs(6), "u {u}: {wait:?}");
+        }
+        assert_eq!(ReportSchedule::new(own).answered(5_000, 0.1), Duration::from_millis(5_500), "below own: a whole interval more");
+        let mut schedule = ReportSchedule::new(own);
+        assert_eq!(schedule.answered(5_000, 0.5), Duration::from_millis(2_500), "spread: half the interval");
+        assert_eq!(schedule.interval(), Duration::from_secs(5));
+        // A small fleet: the agent's own interval, spread or not.
+        let mut small = ReportSchedule::new(own);
+        assert_eq!(small.answered(0, 0.9), own);
+        assert_eq!(small.answered(400, 0.9), own);
+    }
+
+    #[test]
+    fn reports_keep_the_asked_interval_until_it_moves_by_a_quarter_or_one_is_sent_out_of_schedule() {
+        let own = Duration::from_secs(1);
+        let mut schedule = ReportSchedule::new(own);
+        assert_eq!(schedule.answered(5_000, 0.5), Duration::from_millis(2_500), "the first answer spreads");
+        assert_eq!(schedule.answered(5_000, 0.5), Duration::from_secs(5));
+        // A fleet growing host by host: a little longer at each answer, in step.
+        assert_eq!(schedule.answered(5_500, 0.5), Duration::from_millis(5_500));
+        assert_eq!(schedule.answered(6_200, 0.5), Duration::from_millis(6_200));
+        // More than a quarter longer than where they were spread: spread again.
+        assert_eq!(schedule.answered(6_300, 0.5), Duration::from_millis(3_150));
+        assert_eq!(schedule.answered(6_300, 0.5), Duration::from_millis(6_300));
+        // Shorter by more than a fifth (hosts left): spread again.
+        assert_eq!(schedule.answered(5_000, 0.3), Duration::from_millis(1_500));
+        assert_eq!(schedule.answered(5_000, 0.3), Duration::from_secs(5));
+        schedule.sent_out_of_schedule();
+        assert_eq!(schedule.answered(5_000, 0.25), Duration::from_millis(1_250));
+    }
 
     #[test]
     fn the_agent_reports_at_its_own_interval_or_the_longer_one_asked_for_up_to_a_minute() {

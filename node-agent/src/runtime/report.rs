@@ -13,15 +13,16 @@ use tokio::sync::watch;
 
 impl Agent {
     pub(super) async fn report_loop(self: Arc<Self>, rx: watch::Receiver<Option<NodeDesired>>) {
-        let own = Duration::from_millis(self.cfg.interval_ms);
-        let mut interval = own;
+        let mut schedule = proto::report_pace::ReportSchedule::new(Duration::from_millis(self.cfg.interval_ms));
+        let mut wait = schedule.interval();
         // Where the desired-state stream starts too: one connection for both.
         let mut k = self.cfg.first_controller();
         loop {
             tokio::select! {
-                () = tokio::time::sleep(interval) => {}
-                () = self.report_now.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+                () = self.report_now.notified() => schedule.sent_out_of_schedule(),
             }
+            wait = schedule.interval();
             // The executor may be busy in a reconcile round (waiting for a process to be
             // ready): build the report off the async workers.
             let (me, watch) = (self.clone(), rx.clone());
@@ -38,7 +39,7 @@ impl Agent {
                         let answer = answer.into_inner();
                         self.telemetry.report_answered();
                         self.change_only.lock().expect("report lock").answered(&report, answer.observed_digest);
-                        interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
+                        wait = schedule.answered(answer.report_interval_ms, rand::random());
                         break;
                     }
                     Err(e) => {

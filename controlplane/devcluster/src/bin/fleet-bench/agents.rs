@@ -197,15 +197,16 @@ fn name_number(name: &str) -> u64 {
 async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observed: Arc<Observed>) {
     // Like the node agent: once a second, or at the longer interval the controllers ask
     // for (at most a minute), and at once on a new stream.
-    let own = Duration::from_secs(1);
-    let mut interval = own;
+    let mut schedule = proto::report_pace::ReportSchedule::new(Duration::from_secs(1));
+    let mut wait = schedule.interval();
     // Which reports leave the GPUs out, as `node-agent`.
     let mut change_only = proto::ChangeOnlyReports::default();
     loop {
         tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            () = link.report_now.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+            () = link.report_now.notified() => schedule.sent_out_of_schedule(),
         }
+        wait = schedule.interval();
         if observed.is_dead(&name) {
             return;
         }
@@ -220,7 +221,7 @@ async fn report_loop(client: Arc<Client>, name: String, link: Arc<Link>, observe
                 observed.report_sent.lock().unwrap().push((sent, with_gpus));
                 observed.reports_with_gpus.fetch_add(u64::from(with_gpus), std::sync::atomic::Ordering::Relaxed);
                 change_only.answered(&r, answer.observed_digest);
-                interval = proto::report_pace::next_report_in(own, answer.report_interval_ms);
+                wait = schedule.answered(answer.report_interval_ms, rand::random());
             }
             Err(status) => {
                 observed.reports_failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
