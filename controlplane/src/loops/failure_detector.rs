@@ -21,7 +21,7 @@ use super::LoopSettings;
 use crate::agents::report_pace::OverdueTimeout;
 use crate::agents::Heard;
 use crate::controller::Controller;
-use crate::resources::{Kind, NodeStatus};
+use crate::resources::{Kind, NodeStatus, StatusJson};
 use crate::state::Command;
 
 /// How long the failure detector waits for each signal.
@@ -46,6 +46,19 @@ fn is_overdue(node: &str, heard: &Heard, since: Instant, now: Instant, patience:
         || heard.watch_ended.get(node).is_some_and(|at| late(*at, patience.watch_grace))
 }
 
+/// How long ago, at `now`, the live node heard of least recently reported: the age of the
+/// oldest metrics the loops read. A node marked unhealthy, or whose agent's stream ended,
+/// is not live (its silence is the detector's to judge); one not heard of since this
+/// leader took over has no metrics here yet. `None`: no live node heard of.
+pub fn oldest_live_report(nodes: &[(String, StatusJson)], heard: &Heard, now: Instant) -> Option<Duration> {
+    nodes
+        .iter()
+        .filter(|(name, status)| !heard.watch_ended.contains_key(name) && !NodeStatus::is_unhealthy(status))
+        .filter_map(|(name, _)| heard.reported.get(name))
+        .map(|at| now.saturating_duration_since(*at))
+        .max()
+}
+
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let nodes = controller.read(|d| d.cluster.count(Kind::Node));
     let detector = FailureDetector::new(&settings, controller.report_pace.interval(nodes), Instant::now());
@@ -64,6 +77,8 @@ pub(crate) struct FailureDetector {
     timeout: Duration,
     /// Nodes deleted since they were heard of: the reports forget them once the pass is done.
     gone: Vec<String>,
+    /// This pass's [`oldest_live_report`], published once it settles.
+    oldest_report: Option<Duration>,
 }
 
 /// What a pass reads: every node's status (shared, not copied), what the leader heard, and
@@ -86,6 +101,7 @@ impl FailureDetector {
             marking: Vec::new(),
             timeout: Duration::ZERO,
             gone: Vec::new(),
+            oldest_report: None,
         }
     }
 }
@@ -112,6 +128,7 @@ impl Reconciler for FailureDetector {
     fn pass(&mut self, view: NodesHeard, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
         let NodesHeard { nodes, heard, gone, report_interval } = view;
         self.gone = gone;
+        self.oldest_report = oldest_live_report(&nodes, &heard, now);
         self.timeout = self.timeouts.at(report_interval, now.saturating_duration_since(self.since).as_secs_f64());
         let patience = Patience { report_timeout: self.timeout, watch_grace: self.watch_grace };
         self.marking.clear();
@@ -132,6 +149,9 @@ impl Reconciler for FailureDetector {
 
     fn settled(&mut self, controller: &Controller, settled: Settled) {
         controller.reports.forget(&std::mem::take(&mut self.gone));
+        if let Some(age) = self.oldest_report.take() {
+            controller.telemetry.observe_report_age_max(age);
+        }
         for ((name, why), result) in self.marking.drain(..).zip(settled.writes) {
             match result {
                 // Its next report turns it healthy again: the mark dropped the digest of the
@@ -182,6 +202,26 @@ mod tests {
         assert_eq!(overdue(&nodes, &heard, t0, at(36), patience), nodes, "b by the report timeout");
         // A node deleted since its stream ended is not marked.
         assert!(overdue(&nodes[1..], &heard, t0, at(14), patience).is_empty());
+    }
+
+    #[test]
+    fn the_oldest_report_is_that_of_the_live_node_heard_of_least_recently() {
+        let t0 = Instant::now();
+        let status = |h: crate::resources::Health| StatusJson::from(serde_json::json!({"health": h.as_str()}));
+        let healthy = status(crate::resources::Health::Healthy);
+        let nodes: Vec<(String, StatusJson)> = vec![
+            ("fresh".into(), healthy.clone()),
+            ("older".into(), healthy.clone()),
+            ("never".into(), healthy.clone()),
+            ("marked".into(), status(crate::resources::Health::Unhealthy)),
+            ("ended".into(), healthy.clone()),
+        ];
+        // At 10 s: "fresh" reported at 9, "older" at 6; "marked" (at 1) is marked unhealthy
+        // and "ended" (at 2) ended its stream: neither counts, nor does "never".
+        let heard = heard(&[("fresh", 9), ("older", 6), ("marked", 1), ("ended", 2)], &[("ended", 3)], t0);
+        let now = t0 + Duration::from_secs(10);
+        assert_eq!(oldest_live_report(&nodes, &heard, now), Some(Duration::from_secs(4)));
+        assert_eq!(oldest_live_report(&nodes[2..4], &heard, now), None, "no live node heard of");
     }
 
     #[test]

@@ -70,6 +70,7 @@ struct Inner {
     proposal_seconds: Histogram,
     report_seconds: Histogram,
     runtime_lag_seconds: Histogram,
+    report_age_max_seconds: Histogram,
     status_pace_wait_seconds: Histogram,
     proposals: Family<Labels, Counter>,
     loop_pass_seconds: HistogramFamily,
@@ -112,6 +113,8 @@ impl Default for ControllerMetrics {
             // From 0.1 ms: most reports are answered in well under the 0.5 ms of the others.
             report_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             runtime_lag_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            // Around the paced report interval (5 s at 10,000 hosts) and its multiples.
+            report_age_max_seconds: Histogram::new([0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 5.5, 6.0, 7.0, 8.0, 10.0, 15.0, 30.0, 60.0, 120.0]),
             status_pace_wait_seconds: seconds_buckets(),
             proposals: Family::default(),
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
@@ -161,6 +164,11 @@ impl Default for ControllerMetrics {
             "runtime_wake_lag_seconds",
             "How late a task of the runtime serving the API woke from a 10 ms timer, sampled every 10 ms: how long a request that arrives waits for a worker (agents' reports included) before its handler runs",
             inner.runtime_lag_seconds.clone(),
+        );
+        r.register(
+            "agent_report_age_max_seconds",
+            "Once a second on the leader (the failure detector's pass): how long ago the live node heard of least recently reported, the age of the oldest metrics the loops read (nodes marked unhealthy, or whose agent's stream ended, are not live)",
+            inner.report_age_max_seconds.clone(),
         );
         r.register(
             "status_pace_wait_seconds",
@@ -281,11 +289,17 @@ impl ControllerMetrics {
         self.inner.report_seconds.observe(elapsed.as_secs_f64());
     }
 
-    /// Records how late a task of the API's runtime woke (see `telemetry::probe_runtime_lag`).
     pub fn observe_status_pace_wait(&self, waited: Duration) {
         self.inner.status_pace_wait_seconds.observe(waited.as_secs_f64());
     }
 
+    /// Records the age of the oldest live node's last report (see
+    /// `loops::failure_detector::oldest_live_report`).
+    pub fn observe_report_age_max(&self, age: Duration) {
+        self.inner.report_age_max_seconds.observe(age.as_secs_f64());
+    }
+
+    /// Records how late a task of the API's runtime woke (see `telemetry::probe_runtime_lag`).
     pub fn observe_runtime_lag(&self, late: Duration) {
         self.inner.runtime_lag_seconds.observe(late.as_secs_f64());
     }

@@ -266,6 +266,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let metrics = probe.scrape_all().await;
     let report_handler_p99_ms = measure::report_handler_p99_ms(&metrics);
     let runtime_lag_p99_ms = measure::runtime_lag_p99_ms(&metrics);
+    let report_age_max_s = measure::report_age_max_s(&metrics);
     let row = Row {
         agents: n,
         services,
@@ -284,6 +285,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         report_p99_ms: percentile(&reports, 99.0),
         report_handler_p99_ms,
         runtime_lag_p99_ms,
+        report_age_max_s,
         reports: reports.len(),
         reports_with_gpus: observed.reports_with_gpus.load(std::sync::atomic::Ordering::Relaxed) - with_gpus_from,
         reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),

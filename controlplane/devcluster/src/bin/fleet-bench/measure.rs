@@ -214,6 +214,15 @@ pub fn report_handler_p99_ms(texts: &[Option<String>]) -> Option<f64> {
     histogram_quantile(&histograms, 0.99).map(|s| s * 1e3)
 }
 
+/// The largest age of the oldest live node's report the leader saw over the run (its
+/// failure detector's passes, once a second): the upper bound of the bucket of
+/// `gpuplane_agent_report_age_max_seconds` that holds the largest observation (followers
+/// observe none). How stale the metrics the loops read got.
+pub fn report_age_max_s(texts: &[Option<String>]) -> Option<f64> {
+    let histograms: Vec<_> = texts.iter().flatten().map(|text| histogram_buckets(text, "gpuplane_agent_report_age_max_seconds")).collect();
+    histogram_quantile(&histograms, 1.0)
+}
+
 /// Each controller's p99 of how late its API runtime woke a task
 /// (`gpuplane_runtime_wake_lag_seconds`, bucket bounds): the wait for a worker that every
 /// report arriving there shares.
@@ -543,6 +552,9 @@ pub struct Row {
     pub report_handler_p99_ms: Option<f64>,
     /// Each controller's p99 wait for a worker of its API runtime (bucket upper bounds).
     pub runtime_lag_p99_ms: Vec<Option<f64>>,
+    /// The oldest live node's report at the leader, the largest age over the run (a bucket's
+    /// upper bound, [`report_age_max_s`]).
+    pub report_age_max_s: Option<f64>,
     pub reports: usize,
     /// Of those, the reports that carried the agent's GPUs (the others left them out).
     pub reports_with_gpus: u64,
@@ -591,6 +603,7 @@ impl Row {
             "report_p99_ms": self.report_p99_ms,
             "report_handler_p99_ms": self.report_handler_p99_ms,
             "runtime_lag_p99_ms": self.runtime_lag_p99_ms,
+            "metrics_staleness_max_s": self.report_age_max_s,
             "reports": self.reports,
             "reports_with_gpus": self.reports_with_gpus,
             "reports_failed": self.reports_failed,
@@ -652,6 +665,7 @@ pub fn print_table(rows: &[Row]) {
         "  controllers' runtime wake-up lag p99 (ms, ≤)",
         rows.iter().map(|r| r.runtime_lag_p99_ms.iter().map(|v| opt(*v, 1)).collect::<Vec<_>>().join("/")).collect(),
     );
+    line("oldest live node's report, max age (s, ≤)", rows.iter().map(|r| opt(r.report_age_max_s, 1)).collect());
     line("reports sent/failed", rows.iter().map(|r| format!("{}/{}", r.reports, r.reports_failed)).collect());
     line("  of which carried the agent's GPUs", rows.iter().map(|r| r.reports_with_gpus.to_string()).collect());
     line("leader changes", rows.iter().map(|r| r.leader_changes.to_string()).collect());
@@ -704,6 +718,9 @@ mod tests {
         let texts = [Some(page(handler, [0, 99, 100])), None, Some(page(handler, [0, 100, 100]))];
         assert_eq!(super::report_handler_p99_ms(&texts), Some(0.2), "the controllers' histograms summed");
         assert_eq!(super::report_handler_p99_ms(&[None, None]), None);
+        let age = "gpuplane_agent_report_age_max_seconds";
+        let texts = [Some(page(age, [0, 0, 0])), None, Some(page(age, [3, 4, 4]))];
+        assert_eq!(super::report_age_max_s(&texts), Some(0.0002), "the largest observation's bucket");
     }
 
     #[test]
