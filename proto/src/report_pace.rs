@@ -34,9 +34,10 @@ const IN_STEP: std::ops::RangeInclusive<f64> = 0.8..=1.25;
 /// more (sooner, the agents of a growing fleet, spread at each step of its growth,
 /// reported twice as often as asked). So that one wait is at most the agent's own
 /// interval longer than asked, once: the failure detector counts several missed
-/// intervals. Between those, the reports keep the asked interval exactly. While the controllers do not pace (the asked
-/// interval is the agent's own), there is nothing to spread. Randomness is the caller's
-/// (`u`), so that this stays a pure function of its inputs.
+/// intervals. Between those, the reports keep the asked interval exactly. While the
+/// controllers do not pace (the asked interval is the agent's own), there is nothing to
+/// spread. Randomness is the caller's (`u`), so that this stays a pure function of its
+/// inputs.
 #[derive(Clone, Debug)]
 pub struct ReportSchedule {
     own: Duration,
