@@ -114,7 +114,7 @@ pub struct LoopsConfig {
     /// Milliseconds after its agent's desired-state stream ended, with no report from a new
     /// stream, before a node is unhealthy (default 2000; at most 600000).
     pub watch_grace_ms: Option<u64>,
-    /// Reports a second the whole fleet may send (default 2000): past `budget × heartbeat`
+    /// Reports a second the whole fleet may send (default 2500): past `budget × heartbeat`
     /// nodes, agents are told to report less often, up to once a minute.
     pub report_budget_per_s: Option<u32>,
     /// KiB of agents' reports a second whose observed state the leader writes into Nodes'
@@ -431,8 +431,8 @@ heartbeat_interval_ms = 50
     }
 
     #[test]
-    fn the_report_budget_defaults_to_2000_a_second_and_is_at_least_one() {
-        assert_eq!(loops("").unwrap().report_budget_per_s, 2_000);
+    fn the_report_budget_defaults_to_2500_a_second_and_is_at_least_one() {
+        assert_eq!(loops("").unwrap().report_budget_per_s, 2_500);
         assert_eq!(loops("[loops]\nreport_budget_per_s = 500").unwrap().report_budget_per_s, 500);
         let err = loops("[loops]\nreport_budget_per_s = 0").unwrap_err();
         assert_eq!(err, "loops.report_budget_per_s: must be at least 1");

@@ -30,13 +30,16 @@ const IN_STEP: std::ops::RangeInclusive<f64> = 0.8..=1.25;
 /// 800 in each of the next three). So after a report out of its schedule, and when the
 /// interval asked for changes by more than a quarter, the next report comes after a
 /// uniformly random part of the interval, so that the agents' phases spread evenly over
-/// it. Never sooner than the agent's own interval: a draw below it waits a whole interval
-/// more (sooner, the agents of a growing fleet, spread at each step of its growth,
-/// reported twice as often as asked). So that one wait is at most the agent's own
-/// interval longer than asked, once: the failure detector counts several missed
-/// intervals. Between those, the reports keep the asked interval exactly. While the
-/// controllers do not pace (the asked interval is the agent's own), there is nothing to
-/// spread. Randomness is the caller's (`u`), so that this stays a pure function of its
+/// it. Never sooner than the agent's own interval and never later than the asked one: a
+/// draw below the agent's own interval is reached in two equal waits, each half of the
+/// draw plus one interval (sooner, the agents of a growing fleet, spread at each step of
+/// its growth, reported twice as often as asked; later, the controllers' view of a node
+/// was older than the interval they asked for). So the metrics the controllers hold are
+/// at most one asked interval old, plus the report's own delay. With an asked interval
+/// under twice the agent's own, the few draws that cannot be split so wait the agent's
+/// own interval twice. Between those, the reports keep the asked interval exactly. While
+/// the controllers do not pace (the asked interval is the agent's own), there is nothing
+/// to spread. Randomness is the caller's (`u`), so that this stays a pure function of its
 /// inputs.
 #[derive(Clone, Debug)]
 pub struct ReportSchedule {
@@ -45,11 +48,13 @@ pub struct ReportSchedule {
     interval: Duration,
     /// The interval the reports were last spread at; `None`: the next answer spreads them.
     spread_at: Option<Duration>,
+    /// The second of two waits a spreading draw was split into.
+    then: Option<Duration>,
 }
 
 impl ReportSchedule {
     pub fn new(own: Duration) -> Self {
-        ReportSchedule { own, interval: own, spread_at: None }
+        ReportSchedule { own, interval: own, spread_at: None, then: None }
     }
 
     /// The wait before a report when the last one was not answered.
@@ -72,16 +77,20 @@ impl ReportSchedule {
         }
         let in_step = self.spread_at.is_some_and(|at| IN_STEP.contains(&(self.interval.as_secs_f64() / at.as_secs_f64())));
         if in_step {
-            return self.interval;
+            // Within a quarter of the interval it was split at, `then` may be a little
+            // longer than the one asked now.
+            return self.then.take().map_or(self.interval, |then| then.min(self.interval));
         }
         self.spread_at = Some(self.interval);
+        self.then = None;
         let u = if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 };
         let phase = self.interval.mul_f64(u);
-        if phase < self.own {
-            phase + self.interval
-        } else {
-            phase
+        if phase >= self.own {
+            return phase;
         }
+        let half = ((phase + self.interval) / 2).max(self.own);
+        self.then = Some(half);
+        half
     }
 }
 
@@ -117,17 +126,41 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_is_at_least_the_agents_own_interval_and_at_most_that_longer_than_asked() {
+    fn a_wait_is_at_least_the_agents_own_interval_and_at_most_the_asked_one() {
         let own = Duration::from_secs(1);
-        for u in [0.0, 0.1, 0.2, 0.25, 0.999, 1.0, -3.0, 7.0, f64::NAN, f64::INFINITY] {
-            let mut schedule = ReportSchedule::new(own);
-            let wait = schedule.answered(5_000, u);
-            assert!(wait >= own && wait <= Duration::from_secs(6), "u {u}: {wait:?}");
+        for asked_ms in [1_500, 2_000, 5_000, 60_000] {
+            let asked = Duration::from_millis(asked_ms.into());
+            for u in [0.0, 0.1, 0.2, 0.25, 0.5, 0.999, 1.0, -3.0, 7.0, f64::NAN, f64::INFINITY] {
+                let mut schedule = ReportSchedule::new(own);
+                for _ in 0..3 {
+                    let wait = schedule.answered(asked_ms, u);
+                    assert!(wait >= own && wait <= asked, "asked {asked:?}, u {u}: {wait:?}");
+                }
+            }
         }
-        assert_eq!(ReportSchedule::new(own).answered(5_000, 0.1), Duration::from_millis(5_500), "below own: a whole interval more");
+        // A draw below the agent's own interval (0.5 s of 5 s) is reached in two equal
+        // waits, (0.5 + 5) / 2 each; then the interval.
         let mut schedule = ReportSchedule::new(own);
-        assert_eq!(schedule.answered(5_000, 0.5), Duration::from_millis(2_500), "spread: half the interval");
-        assert_eq!(schedule.interval(), Duration::from_secs(5));
+        assert_eq!(schedule.answered(5_000, 0.1), Duration::from_millis(2_750));
+        assert_eq!(schedule.answered(5_000, 0.1), Duration::from_millis(2_750));
+        assert_eq!(schedule.answered(5_000, 0.1), Duration::from_secs(5));
+        // An interval that moved by less than a quarter keeps the split's second wait...
+        let mut schedule = ReportSchedule::new(own);
+        assert_eq!(schedule.answered(5_000, 0.19), Duration::from_millis(2_975));
+        assert_eq!(schedule.answered(4_100, 0.19), Duration::from_millis(2_975));
+        // ...but never longer than the interval asked when it is taken.
+        let mut schedule = ReportSchedule::new(own);
+        assert!(schedule.answered(1_500, 0.666) > Duration::from_millis(1_210));
+        assert_eq!(schedule.answered(1_210, 0.666), Duration::from_millis(1_210));
+        // Moved by more than a quarter: spread again, the split forgotten.
+        let mut schedule = ReportSchedule::new(own);
+        assert_eq!(schedule.answered(5_000, 0.0), Duration::from_millis(2_500));
+        assert_eq!(schedule.answered(2_000, 0.0), Duration::from_millis(1_000));
+        let mut schedule = ReportSchedule::new(own);
+        assert_eq!(schedule.answered(1_500, 0.1), own, "no split fits: the agent's own interval");
+        assert_eq!(schedule.answered(1_500, 0.1), own);
+        assert_eq!(schedule.answered(1_500, 0.1), Duration::from_millis(1_500));
+        assert_eq!(schedule.interval(), Duration::from_millis(1_500));
         // A small fleet: the agent's own interval, spread or not.
         let mut small = ReportSchedule::new(own);
         assert_eq!(small.answered(0, 0.9), own);
