@@ -182,6 +182,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
 
     // 3. One Service +25%, once the agents' status writes after the apply are through.
     let settled_one = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
+    let metrics_after_apply = probe.scrape_all().await;
     let bytes_before = probe.leader_log_bytes().await;
     let (one, _) = put_all(&admin, [service(0, args.rate * 1.25)]).await;
     let one_service = measure::fan_out(&observed, one, args.quiet_s, timeout, false).await;
@@ -267,6 +268,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let report_handler_p99_ms = measure::report_handler_p99_ms(&metrics);
     let runtime_lag_p99_ms = measure::runtime_lag_p99_ms(&metrics);
     let report_age_max_s = measure::report_age_max_s(&metrics);
+    let report_age_max_after_apply_s = measure::report_age_max_between(&metrics_after_apply, &metrics);
     let row = Row {
         agents: n,
         services,
@@ -286,6 +288,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         report_handler_p99_ms,
         runtime_lag_p99_ms,
         report_age_max_s,
+        report_age_max_after_apply_s,
         reports: reports.len(),
         reports_with_gpus: observed.reports_with_gpus.load(std::sync::atomic::Ordering::Relaxed) - with_gpus_from,
         reports_failed: observed.reports_failed.load(std::sync::atomic::Ordering::Relaxed),

@@ -219,7 +219,26 @@ pub fn report_handler_p99_ms(texts: &[Option<String>]) -> Option<f64> {
 /// `gpuplane_agent_report_age_max_seconds` that holds the largest observation (followers
 /// observe none). How stale the metrics the loops read got.
 pub fn report_age_max_s(texts: &[Option<String>]) -> Option<f64> {
-    let histograms: Vec<_> = texts.iter().flatten().map(|text| histogram_buckets(text, "gpuplane_agent_report_age_max_seconds")).collect();
+    report_age_max_between(&[], texts)
+}
+
+/// The same over the observations made between two scrapes of the same controllers
+/// (`before` empty: since they started): the cumulative counts of `before` taken from
+/// those of `after`, controller by controller.
+pub fn report_age_max_between(before: &[Option<String>], after: &[Option<String>]) -> Option<f64> {
+    const AGE: &str = "gpuplane_agent_report_age_max_seconds";
+    let histograms: Vec<Vec<(f64, f64)>> = after
+        .iter()
+        .enumerate()
+        .filter_map(|(i, text)| {
+            let earlier = before.get(i).and_then(Option::as_deref).map(|t| histogram_buckets(t, AGE)).unwrap_or_default();
+            let mut buckets = histogram_buckets(text.as_deref()?, AGE);
+            for (bucket, (_, seen)) in buckets.iter_mut().zip(earlier) {
+                bucket.1 -= seen;
+            }
+            Some(buckets)
+        })
+        .collect();
     histogram_quantile(&histograms, 1.0)
 }
 
@@ -555,6 +574,9 @@ pub struct Row {
     /// The oldest live node's report at the leader, the largest age over the run (a bucket's
     /// upper bound, [`report_age_max_s`]).
     pub report_age_max_s: Option<f64>,
+    /// The same from when the agents' status writes after the apply were through to the
+    /// end of the run: without the seconds in which the agents' first plan went out.
+    pub report_age_max_after_apply_s: Option<f64>,
     pub reports: usize,
     /// Of those, the reports that carried the agent's GPUs (the others left them out).
     pub reports_with_gpus: u64,
@@ -604,6 +626,7 @@ impl Row {
             "report_handler_p99_ms": self.report_handler_p99_ms,
             "runtime_lag_p99_ms": self.runtime_lag_p99_ms,
             "metrics_staleness_max_s": self.report_age_max_s,
+            "metrics_staleness_after_apply_max_s": self.report_age_max_after_apply_s,
             "reports": self.reports,
             "reports_with_gpus": self.reports_with_gpus,
             "reports_failed": self.reports_failed,
@@ -666,6 +689,7 @@ pub fn print_table(rows: &[Row]) {
         rows.iter().map(|r| r.runtime_lag_p99_ms.iter().map(|v| opt(*v, 1)).collect::<Vec<_>>().join("/")).collect(),
     );
     line("oldest live node's report, max age (s, ≤)", rows.iter().map(|r| opt(r.report_age_max_s, 1)).collect());
+    line("  … after the apply settled (s, ≤)", rows.iter().map(|r| opt(r.report_age_max_after_apply_s, 1)).collect());
     line("reports sent/failed", rows.iter().map(|r| format!("{}/{}", r.reports, r.reports_failed)).collect());
     line("  of which carried the agent's GPUs", rows.iter().map(|r| r.reports_with_gpus.to_string()).collect());
     line("leader changes", rows.iter().map(|r| r.leader_changes.to_string()).collect());
@@ -721,6 +745,13 @@ mod tests {
         let age = "gpuplane_agent_report_age_max_seconds";
         let texts = [Some(page(age, [0, 0, 0])), None, Some(page(age, [3, 4, 4]))];
         assert_eq!(super::report_age_max_s(&texts), Some(0.0002), "the largest observation's bucket");
+        // Between two scrapes: only what was observed after the first counts.
+        let before = [Some(page(age, [0, 0, 0])), None, Some(page(age, [3, 4, 4]))];
+        let after = [Some(page(age, [0, 0, 0])), None, Some(page(age, [9, 11, 11]))];
+        assert_eq!(super::report_age_max_between(&before, &after), Some(0.0002));
+        let after = [Some(page(age, [0, 0, 0])), None, Some(page(age, [9, 10, 10]))];
+        assert_eq!(super::report_age_max_between(&before, &after), Some(0.0001), "the later observations all in the first bucket");
+        assert_eq!(super::report_age_max_between(&before, &before), None, "none since");
     }
 
     #[test]
