@@ -1,6 +1,6 @@
 //! Reports a follower answered, relayed to the leader in batches. A follower checks a report
 //! against its own applied state and answers at once; the leader, which keeps the reports and
-//! writes what they observed, gets them a few milliseconds later, hundreds per request. Two
+//! writes what they observed, gets them some milliseconds later, many per request. Two
 //! thirds of a fleet's reports reach a follower: forwarded one by one, each cost the leader
 //! a request of its own and the agent a wait on the leader's busiest moments.
 //!
@@ -23,8 +23,12 @@ pub const MAX_REPORTS_PER_BATCH: usize = 512;
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// Reports waiting for the leader, at most: past that, reports are answered UNAVAILABLE.
 const MAX_PENDING_REPORTS: usize = 8_192;
-/// How long the first report of a batch waits for others.
-const GATHER: Duration = Duration::from_millis(5);
+/// How long the first report of a batch waits for others. Once the agents spread their
+/// reports over their interval, 5 ms gathered 3 to 5 of them; 25 ms took about a tenth off
+/// the leader's CPU and the followers' at 10,000 hosts (fleet-bench, 6 alternating runs of
+/// each, 2026-11-28). The leader hears of a report that much later; the agent's answer
+/// does not wait for it.
+const GATHER: Duration = Duration::from_millis(25);
 /// How long after a failed batch reports are turned away.
 const BACK_OFF: Duration = Duration::from_secs(1);
 const RELAY_TIMEOUT: Duration = Duration::from_secs(5);
