@@ -49,9 +49,11 @@ struct Args {
     /// Hosts per Service.
     #[arg(long, default_value_t = 4)]
     hosts_per_service: usize,
-    /// Agents per client connection.
-    #[arg(long, default_value_t = 100)]
-    agents_per_connection: usize,
+    /// Agents per client connection (each group of agents has a connection to each
+    /// controller, so fewer per connection need more open files: at 1, 10,000 agents need
+    /// about 30,000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    agents_per_connection: u64,
     /// Seconds without any new desired state that end a fan-out measurement.
     #[arg(long, default_value_t = 4.0)]
     quiet_s: f64,
@@ -81,6 +83,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Err(e) = open_files_for(sizes.iter().copied().max().unwrap_or(0), args.agents_per_connection) {
+        eprintln!("fleet-bench: {e}");
+        std::process::exit(2);
+    }
     let mut rows = Vec::new();
     for n in sizes {
         let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
@@ -95,6 +101,26 @@ fn main() {
         let list: Vec<serde_json::Value> = rows.iter().map(Row::to_json).collect();
         std::fs::write(path, serde_json::to_string_pretty(&list).expect("JSON")).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
+}
+
+/// Files the controllers and this process may hold open beside the agents' connections.
+const OTHER_OPEN_FILES: u64 = 1_024;
+
+/// Raises the open-file limit for `agents` in groups of `per_connection` (a connection to
+/// each of the 3 controllers per group, in this process and in the controllers, which
+/// inherit the limit); the reason when this machine's hard limit is too low. Run out of
+/// files, agents' connections fail with "tcp open error" and healthy nodes are marked.
+fn open_files_for(agents: usize, per_connection: u64) -> Result<(), String> {
+    let groups = (agents as u64).div_ceil(per_connection);
+    let needed = groups * 3 + OTHER_OPEN_FILES;
+    devcluster::process::raise_open_files(needed).map_err(|limit| {
+        let fewest = (agents as u64 * 3).div_ceil(limit.saturating_sub(OTHER_OPEN_FILES).max(1));
+        format!(
+            "--agents-per-connection {per_connection}: {agents} agents in {groups} groups need about {needed} open files (a \
+             connection to each of 3 controllers per group), over this machine's limit of {limit} (ulimit -Hn); use \
+             --agents-per-connection {fewest} or more"
+        )
+    })
 }
 
 /// The leader's log is settled when it grows by less than this in a second: reports
@@ -145,7 +171,7 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name("reports").enable_all().build().expect("tokio runtime");
     tokio::spawn(agents::probe_runtime_lag(observed.clone(), |o| &o.runtime_lag_ms));
     report_runtime.spawn(agents::probe_runtime_lag(observed.clone(), |o| &o.report_runtime_lag_ms));
-    for (g, chunk) in (0..n).collect::<Vec<_>>().chunks(args.agents_per_connection).enumerate() {
+    for (g, chunk) in (0..n).collect::<Vec<_>>().chunks(args.agents_per_connection as usize).enumerate() {
         let clients = agents::GroupClients {
             watches: agents::group_client(&servers, g),
             reports: agents::group_client(&servers, g),
