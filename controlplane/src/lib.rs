@@ -14,6 +14,7 @@ pub mod controller;
 pub mod loops;
 pub mod manifest;
 pub mod metering;
+pub mod os_limits;
 pub mod provision;
 pub mod raft;
 pub mod scrape;

@@ -22,25 +22,6 @@ pub fn run_at_nice(cmd: &mut Command, nice: i32) {
     }
 }
 
-/// Raises this process's limit of open files (and so its children's) to its hard limit when
-/// `needed` is over the current one. `Err` with the hard limit when even that is lower.
-pub fn raise_open_files(needed: u64) -> Result<(), u64> {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes only into the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 || needed <= limit.rlim_cur {
-        return Ok(());
-    }
-    if needed > limit.rlim_max {
-        return Err(limit.rlim_max);
-    }
-    let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
-    // SAFETY: setrlimit reads only the struct it is given.
-    match unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } {
-        0 => Ok(()),
-        _ => Err(limit.rlim_cur),
-    }
-}
-
 /// A child process, killed (SIGKILL) on drop unless released.
 pub struct Proc {
     child: Option<Child>,
@@ -106,22 +87,6 @@ pub fn kill_recorded_workloads(state_dir: &Path) {
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_open_file_limit_is_raised_up_to_the_hard_limit_and_no_further() {
-        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit writes only into the struct it is given.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) }, 0);
-        assert_eq!(raise_open_files(limit.rlim_cur), Ok(()), "within the limit: nothing to do");
-        if limit.rlim_max != libc::RLIM_INFINITY {
-            assert_eq!(raise_open_files(limit.rlim_max + 1), Err(limit.rlim_max));
-            assert_eq!(raise_open_files(limit.rlim_max), Ok(()));
-            let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            // SAFETY: as above.
-            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
-            assert_eq!(now.rlim_cur, limit.rlim_max, "raised to the hard limit");
-        }
-    }
 
     #[test]
     fn a_program_started_at_a_nice_value_runs_at_it() {

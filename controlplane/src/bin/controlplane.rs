@@ -104,6 +104,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    controlplane::os_limits::raise_and_report_open_files();
     let result = if args.dev { run_dev(&args).await } else { run_node(&args).await };
     match result {
         Ok(()) => ExitCode::SUCCESS,

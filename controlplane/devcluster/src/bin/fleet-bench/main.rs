@@ -113,14 +113,16 @@ const OTHER_OPEN_FILES: u64 = 1_024;
 fn open_files_for(agents: usize, per_connection: u64) -> Result<(), String> {
     let groups = (agents as u64).div_ceil(per_connection);
     let needed = groups * 3 + OTHER_OPEN_FILES;
-    devcluster::process::raise_open_files(needed).map_err(|limit| {
-        let fewest = (agents as u64 * 3).div_ceil(limit.saturating_sub(OTHER_OPEN_FILES).max(1));
-        format!(
-            "--agents-per-connection {per_connection}: {agents} agents in {groups} groups need about {needed} open files (a \
-             connection to each of 3 controllers per group), over this machine's limit of {limit} (ulimit -Hn); use \
-             --agents-per-connection {fewest} or more"
-        )
-    })
+    let limit = controlplane::os_limits::raise_open_files_to_hard().unwrap_or(u64::MAX);
+    if needed <= limit {
+        return Ok(());
+    }
+    let fewest = (agents as u64 * 3).div_ceil(limit.saturating_sub(OTHER_OPEN_FILES).max(1));
+    Err(format!(
+        "--agents-per-connection {per_connection}: {agents} agents in {groups} groups need about {needed} open files (a \
+         connection to each of 3 controllers per group), over this machine's limit of {limit} (ulimit -Hn); use \
+         --agents-per-connection {fewest} or more"
+    ))
 }
 
 /// The leader's log is settled when it grows by less than this in a second: reports
