@@ -28,9 +28,9 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Largest answer to a Get or List this client reads. One resource can exceed gRPC's default
-/// 4 MiB: the Plan of a 10,000-host fleet (80,000 GPUs) encodes to about 20 MB. Per node,
-/// `watch_desired` reads a node's share of it.
+/// Largest answer to a Get or List this client reads, and a follower forwarding one to the
+/// leader. One resource can exceed gRPC's default 4 MiB: the Plan of a 10,000-host fleet
+/// (80,000 GPUs) encodes to about 50 MB. Per node, `watch_desired` reads a node's share of it.
 pub const MAX_READ_MESSAGE: usize = 256 * 1024 * 1024;
 
 pub struct Client {

@@ -283,3 +283,46 @@ async fn a_start_hold_ends_when_the_node_hears_from_a_leader_not_at_its_bound() 
     tokio::time::timeout(Duration::from_secs(10), lifted).await.expect("the restarted node's start hold ends");
     assert!(cluster.node(follower).controller.leader().is_some(), "it heard from a leader");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_resource_over_grpcs_default_4_mib_is_read_through_a_follower() {
+    use controlplane::resources::{Kind, Spec};
+    use controlplane::state::{Command, Request, WriteMode as Mode};
+    // openraft 0.9 gives an AppendEntries the heartbeat interval to arrive: a debug build
+    // sends this entry's megabytes slower than the fast settings' 50 ms.
+    let settings = controlplane::raft::RaftSettings {
+        heartbeat_interval_ms: 1_000,
+        election_timeout_min_ms: 3_000,
+        election_timeout_max_ms: 4_000,
+        ..fast_settings()
+    };
+    let cluster = TestCluster::start(3, settings).await;
+    // A Plan of 30,000 GPUs encodes to over 4 MiB, gRPC's default limit (a 10,000-host
+    // fleet's is about 50 MB). Plans come from the provisioner, not through the API, so it
+    // is written through the leader's controller.
+    let nodes: Vec<String> = (0..30_000).map(|i| format!("host-{i:05}")).collect();
+    let workloads: Vec<(&str, &str, u32)> = nodes.iter().map(|n| (n.as_str(), "web", 8)).collect();
+    let plan = whole_gpu_plan(&workloads);
+    let spec = Spec::from_json(Kind::Plan, &plan.spec_json).unwrap();
+    let command = Command::Put { name: "current".into(), tenant: String::new(), spec, mode: Mode::Upsert, expected_version: 0 };
+    let request = Request { request_id: "big-plan".into(), command, trace_parent: None };
+    // Through whichever controller leads once it is written (a young cluster may still
+    // change leader).
+    let mut attempts = 0;
+    let leader = loop {
+        let leader = cluster.wait_leader().await;
+        match cluster.node(leader).controller.write(request.clone()).await {
+            Ok(_) => break leader,
+            Err(e) if attempts < 5 => eprintln!("writing through {leader}: {e}; again"),
+            Err(e) => panic!("writing through {leader}: {e}"),
+        }
+        attempts += 1;
+    };
+
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let read = cluster.client_of(follower);
+    let got = read.get("Plan", "current", false).await.expect("a follower forwards the read and takes the leader's whole answer");
+    assert!(got.spec_json.len() > 4 * 1024 * 1024, "{} bytes", got.spec_json.len());
+    let listed = read.list("Plan", "", false).await.expect("and a listing's");
+    assert_eq!(listed.resources.len(), 1);
+}

@@ -11,6 +11,7 @@ use super::errors::{permission_denied, ApiError};
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use super::paging;
 use super::watch;
+use crate::client::MAX_READ_MESSAGE;
 use crate::controller::Controller;
 use crate::loops::LoopSettings;
 use crate::provision::quota::Quota;
@@ -290,7 +291,10 @@ impl ControlPlane for ResourceService {
                 return match e {
                     ApiError::NotLeader { leader } => {
                         to_leader(&self.controller, forwarded, leader, |ch| async move {
-                            ControlPlaneClient::new(ch).get(forwarded_request(req, &caller)).await
+                            ControlPlaneClient::new(ch)
+                                .max_decoding_message_size(MAX_READ_MESSAGE)
+                                .get(forwarded_request(req, &caller))
+                                .await
                         })
                         .await
                     }
@@ -321,7 +325,10 @@ impl ControlPlane for ResourceService {
                 return match e {
                     ApiError::NotLeader { leader } => {
                         to_leader(&self.controller, forwarded, leader, |ch| async move {
-                            ControlPlaneClient::new(ch).list(forwarded_request(req, &caller)).await
+                            ControlPlaneClient::new(ch)
+                                .max_decoding_message_size(MAX_READ_MESSAGE)
+                                .list(forwarded_request(req, &caller))
+                                .await
                         })
                         .await
                     }
