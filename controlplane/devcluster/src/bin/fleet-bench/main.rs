@@ -112,12 +112,13 @@ const OTHER_OPEN_FILES: u64 = 1_024;
 /// files, agents' connections fail with "tcp open error" and healthy nodes are marked.
 fn open_files_for(agents: usize, per_connection: u64) -> Result<(), String> {
     let groups = (agents as u64).div_ceil(per_connection);
-    let needed = groups * 3 + OTHER_OPEN_FILES;
+    // Saturating: `--agents` is the operator's number, unbounded here.
+    let needed = groups.saturating_mul(3).saturating_add(OTHER_OPEN_FILES);
     let limit = controlplane::os_limits::raise_open_files_to_hard().unwrap_or(u64::MAX);
     if needed <= limit {
         return Ok(());
     }
-    let fewest = (agents as u64 * 3).div_ceil(limit.saturating_sub(OTHER_OPEN_FILES).max(1));
+    let fewest = (agents as u64).saturating_mul(3).div_ceil(limit.saturating_sub(OTHER_OPEN_FILES).max(1));
     Err(format!(
         "--agents-per-connection {per_connection}: {agents} agents in {groups} groups need about {needed} open files (a \
          connection to each of 3 controllers per group), over this machine's limit of {limit} (ulimit -Hn); use \
