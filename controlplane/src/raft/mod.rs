@@ -19,7 +19,7 @@ pub use consensus::{ConsensusError, RaftStatus};
 pub use election_gate::{ElectionGate, Hold, VoteReplies};
 pub use log_store::LogStore;
 pub use member::{check_host_port, Member, MAX_ADDRESS_LEN};
-pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
+pub use network::{ChannelConnector, Network, PeerChannel, PeerChannels, MAX_PEER_MESSAGE};
 pub use own_runtime::RaftRuntime;
 pub use peer_service::RaftPeerService;
 pub use proposer::{ProposeError, Proposer};
@@ -49,8 +49,8 @@ pub struct RaftSettings {
     /// it replaces took 400 ms inside the Raft core (`LogStore::purge`).
     pub snapshot_off_runtime: bool,
     /// Run the Raft core, its replication and its peer connections on a runtime of their
-    /// own (two threads), not on the workers that serve clients and agents (true everywhere
-    /// but the deterministic simulation). At 10,000 hosts the agents' requests keep both
+    /// own (one thread, `own_runtime.rs` says why), not on the workers that serve clients
+    /// and agents (true everywhere but the deterministic simulation). At 10,000 hosts the agents' requests keep both
     /// workers busy for seconds at a time; queued behind them, heartbeats went out late
     /// and followers started elections.
     pub own_runtime: bool,
