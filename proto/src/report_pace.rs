@@ -73,6 +73,10 @@ impl ReportSchedule {
     pub fn answered(&mut self, asked_ms: u32, u: f64) -> Duration {
         self.interval = next_report_in(self.own, asked_ms);
         if self.interval <= self.own {
+            // Not paced: nothing is spread, and pacing that resumes spreads anew rather
+            // than finishing a split drawn before.
+            self.spread_at = None;
+            self.then = None;
             return self.own;
         }
         let in_step = self.spread_at.is_some_and(|at| IN_STEP.contains(&(self.interval.as_secs_f64() / at.as_secs_f64())));
@@ -184,6 +188,16 @@ mod tests {
         assert_eq!(schedule.answered(5_000, 0.3), Duration::from_secs(5));
         schedule.sent_out_of_schedule();
         assert_eq!(schedule.answered(5_000, 0.25), Duration::from_millis(1_250));
+    }
+
+    #[test]
+    fn pacing_that_stops_and_resumes_spreads_the_reports_again() {
+        let own = Duration::from_secs(1);
+        let mut schedule = ReportSchedule::new(own);
+        assert_eq!(schedule.answered(4_000, 0.1), Duration::from_millis(2_200), "a split: (0.4 + 4) / 2");
+        assert_eq!(schedule.answered(1_000, 0.1), own, "not paced");
+        // Paced again at the split's interval: a new draw, not the old split's second wait.
+        assert_eq!(schedule.answered(4_000, 0.9), Duration::from_millis(3_600));
     }
 
     #[test]
