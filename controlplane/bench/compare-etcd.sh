@@ -8,6 +8,9 @@
 #     ~150-byte JSON document per request) on the leader by wrk with etcd-put.lua beside
 #     this script, 1 connection then 64, and the same failover measurement: kill -9 the
 #     leader, time until a put to a survivor succeeds, restart it, let it catch up.
+# Both report the servers' CPU per acknowledged write (user and system time of the three
+# processes over each load level, from /proc; etcd's includes its JSON gateway, gpuplane's
+# its gRPC API; the load generator's is left out of both).
 # It runs gpuplane then etcd, R times (alternating, so that drift in the machine's load hits
 # both alike), prints each run's figures as they finish, then the median over runs of each
 # figure for both systems and their ratios.
@@ -180,15 +183,16 @@ gpuplane_raft_settings() {
 results=""
 
 # Reads raft-bench's stdout format (the etcd side prints the same format, so one parser
-# serves both): the table rows "clients writes/s p50 p99 errors", the acknowledged-writes
+# serves both): the table rows "clients writes/s p50 p99 errors CPU/write", the acknowledged-writes
 # line and the failover line.
 parse_bench_output() {
   local system=$1 file=$2
   awk -v sys="$system" '
-    $1 ~ /^[0-9]+$/ && NF == 5 && $3 ~ /ms$/ {
+    $1 ~ /^[0-9]+$/ && NF >= 5 && $3 ~ /ms$/ {
       sub(/ms$/, "", $3); sub(/ms$/, "", $4)
       print sys, "writes" $1, $2; print sys, "p50_" $1, $3; print sys, "p99_" $1, $4
       print sys, "errors" $1, $5
+      if (NF >= 6) { sub(/ms$/, "", $6); print sys, "cpu_" $1, $6 }
     }
     /acknowledged writes lost/ {
       for (i = 2; i + 2 <= NF; i++)
@@ -379,10 +383,24 @@ etcd_stop_cluster() {
   rm -rf "$etcd_dir"
 }
 
-# etcd_load CONNECTIONS THREADS: prints a row in raft-bench's format.
+# User and system CPU ticks the running etcd members have used so far (fields 14 and 15
+# of /proc/PID/stat; the command name in field 2 has no spaces for etcd).
+etcd_cpu_ticks() {
+  local i total=0 t
+  for i in "${!etcd_pid[@]}"; do
+    [[ -n ${etcd_pid[i]} ]] || continue
+    t=$(awk '{ print $14 + $15 }' "/proc/${etcd_pid[i]}/stat" 2>/dev/null) || t=0
+    total=$((total + ${t:-0}))
+  done
+  echo "$total"
+}
+
+# etcd_load CONNECTIONS THREADS: prints a row in raft-bench's format, with the members' CPU
+# per acknowledged write as raft-bench counts the controllers'.
 etcd_load() {
-  local connections=$1 threads=$2 leader out
+  local connections=$1 threads=$2 leader out cpu_before cpu_ticks
   leader=$(etcd_leader)
+  cpu_before=$(etcd_cpu_ticks)
   out=$work/wrk-$connections.out
   # 50 distinct keys per connection, as raft-bench's clients each cycle through 50 names.
   # In the background and waited for, so that Ctrl-C or TERM is handled at once, not
@@ -393,13 +411,15 @@ etcd_load() {
   local rc=0
   wait "$wrk_pid" || rc=$?
   wrk_pid=""
+  cpu_ticks=$(($(etcd_cpu_ticks) - cpu_before))
   ((rc == 0)) || die "wrk failed (exit $rc): $(cat "$out")"
   grep -q '^ETCD-PUT ' "$out" || die "wrk printed no ETCD-PUT line: $(cat "$out")"
-  awk -v c="$connections" '/^ETCD-PUT / {
+  awk -v c="$connections" -v ticks="$cpu_ticks" -v hz="$(getconf CLK_TCK)" '/^ETCD-PUT / {
       for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
       ok = f["requests"] - f["status_errors"]
-      printf "%-10s %14.0f %10.2fms %10.2fms %8d\n", c, ok / (f["duration_us"] / 1e6),
-        f["p50_us"] / 1000, f["p99_us"] / 1000, f["status_errors"] + f["socket_errors"]
+      printf "%-10s %14.0f %10.2fms %10.2fms %8d %10.3fms\n", c, ok / (f["duration_us"] / 1e6),
+        f["p50_us"] / 1000, f["p99_us"] / 1000, f["status_errors"] + f["socket_errors"],
+        ticks * 1000 / hz / (ok > 0 ? ok : 1)
     }' "$out"
 }
 
@@ -456,7 +476,7 @@ run_etcd() {
   etcd_start_cluster "$run"
   {
     echo "3 etcd $etcd_version members on loopback (separate processes, fsync on, heartbeat 100ms, election timeout 1000ms: etcd's defaults)"
-    printf '%-10s %14s %12s %12s %8s\n' clients writes/s p50 p99 errors
+    printf '%-10s %14s %12s %12s %8s %12s\n' clients writes/s p50 p99 errors CPU/write
     etcd_load 1 1
     etcd_load 64 2
   } >"$out"
@@ -501,6 +521,10 @@ print_summary() {
     ep99=$(median_of etcd "p99_$c")
     row "$label p50/p99" "$(fmt %.2f "$gp50")/$(fmt %.2f "$gp99") ms" \
       "$(fmt %.2f "$ep50")/$(fmt %.2f "$ep99") ms" "$(ratio "$ep99" "$gp99") etcd p99/gpuplane p99"
+    local gcpu ecpu
+    gcpu=$(median_of gpuplane "cpu_$c")
+    ecpu=$(median_of etcd "cpu_$c")
+    row "$label CPU/write" "$(fmt %.3f "$gcpu") ms" "$(fmt %.3f "$ecpu") ms" "$(ratio "$ecpu" "$gcpu") etcd/gpuplane"
   done
   local gm gx em ex
   gm=$(median_of gpuplane failover_median)

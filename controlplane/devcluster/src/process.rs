@@ -70,6 +70,17 @@ impl Drop for Proc {
     }
 }
 
+/// User + system CPU seconds a process (a pid, or "self") has used so far, 0 when it is gone:
+/// clock ticks of 1/100 s, Linux's USER_HZ on every architecture it runs here.
+pub fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 pub fn kill9(pid: &str) {
     let _ = Command::new("kill").arg("-9").arg(pid).stderr(Stdio::null()).status();
 }

@@ -2,8 +2,8 @@
 //!
 //!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20]
 //!
-//! Prints committed writes per second and write latency (p50, p99) with 1 and 64
-//! concurrent clients, then the leader failover time (SIGKILL of the leader process to the
+//! Prints committed writes per second, write latency (p50, p99) and the controllers' CPU
+//! per write with 1 and 64 concurrent clients, then the leader failover time (SIGKILL of the leader process to the
 //! first successful write), as the median and maximum over `--kills` kills, and how many of
 //! the writes a background client had acknowledged across the kills were lost (must be 0).
 
@@ -29,6 +29,11 @@ struct Args {
     /// info level, which names every vote), to look into a slow failover.
     #[arg(long)]
     keep: Option<std::path::PathBuf>,
+}
+
+/// The three controllers' CPU seconds so far.
+fn controllers_cpu_seconds(cluster: &Controllers) -> f64 {
+    cluster.pids().iter().map(|pid| devcluster::process::cpu_seconds_of(&pid.to_string())).sum()
 }
 
 /// A failover slower than this is printed on its own, with its election's share.
@@ -133,11 +138,19 @@ async fn main() {
     seed(&client).await;
 
     println!("3 controllers on loopback (separate processes, fdatasync of the Raft log per append batch)");
-    println!("{:<10} {:>14} {:>12} {:>12} {:>8}", "clients", "writes/s", "p50", "p99", "errors");
+    println!("{:<10} {:>14} {:>12} {:>12} {:>8} {:>12}", "clients", "writes/s", "p50", "p99", "errors", "CPU/write");
     for &n in &args.clients {
+        let cpu_before = controllers_cpu_seconds(&cluster);
         let (rate, p50, p99, errors) = throughput(endpoints.clone(), n, args.seconds).await;
-        println!("{n:<10} {rate:>14.0} {:>10.2}ms {:>10.2}ms {errors:>8}", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3);
+        let cpu = controllers_cpu_seconds(&cluster) - cpu_before;
+        let per_write_ms = cpu * 1e3 / (rate * args.seconds as f64).max(1.0);
+        println!(
+            "{n:<10} {rate:>14.0} {:>10.2}ms {:>10.2}ms {errors:>8} {per_write_ms:>10.3}ms",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
     }
+    println!("(CPU/write: the three controllers' user and system CPU over the level, per acknowledged write)");
 
     // Failover: kill -9 the leader, then time the first write that succeeds. Meanwhile a
     // background writer keeps writing distinct resources and records which were

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
 use devcluster::local::LocalCluster;
+use devcluster::process::cpu_seconds_of;
 use serde_json::json;
 
 use crate::agents::Observed;
@@ -447,8 +448,7 @@ impl ControllerProbe {
     }
 
     /// User + system CPU seconds used so far by each controller, then by this process (the
-    /// simulated agents): clock ticks of 1/100 s, Linux's USER_HZ on every architecture it
-    /// runs here.
+    /// simulated agents).
     pub fn cpu_seconds(&self) -> Vec<f64> {
         self.pids.iter().map(|pid| cpu_seconds_of(&pid.to_string())).chain([cpu_seconds_of("self")]).collect()
     }
@@ -504,15 +504,6 @@ impl Drop for MachineBusy {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn cpu_seconds_of(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at field 3.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The `seconds` field of the "snapshot installed" line in a controller's log (its fields
