@@ -50,9 +50,9 @@ pub struct RaftSettings {
     pub snapshot_off_runtime: bool,
     /// Run the Raft core, its replication and its peer connections on a runtime of their
     /// own (one thread, `own_runtime.rs` says why), not on the workers that serve clients
-    /// and agents (true everywhere but the deterministic simulation). At 10,000 hosts the agents' requests keep both
-    /// workers busy for seconds at a time; queued behind them, heartbeats went out late
-    /// and followers started elections.
+    /// and agents (true everywhere but the deterministic simulation). At 10,000 hosts the
+    /// agents' requests keep those workers busy for seconds at a time; queued behind them,
+    /// heartbeats went out late and followers started elections.
     pub own_runtime: bool,
     /// Hold a starting node's elections for a while (`hold_elections_after_restart`; true
     /// everywhere but the deterministic simulation, where with the hold seed 7 replayed
