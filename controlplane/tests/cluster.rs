@@ -298,8 +298,8 @@ async fn a_resource_over_grpcs_default_4_mib_is_read_through_a_follower() {
     };
     let cluster = TestCluster::start(3, settings).await;
     // A Plan of 30,000 GPUs encodes to over 4 MiB, gRPC's default limit (a 10,000-host
-    // fleet's is about 50 MB). Plans come from the provisioner, not through the API, so it
-    // is written through the leader's controller.
+    // fleet's is about 50 MB). That is over the API's message limit too (the provisioner
+    // writes its Plans in parts), so it is written through the leader's controller.
     let nodes: Vec<String> = (0..30_000).map(|i| format!("host-{i:05}")).collect();
     let workloads: Vec<(&str, &str, u32)> = nodes.iter().map(|n| (n.as_str(), "web", 8)).collect();
     let plan = whole_gpu_plan(&workloads);

@@ -80,7 +80,8 @@ async fn leader_of(client: &Client) -> u64 {
     }
 }
 
-async fn throughput(endpoints: Vec<String>, clients: usize, seconds: u64) -> (f64, Duration, Duration, usize) {
+/// Writes per second, p50, p99, errors and the writes acknowledged.
+async fn throughput(endpoints: Vec<String>, clients: usize, seconds: u64) -> (f64, Duration, Duration, usize, usize) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -110,7 +111,7 @@ async fn throughput(endpoints: Vec<String>, clients: usize, seconds: u64) -> (f6
     }
     let elapsed = started.elapsed().as_secs_f64().max(seconds as f64);
     all.sort();
-    (all.len() as f64 / elapsed, percentile(&all, 0.5), percentile(&all, 0.99), errors)
+    (all.len() as f64 / elapsed, percentile(&all, 0.5), percentile(&all, 0.99), errors, all.len())
 }
 
 #[tokio::main]
@@ -141,9 +142,9 @@ async fn main() {
     println!("{:<10} {:>14} {:>12} {:>12} {:>8} {:>12}", "clients", "writes/s", "p50", "p99", "errors", "CPU/write");
     for &n in &args.clients {
         let cpu_before = controllers_cpu_seconds(&cluster);
-        let (rate, p50, p99, errors) = throughput(endpoints.clone(), n, args.seconds).await;
+        let (rate, p50, p99, errors, acknowledged) = throughput(endpoints.clone(), n, args.seconds).await;
         let cpu = controllers_cpu_seconds(&cluster) - cpu_before;
-        let per_write_ms = cpu * 1e3 / (rate * args.seconds as f64).max(1.0);
+        let per_write_ms = cpu * 1e3 / acknowledged.max(1) as f64;
         println!(
             "{n:<10} {rate:>14.0} {:>10.2}ms {:>10.2}ms {errors:>8} {per_write_ms:>10.3}ms",
             p50.as_secs_f64() * 1e3,
