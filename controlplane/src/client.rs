@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use proto::admin_client::AdminClient;
 use proto::control_plane_client::ControlPlaneClient;
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::raft::{PeerChannel, PeerChannels};
+use crate::raft::PeerChannels;
 use crate::security::ClientCredentials;
 
 #[derive(Clone, Debug)]
@@ -107,7 +108,7 @@ impl Client {
     /// Runs `f` against a controller, following leader hints and rotating on failures.
     pub async fn call<T, F, Fut>(&self, f: F) -> Result<T, Status>
     where
-        F: Fn(PeerChannel, Duration) -> Fut,
+        F: Fn(Channel, Duration) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut last = Status::unavailable("no attempt made");

@@ -77,7 +77,7 @@ pub enum NoLeaderChannel {
 impl Controller {
     /// A channel to `leader` (as [`Controller::leader`] gave it) when it is another
     /// controller: what forwarding and the relays to the leader send through.
-    pub fn leader_channel(&self, leader: Option<(NodeId, String)>) -> Result<(NodeId, crate::raft::PeerChannel), NoLeaderChannel> {
+    pub fn leader_channel(&self, leader: Option<(NodeId, String)>) -> Result<(NodeId, tonic::transport::Channel), NoLeaderChannel> {
         let (id, addr) = leader.ok_or(NoLeaderChannel::Unknown)?;
         if id == self.id {
             return Err(NoLeaderChannel::ThisNode);

@@ -9,7 +9,6 @@ pub use v1::*;
 
 pub mod observed;
 pub mod report_pace;
-pub mod request_end;
 
 pub use observed::{leave_out_unchanged, observed_digest, ChangeOnlyReports};
 

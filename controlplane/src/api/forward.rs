@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use super::errors::not_leader_status;
@@ -42,7 +43,7 @@ pub async fn to_leader<R, F, Fut>(
     call: F,
 ) -> Result<R, Status>
 where
-    F: FnOnce(crate::raft::PeerChannel) -> Fut,
+    F: FnOnce(Channel) -> Fut,
     Fut: Future<Output = Result<R, Status>>,
 {
     match controller.leader_channel(leader.filter(|_| !already_forwarded)) {

@@ -19,7 +19,7 @@ pub use consensus::{ConsensusError, RaftStatus};
 pub use election_gate::{ElectionGate, Hold, VoteReplies};
 pub use log_store::LogStore;
 pub use member::{check_host_port, Member, MAX_ADDRESS_LEN};
-pub use network::{ChannelConnector, Network, PeerChannel, PeerChannels, MAX_PEER_MESSAGE};
+pub use network::{ChannelConnector, Network, PeerChannels, MAX_PEER_MESSAGE};
 pub use own_runtime::RaftRuntime;
 pub use peer_service::RaftPeerService;
 pub use proposer::{ProposeError, Proposer};

@@ -8,7 +8,6 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
 };
 use proto::raft_service_client::RaftServiceClient;
-use proto::request_end::EndsOnLastFrame;
 use proto::RaftPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -25,7 +24,7 @@ pub const MAX_PEER_MESSAGE: usize = 64 * 1024 * 1024;
 /// every run (the deterministic simulation replays a seed message for message).
 #[derive(Clone, Default)]
 pub struct PeerChannels {
-    channels: Arc<Mutex<BTreeMap<String, PeerChannel>>>,
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
     /// mTLS to every address (the controller's or the client's certificate); plaintext when none.
     tls: Option<ClientTlsConfig>,
     /// Opens the channel of an endpoint instead of tonic's TCP connector (the deterministic
@@ -35,11 +34,6 @@ pub struct PeerChannels {
     /// runtime that first asks for the channel.
     spawn_on: Option<super::own_runtime::SpawnOn>,
 }
-
-/// A channel to a controller, whose requests end on their last data frame (one HTTP/2 write
-/// fewer per call; `proto::request_end`). Every gRPC client of the control plane gets its
-/// channels here.
-pub type PeerChannel = EndsOnLastFrame<Channel>;
 
 /// Builds a lazily connecting channel for an endpoint (see [`PeerChannels::with_connector`]).
 pub type ChannelConnector = Arc<dyn Fn(Endpoint) -> Channel + Send + Sync>;
@@ -60,7 +54,7 @@ impl PeerChannels {
         Self { spawn_on: Some(super::own_runtime::SpawnOn(runtime)), ..self }
     }
 
-    pub fn get(&self, addr: &str) -> Result<PeerChannel, String> {
+    pub fn get(&self, addr: &str) -> Result<Channel, String> {
         let mut channels = self.channels.lock().unwrap();
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
@@ -82,10 +76,10 @@ impl PeerChannels {
             // showed a stuck peer link outliving its partition by more than 30 s otherwise.
             .keep_alive_while_idle(true)
             .keep_alive_timeout(Duration::from_secs(5));
-        let ch = EndsOnLastFrame(match &self.connector {
+        let ch = match &self.connector {
             Some(connect) => connect(endpoint),
             None => endpoint.connect_lazy(),
-        });
+        };
         channels.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

@@ -5,7 +5,6 @@ use super::{Agent, RPC_TIMEOUT};
 use crate::desired::{decode, NodeDesired};
 use proto::agent_client::AgentClient;
 use proto::control_plane_client::ControlPlaneClient;
-use proto::request_end::EndsOnLastFrame;
 use rand::Rng;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -19,9 +18,8 @@ impl Agent {
     /// its own: a TCP, HTTP/2 and (with mTLS) TLS handshake per report, 2,000 a second on
     /// the controllers at 10,000 hosts. Kept after a failed call: tonic's channel connects
     /// again by itself when its connection is gone, and a controller's refusal (a follower
-    /// that cannot reach the leader) is no reason to open another one. Its requests end on
-    /// their last data frame: one HTTP/2 write fewer per report (`proto::request_end`).
-    pub(super) async fn channel(&self, addr: &str) -> Result<EndsOnLastFrame<Channel>, tonic::transport::Error> {
+    /// that cannot reach the leader) is no reason to open another one.
+    pub(super) async fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
         if let Some(channel) = self.channels.lock().expect("channels lock").get(addr) {
             return Ok(channel.clone());
         }
@@ -29,7 +27,7 @@ impl Agent {
         self.telemetry.controller_connection();
         // The stream and a report may both have connected first: the one kept first is
         // shared, and the other connection is dropped here.
-        Ok(self.channels.lock().expect("channels lock").entry(addr.to_string()).or_insert(EndsOnLastFrame(opened)).clone())
+        Ok(self.channels.lock().expect("channels lock").entry(addr.to_string()).or_insert(opened).clone())
     }
 
     async fn connect(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {

@@ -35,7 +35,7 @@ pub struct Agent {
     /// mTLS to the controllers with this node's certificate; plaintext when `insecure`.
     tls: Option<ClientTlsConfig>,
     /// One connection per controller address (see `Agent::channel`).
-    channels: Mutex<std::collections::HashMap<String, proto::request_end::EndsOnLastFrame<tonic::transport::Channel>>>,
+    channels: Mutex<std::collections::HashMap<String, tonic::transport::Channel>>,
     executor: Arc<Mutex<Executor>>,
     models: BTreeMap<String, planner::mig::GpuModel>,
     desired_file: PathBuf,
