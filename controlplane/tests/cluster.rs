@@ -91,7 +91,7 @@ async fn lagging_follower_catches_up_through_snapshot_install() {
     // Wait until the leader has compacted past the follower's log.
     let mut purged = false;
     for _ in 0..200 {
-        let m = cluster.node(leader).controller.raft.metrics().borrow().clone();
+        let m = controlplane::raft::consensus::metrics(&cluster.node(leader).controller.raft);
         if m.purged.is_some_and(|p| p.index > 30) {
             purged = true;
             break;
@@ -288,7 +288,7 @@ async fn a_start_hold_ends_when_the_node_hears_from_a_leader_not_at_its_bound() 
 async fn a_resource_over_grpcs_default_4_mib_is_read_through_a_follower() {
     use controlplane::resources::{Kind, Spec};
     use controlplane::state::{Command, Request, WriteMode as Mode};
-    // openraft 0.9 gives an AppendEntries the heartbeat interval to arrive: a debug build
+    // openraft gives an AppendEntries the heartbeat interval to arrive: a debug build
     // sends this entry's megabytes slower than the fast settings' 50 ms.
     let settings = controlplane::raft::RaftSettings {
         heartbeat_interval_ms: 1_000,

@@ -90,6 +90,9 @@ pub fn raft_settings(election_timeout_ms: u64) -> RaftSettings {
         hold_elections_on_start: false,
         // Its timeouts are distinct and pinned from the seed; a random hold would not replay.
         break_split_votes: false,
+        // openraft's other draws (each tick loop's first wait) from the seed too; distinct
+        // per controller, as their timeouts are.
+        random_seed: Some(election_timeout_ms),
     }
 }
 

@@ -15,7 +15,8 @@ use planner::mig::GpuModel;
 use super::agents::AgentViews;
 
 /// The leader seen per term, from every controller's Raft metrics (its own state when it
-/// leads, and whom it follows). openraft runs with `single-term-leader`: a term has at most
+/// leads, and whom it follows). openraft runs with standard leader ids (`leader_id_std`, 0.9's
+/// `single-term-leader`): a term has at most
 /// one leader, as in the Raft paper (Election Safety, §5.2) and etcd.
 #[derive(Default)]
 pub struct LeadersPerTerm {
@@ -26,7 +27,7 @@ impl LeadersPerTerm {
     /// Notes what `controller` believes now (the term and leader, when new); an error names
     /// the term that had two leaders.
     pub fn observe(&mut self, controller: &Controller) -> Result<Option<(u64, u64)>, String> {
-        let metrics = controller.raft.metrics().borrow().clone();
+        let metrics = controlplane::raft::consensus::metrics(&controller.raft);
         let Some(leader) = metrics.current_leader else { return Ok(None) };
         self.note(controller.id, metrics.current_term, leader)
     }
@@ -140,10 +141,10 @@ pub fn unsettled(leader: &Controller, running: &[Controller], members: u64) -> O
     if running.len() as u64 != members {
         return Some(format!("{} of {members} controllers running", running.len()));
     }
-    let applied = |c: &Controller| c.raft.metrics().borrow().last_applied.map(|l| l.index);
+    let applied = |c: &Controller| controlplane::raft::consensus::metrics(&c.raft).last_applied.map(|l| l.index);
     let target = applied(leader);
     running.iter().find_map(|c| {
-        let m = c.raft.metrics().borrow().clone();
+        let m = controlplane::raft::consensus::metrics(&c.raft);
         if m.current_leader != Some(leader.id) {
             return Some(format!("controller {} follows {:?}, not {}", c.id, m.current_leader, leader.id));
         }

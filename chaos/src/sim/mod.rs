@@ -169,7 +169,10 @@ impl Run<'_> {
 
     /// The leader with the highest term among the running controllers.
     fn leader(&self) -> Option<Controller> {
-        self.controllers().into_iter().filter(|c| c.is_leader()).max_by_key(|c| c.raft.metrics().borrow().current_term)
+        self.controllers()
+            .into_iter()
+            .filter(|c| c.is_leader())
+            .max_by_key(|c| controlplane::raft::consensus::metrics(&c.raft).current_term)
     }
 
     fn crash(&mut self, id: u64) {
@@ -262,7 +265,7 @@ impl Run<'_> {
                 Ok(None) => {}
             }
             self.applied.observe(&c).map_err(|e| self.failure(e))?;
-            let m = c.raft.metrics().borrow().clone();
+            let m = controlplane::raft::consensus::metrics(&c.raft);
             let now = (m.current_term, m.current_leader, m.last_log_index, m.last_applied.map(|l| l.index));
             if self.raft_seen.insert(c.id, now) != Some(now) {
                 self.note(format!("c{} term {} leader {:?} log {:?} applied {:?}", c.id, now.0, now.1, now.2, now.3));

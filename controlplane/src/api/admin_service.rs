@@ -116,7 +116,7 @@ impl Admin for AdminService {
         }
     }
 
-    /// Leader transfer for openraft 0.9, which has no transfer primitive: the leader stops
+    /// Leader transfer as written for openraft 0.9, which had no transfer primitive: the leader stops
     /// sending heartbeats so the followers' leader lease expires, and asks the target to
     /// start an election, which it wins if its log is up to date.
     async fn transfer_leader(&self, request: Request<proto::TransferLeaderRequest>) -> Result<Response<proto::MembershipResponse>, Status> {

@@ -5,9 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use openraft::error::{CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, RaftError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, ForwardToLeader, InitializeError, LinearizableReadError, RaftError};
+use openraft::vote::RaftLeaderId;
 
-use super::{ChangeMembers, Node, NodeId, Raft};
+use super::{ChangeMembers, Node, NodeId, Raft, TypeConfig};
 
 /// This node's view of consensus now.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -55,12 +57,17 @@ pub enum ConsensusError {
     Unavailable(String),
 }
 
-fn not_leader(f: ForwardToLeader<NodeId, Node>) -> ConsensusError {
+fn not_leader(f: ForwardToLeader<TypeConfig>) -> ConsensusError {
     ConsensusError::NotLeader { leader: f.leader_id.zip(f.leader_node.map(|n| n.addr)) }
 }
 
+/// openraft's full metrics now (for tests and the simulation's checks).
+pub fn metrics(raft: &Raft) -> super::RaftMetrics {
+    raft.metrics().borrow_watched().clone()
+}
+
 pub fn status(raft: &Raft) -> RaftStatus {
-    let m = raft.metrics().borrow().clone();
+    let m = raft.metrics().borrow_watched().clone();
     let membership = m.membership_config.membership();
     RaftStatus {
         term: m.current_term,
@@ -85,17 +92,17 @@ pub fn status(raft: &Raft) -> RaftStatus {
 // only at the report timeout, 25 s later (1 of 4 fleet-bench runs at 10,000 hosts).
 
 pub fn term(raft: &Raft) -> u64 {
-    raft.server_metrics().borrow().vote.leader_id().get_term()
+    raft.server_metrics().borrow_watched().vote.leader_id().term()
 }
 
 pub fn leader(raft: &Raft) -> Option<NodeId> {
-    raft.server_metrics().borrow().current_leader
+    raft.server_metrics().borrow_watched().current_leader
 }
 
 /// The leader, if known, and its address.
 pub fn leader_with_addr(raft: &Raft) -> Option<(NodeId, String)> {
     let metrics = raft.server_metrics();
-    let m = metrics.borrow();
+    let m = metrics.borrow_watched();
     let id = m.current_leader?;
     Some((id, m.membership_config.membership().get_node(&id)?.addr.clone()))
 }
@@ -103,9 +110,9 @@ pub fn leader_with_addr(raft: &Raft) -> Option<(NodeId, String)> {
 /// Waits until this node has applied everything committed before the call, after
 /// confirming leadership with a quorum (read index).
 pub async fn read_index(raft: &Raft) -> Result<(), ConsensusError> {
-    match raft.ensure_linearizable().await {
+    match raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex).await {
         Ok(_) => Ok(()),
-        Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => Err(not_leader(f)),
+        Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => Err(not_leader(f)),
         Err(e) => Err(ConsensusError::Unavailable(format!("cannot confirm leadership: {e}"))),
     }
 }
@@ -117,7 +124,7 @@ pub async fn initialize(raft: &Raft, members: BTreeMap<NodeId, Node>) -> Result<
     })
 }
 
-fn membership_error(e: RaftError<NodeId, ClientWriteError<NodeId, Node>>) -> ConsensusError {
+fn membership_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ConsensusError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => not_leader(f),
         RaftError::APIError(ClientWriteError::ChangeMembershipError(c)) => ConsensusError::Refused(c.to_string()),
@@ -137,7 +144,7 @@ pub async fn promote(raft: &Raft, id: NodeId) -> Result<(), ConsensusError> {
 
 /// Removes member `id`, voter or learner.
 pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), ConsensusError> {
-    let voter = raft.metrics().borrow().membership_config.membership().voter_ids().any(|v| v == id);
+    let voter = raft.metrics().borrow_watched().membership_config.membership().voter_ids().any(|v| v == id);
     let change = if voter { ChangeMembers::RemoveVoters([id].into()) } else { ChangeMembers::RemoveNodes([id].into()) };
     raft.change_membership(change, false).await.map(|_| ()).map_err(membership_error)
 }
@@ -146,10 +153,10 @@ pub async fn remove(raft: &Raft, id: NodeId) -> Result<(), ConsensusError> {
 pub async fn snapshot_covering(raft: &Raft, target: u64, timeout: Duration) -> Result<u64, ConsensusError> {
     let started = std::time::Instant::now();
     let unavailable = |e: &dyn std::fmt::Display| ConsensusError::Unavailable(format!("compacting the log: {e}"));
-    let snapshot_index = |m: &openraft::RaftMetrics<NodeId, Node>| m.snapshot.map_or(0, |l| l.index);
+    let snapshot_index = |m: &super::RaftMetrics| m.snapshot.map_or(0, |l| l.index);
     // A build the policy started earlier may end below `target`; openraft ignores a trigger
     // while one runs, so trigger again until a snapshot covers `target`.
-    let mut snapshot = snapshot_index(&raft.metrics().borrow());
+    let mut snapshot = snapshot_index(&raft.metrics().borrow_watched());
     while snapshot < target {
         raft.trigger().snapshot().await.map_err(|e| unavailable(&e))?;
         let left = timeout.saturating_sub(started.elapsed());
@@ -179,7 +186,7 @@ pub async fn purge_to(raft: &Raft, index: u64, timeout: Duration) -> Result<u64,
 /// `RaftMetrics`: those change at every append, flush, commit and apply, so each watcher
 /// was woken several times per write for nothing (with three such watchers, about a dozen
 /// thread wake-ups per write on an idle leader).
-pub struct LeadershipWatch(tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, Node>>);
+pub struct LeadershipWatch(openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::metrics::RaftServerMetrics<TypeConfig>>);
 
 impl LeadershipWatch {
     pub fn new(raft: &Raft) -> Self {
@@ -189,7 +196,7 @@ impl LeadershipWatch {
     /// The term and its leader, if known, now.
     pub fn current(&mut self) -> (u64, Option<NodeId>) {
         let m = self.0.borrow_and_update();
-        (m.vote.leader_id().get_term(), m.current_leader)
+        (m.vote.leader_id().term(), m.current_leader)
     }
 
     /// Waits for consensus to change in any way (then read [`Self::current`]); `false` once
@@ -218,14 +225,15 @@ pub async fn member_once_known(raft: &Raft, id: NodeId) -> Option<Node> {
 pub async fn stopped(raft: &Raft) -> String {
     let mut server = raft.server_metrics();
     while server.changed().await.is_ok() {}
-    match &raft.metrics().borrow().running_state {
+    match &raft.metrics().borrow_watched().running_state {
         Err(fatal) => format!("raft stopped: {fatal}"),
         Ok(()) => "raft stopped".into(),
     }
 }
 
 /// Holds (or resumes) this leader's heartbeats and its own elections, for a leader
-/// transfer: openraft 0.9 has no transfer primitive, so the leader falls silent until the
+/// transfer: written for openraft 0.9, which had no transfer primitive (0.10's would need
+/// the peers' transfer RPC, which they do not serve yet), so the leader falls silent until the
 /// followers' lease ([`leader_lease`]) expires and the target is asked to elect itself.
 pub fn hold_leadership(raft: &Raft, elections: &super::ElectionGate, hold: bool) {
     raft.runtime_config().heartbeat(!hold);
@@ -239,5 +247,5 @@ pub fn leader_lease(raft: &Raft) -> Duration {
 
 /// Makes this node start an election now.
 pub async fn elect(raft: &Raft) -> Result<(), ConsensusError> {
-    raft.trigger().elect().await.map_err(|e| ConsensusError::Unavailable(e.to_string()))
+    raft.trigger().elect(false).await.map_err(|e| ConsensusError::Unavailable(e.to_string()))
 }

@@ -7,8 +7,10 @@
 //! * [`Hold::Transfer`]: a leader handing over stays out of the election it asks for
 //!   (`consensus::hold_leadership`).
 //! * [`Hold::SplitVote`]: a candidate whose round has not ended stands again at a random
-//!   moment of its own, off openraft's ticks. openraft 0.9 draws a node's election timeout
-//!   once, when the node starts, and checks it only on ticks of 1.5 heartbeats (150 ms),
+//!   moment of its own, off openraft's ticks. Written for openraft 0.9 (0.10 draws the
+//!   timeout for every election and ticks every fifth of a heartbeat; the breaker stays
+//!   until failover is measured without it). openraft 0.9 drew a node's election timeout
+//!   once, when the node started, and checked it only on ticks of 1.5 heartbeats (150 ms),
 //!   longer than the timeouts' whole range (120-200 ms). Two candidates whose ticks fall
 //!   together therefore stand together in every round and split the vote round after round
 //!   until their ticks drift apart or a third node comes back: one of 50 failovers in
@@ -27,9 +29,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use openraft::async_runtime::WatchReceiver;
 use openraft::raft::{VoteRequest, VoteResponse};
+use openraft::vote::RaftLeaderId;
 
-use super::types::{Node, NodeId, Raft, ServerState};
+use super::types::{Raft, ServerState, TypeConfig};
+
+type ServerMetrics = openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::metrics::RaftServerMetrics<TypeConfig>>;
 
 /// Why this node's elections are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,9 +88,9 @@ pub struct VoteReplies {
 }
 
 impl VoteReplies {
-    pub fn note(&self, request: &VoteRequest<NodeId>, reply: &VoteResponse<NodeId>) {
+    pub fn note(&self, request: &VoteRequest<TypeConfig>, reply: &VoteResponse<TypeConfig>) {
         if reply.last_log_id > request.last_log_id {
-            self.greater_log_term.fetch_max(request.vote.leader_id.term, Ordering::Relaxed);
+            self.greater_log_term.fetch_max(request.vote.leader_id().term(), Ordering::Relaxed);
         }
     }
 
@@ -130,7 +136,7 @@ impl ElectionGate {
         let mut metrics = self.raft.server_metrics();
         tokio::spawn(async move {
             // Ends early, too, when Raft shuts down (the metrics' sender is dropped).
-            let _ = tokio::time::timeout(at_most, metrics.wait_for(|m| m.current_leader.is_some())).await;
+            let _ = tokio::time::timeout(at_most, metrics.wait_until(|m| m.current_leader.is_some())).await;
             gate.hold(Hold::Start, false);
         });
     }
@@ -162,18 +168,14 @@ impl Rounds {
 
 /// Watches the server metrics (state and vote), which change with elections only, not with
 /// every commit as the full metrics do.
-async fn break_split_votes(
-    gate: ElectionGate,
-    mut metrics: tokio::sync::watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, Node>>,
-    range: std::ops::Range<Duration>,
-) {
+async fn break_split_votes(gate: ElectionGate, mut metrics: ServerMetrics, range: std::ops::Range<Duration>) {
     use rand::Rng;
     let mut rounds = Rounds::default();
     let mut held = false;
     loop {
         let (state, term) = {
             let m = metrics.borrow_and_update();
-            (m.state, m.vote.leader_id.term)
+            (m.state, m.vote.leader_id().term())
         };
         if held && state != ServerState::Candidate {
             // Won, or following another candidate or a leader: openraft's timer is back in charge.
@@ -186,14 +188,16 @@ async fn break_split_votes(
                 held = true;
             }
             let wait = rand::rng().random_range(range.clone());
-            let ended =
-                tokio::time::timeout(wait, metrics.wait_for(|m| m.state != ServerState::Candidate || m.vote.leader_id.term != term));
+            let ended = tokio::time::timeout(
+                wait,
+                metrics.wait_until(move |m| m.state != ServerState::Candidate || m.vote.leader_id().term() != term),
+            );
             if ended.await.is_err() {
                 if gate.replies.greater_log_seen_in(term) {
                     // It cannot win: openraft's timer, longer after a longer log, decides.
                     gate.hold(Hold::SplitVote, false);
                     held = false;
-                } else if gate.raft.trigger().elect().await.is_err() {
+                } else if gate.raft.trigger().elect(false).await.is_err() {
                     return;
                 }
                 // Otherwise still a candidate of this round: it stood again just now; the new
@@ -240,8 +244,8 @@ mod tests {
     #[test]
     fn a_reply_with_a_longer_log_is_noted_for_its_term_only() {
         let log = |index| Some(crate::raft::log_id(7, 2, index));
-        let request = |term, last| VoteRequest { vote: openraft::Vote::new(term, 3), last_log_id: last };
-        let reply = |last| VoteResponse { vote: openraft::Vote::new(8, 3), vote_granted: false, last_log_id: last };
+        let request = |term, last| VoteRequest { vote: crate::raft::Vote::new(term, 3), last_log_id: last, leadership_transfer: false };
+        let reply = |last| VoteResponse { vote: crate::raft::Vote::new(8, 3), vote_granted: false, last_log_id: last };
         let replies = VoteReplies::default();
         replies.note(&request(8, log(752)), &reply(log(752)));
         replies.note(&request(8, log(752)), &reply(None));

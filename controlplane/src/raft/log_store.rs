@@ -4,9 +4,12 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{OptionalSend, RaftLogId, StorageIOError};
+use std::io;
 
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::OptionalSend;
+
+use super::log_flusher::LogFlusher;
 use super::types::*;
 use crate::storage::{KvBackend, Tree, Watermark};
 
@@ -16,8 +19,9 @@ const LAST_PURGED: &[u8] = b"last_purged";
 // In `Tree::Meta`: losing it in a crash is safe (see `save_committed`).
 const COMMITTED: &[u8] = b"committed";
 
-/// openraft's log storage over any `KvBackend`. Votes and appended entries are flushed
-/// before they are acknowledged.
+/// openraft's log storage over any `KvBackend`. Votes are flushed before `save_vote`
+/// returns; appended entries are flushed before their `IOFlushed` callback runs, inline or
+/// on the flusher thread (see [`LogStore::with_background_io`]).
 pub struct LogStore<B> {
     backend: Arc<B>,
     watermark: Arc<Watermark>,
@@ -30,6 +34,11 @@ pub struct LogStore<B> {
     recent: Arc<Mutex<RecentEntries>>,
     /// Remove purged entries on a thread of their own (see [`LogStore::purge`]).
     purge_in_background: bool,
+    /// Flushes appended entries after `append` returns; none: `append` flushes them itself.
+    flusher: Option<LogFlusher>,
+    /// This node, and whether it leads (as its last vote saved says): with both, only a
+    /// leader's appends go to the flusher (see [`LogStore::flushing_in_background_only_while_leading`]).
+    only_while_leading: Option<(NodeId, Arc<std::sync::atomic::AtomicBool>)>,
     /// Held while purged entries are removed: one removal at a time.
     removal: Arc<Mutex<()>>,
     /// The fault of a removal that failed, which the next append or purge returns
@@ -47,6 +56,8 @@ impl<B> Clone for LogStore<B> {
             appended_bytes: self.appended_bytes.clone(),
             recent: self.recent.clone(),
             purge_in_background: self.purge_in_background,
+            flusher: self.flusher.clone(),
+            only_while_leading: self.only_while_leading.clone(),
             removal: self.removal.clone(),
             removal_failed: self.removal_failed.clone(),
         }
@@ -152,11 +163,11 @@ fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
-fn io_read(e: impl ToString) -> StorageError {
-    StorageIOError::read_logs(anyerror::AnyError::error(e.to_string())).into()
+fn io_read(e: impl ToString) -> io::Error {
+    io::Error::other(e.to_string())
 }
-fn io_write(e: impl ToString) -> StorageError {
-    StorageIOError::write_logs(anyerror::AnyError::error(e.to_string())).into()
+fn io_write(e: impl ToString) -> io::Error {
+    io::Error::other(e.to_string())
 }
 
 /// Rows read from the backend at a time by [`LogStore::read_rows`].
@@ -173,6 +184,8 @@ impl<B: KvBackend> LogStore<B> {
             appended_bytes: Arc::default(),
             recent: Arc::default(),
             purge_in_background: false,
+            flusher: None,
+            only_while_leading: None,
             removal: Arc::default(),
             removal_failed: Arc::default(),
         };
@@ -211,15 +224,54 @@ impl<B: KvBackend> LogStore<B> {
         }
     }
 
-    /// This log, removing purged entries on a thread of its own when `background` (see
-    /// [`LogStore::purge`]; not in the deterministic simulation, whose replay needs every
-    /// step on its own scheduler).
-    pub fn purging_in_background(self, background: bool) -> Self {
-        Self { purge_in_background: background, ..self }
+    /// This log, when `background`, flushing appended entries on a thread of its own
+    /// ([`LogFlusher`]) and removing purged ones on another (see [`LogStore::purge`]). Not in
+    /// the deterministic simulation, whose replay needs every step on its own scheduler:
+    /// there `append` flushes before it returns, which is correct but gives up the leader's
+    /// flush overlapping replication.
+    pub fn with_background_io(self, background: bool) -> anyhow::Result<Self> {
+        let flusher = if background {
+            let (backend, watermark) = (self.backend.clone(), self.watermark.clone());
+            let flush = Box::new(move |upto: u64| {
+                if let Some(delay) = backend.write_delay() {
+                    std::thread::sleep(delay);
+                }
+                make_durable(backend.as_ref(), &watermark, Some(upto)).map_err(|e| e.to_string())
+            });
+            Some(LogFlusher::start(flush).map_err(|e| anyhow::anyhow!("cannot start the log flusher thread: {e}"))?)
+        } else {
+            None
+        };
+        Ok(Self { purge_in_background: background, flusher, ..self })
+    }
+
+    /// This log, with a flusher, flushing in the background only while `node` leads; as a
+    /// follower it flushes in `append`. Only the leader's flush can overlap anything (the
+    /// round trip to the followers); a follower answers its leader once its flush is done,
+    /// and a hand-off to the flusher thread and back only adds two thread wake-ups to that.
+    pub fn flushing_in_background_only_while_leading(self, node: NodeId) -> Self {
+        Self { only_while_leading: Some((node, Arc::default())), ..self }
+    }
+
+    /// The flusher that takes this append, if any (see `only_while_leading`).
+    fn flusher_now(&self) -> Option<&LogFlusher> {
+        match &self.only_while_leading {
+            Some((_, leads)) if !leads.load(Ordering::Acquire) => None,
+            _ => self.flusher.as_ref(),
+        }
+    }
+
+    /// Waits until every appended entry is durable: openraft requires the log's writes to
+    /// complete in order, so a vote, a truncation or a purge must not overtake an append.
+    fn wait_flushed(&self) -> io::Result<()> {
+        match &self.flusher {
+            Some(flusher) => flusher.wait_idle().map_err(|e| io_write(format!("flushing the Raft log failed earlier: {e}"))),
+            None => Ok(()),
+        }
     }
 
     /// The fault of an earlier background removal, if one failed.
-    fn removal_fault(&self) -> Result<(), StorageError> {
+    fn removal_fault(&self) -> io::Result<()> {
         match self.removal_failed.get() {
             Some(fault) => Err(io_write(format!("removing purged log entries failed earlier: {fault}"))),
             None => Ok(()),
@@ -238,7 +290,13 @@ impl<B: KvBackend> LogStore<B> {
     }
 
     /// Writes `entries` and returns once they are durable (flushed, watermark advanced).
-    pub fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> Result<(), StorageError> {
+    pub fn append_durably(&self, entries: impl IntoIterator<Item = Entry>) -> io::Result<()> {
+        let last = self.write_entries(entries)?;
+        make_durable(self.backend.as_ref(), &self.watermark, last)
+    }
+
+    /// Writes `entries` (readable at once, not yet durable) and returns the last one's index.
+    fn write_entries(&self, entries: impl IntoIterator<Item = Entry>) -> io::Result<Option<u64>> {
         let mut batch = Vec::new();
         let mut decoded = Vec::new();
         let mut last = None;
@@ -252,12 +310,9 @@ impl<B: KvBackend> LogStore<B> {
             last = Some(index);
         }
         self.appended_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.backend.insert_batch(Tree::Logs, batch).and_then(|_| self.backend.flush_tree(Tree::Logs)).map_err(io_write)?;
-        if let Some(last) = last {
-            self.watermark.advance(last).map_err(|e| io_write(format!("writing the log watermark: {e}")))?;
-        }
+        self.backend.insert_batch(Tree::Logs, batch).map_err(io_write)?;
         self.recent.lock().expect("recent entries lock").push(decoded);
-        Ok(())
+        Ok(last)
     }
 
     /// Waits out the backend's simulated write latency, if any.
@@ -267,7 +322,7 @@ impl<B: KvBackend> LogStore<B> {
         }
     }
 
-    fn read_json<T: serde::de::DeserializeOwned>(&self, tree: Tree, k: &[u8]) -> Result<Option<T>, StorageError> {
+    fn read_json<T: serde::de::DeserializeOwned>(&self, tree: Tree, k: &[u8]) -> io::Result<Option<T>> {
         match self.backend.get(tree, k).map_err(io_read)? {
             None => Ok(None),
             Some(bytes) => {
@@ -276,13 +331,13 @@ impl<B: KvBackend> LogStore<B> {
         }
     }
 
-    fn write_hard_state<T: serde::Serialize>(&self, k: &[u8], value: &T) -> Result<(), StorageError> {
+    fn write_hard_state<T: serde::Serialize>(&self, k: &[u8], value: &T) -> io::Result<()> {
         let bytes = serde_json::to_vec(value).map_err(io_write)?;
         self.backend.insert(Tree::HardState, k, bytes).map_err(io_write)?;
         self.backend.flush_tree(Tree::HardState).map_err(io_write)
     }
 
-    fn last_purged(&self) -> Result<Option<LogId>, StorageError> {
+    fn last_purged(&self) -> io::Result<Option<LogId>> {
         self.read_json(Tree::HardState, LAST_PURGED)
     }
 
@@ -291,11 +346,20 @@ impl<B: KvBackend> LogStore<B> {
         Ok(self.last_purged().map_err(|e| anyhow::anyhow!("reading the Raft log: {e}"))?.map_or(0, |l| l.index))
     }
 
-    fn last_index(&self) -> Result<u64, StorageError> {
+    fn last_index(&self) -> io::Result<u64> {
         let from_logs = self.backend.last(Tree::Logs).map_err(io_read)?.map(|(k, _)| decode_key(&k)).transpose()?;
         let purged = self.last_purged()?.map(|l| l.index);
         Ok(from_logs.or(purged).unwrap_or(0))
     }
+}
+
+/// Flushes the log and records entries up to `last` as durable.
+fn make_durable<B: KvBackend>(backend: &B, watermark: &Watermark, last: Option<u64>) -> io::Result<()> {
+    backend.flush_tree(Tree::Logs).map_err(io_write)?;
+    if let Some(last) = last {
+        watermark.advance(last).map_err(|e| io_write(format!("writing the log watermark: {e}")))?;
+    }
+    Ok(())
 }
 
 /// A log read in index order must find `index` right after `previous`.
@@ -310,7 +374,7 @@ fn check_follows(previous: Option<u64>, index: u64) -> Result<(), String> {
     }
 }
 
-fn decode_key(k: &[u8]) -> Result<u64, StorageError> {
+fn decode_key(k: &[u8]) -> io::Result<u64> {
     let bytes: [u8; 8] = k.try_into().map_err(|_| io_read(format!("log key of {} bytes", k.len())))?;
     Ok(u64::from_be_bytes(bytes))
 }
@@ -328,7 +392,7 @@ impl<B: KvBackend> LogStore<B> {
     /// time: replication asks for everything the follower lacks (after a re-plan, MBs of
     /// entries) to send 512 KiB of it, and reading it all first was a third of a 10,000-host
     /// leader's CPU.
-    fn read_rows(&self, start: u64, end: Option<u64>, max_bytes: usize) -> Result<crate::storage::KvPairs, StorageError> {
+    fn read_rows(&self, start: u64, end: Option<u64>, max_bytes: usize) -> io::Result<crate::storage::KvPairs> {
         let end_key = end.map(key);
         let mut rows = Vec::new();
         let mut total = 0usize;
@@ -352,7 +416,7 @@ impl<B: KvBackend> LogStore<B> {
 
     /// Entries `[start, end)` (end `None`: to the last), stopping before the one that would
     /// take the encoded total over `max_bytes` (never before the first).
-    fn read_entries(&self, start: u64, end: Option<u64>, max_bytes: usize) -> Result<Vec<Entry>, StorageError> {
+    fn read_entries(&self, start: u64, end: Option<u64>, max_bytes: usize) -> io::Result<Vec<Entry>> {
         // The shared entries are copied outside the lock, so that the writer never waits
         // on a reader's copy.
         let recent = self.recent.lock().expect("recent entries lock").read(start, end, max_bytes);
@@ -375,10 +439,7 @@ impl<B: KvBackend> LogStore<B> {
 }
 
 impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(&mut self, range: RB) -> io::Result<Vec<Entry>> {
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s + 1,
@@ -392,8 +453,17 @@ impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
         self.read_entries(start, end, usize::MAX)
     }
 
+    /// The stored vote, as stored. A leader that restarts is not a leader again at once:
+    /// openraft's `enable_leader_restore` is off (`RaftSettings::openraft_config`), so its
+    /// committed vote is demoted in memory and it waits for an election, as in the Raft
+    /// paper and etcd. (With the restore, a restarted leader served linearizable reads from
+    /// its stored commit index, which is not durable: `save_committed`.)
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        self.read_json::<Vote>(Tree::HardState, VOTE)
+    }
+
     /// What replication sends: bounded by [`MAX_APPEND_BYTES`].
-    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, StorageError> {
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
         let entries = self.read_entries(start, Some(end), MAX_APPEND_BYTES)?;
         // The range's start was purged (a snapshot was taken since openraft chose to send
         // it): nothing, not the entries after the purge point. openraft treats an empty
@@ -410,10 +480,10 @@ impl<B: KvBackend> RaftLogReader<TypeConfig> for LogStore<B> {
 impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
     type LogReader = Self;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
         let last_purged_log_id = self.last_purged()?;
         let last = match self.backend.last(Tree::Logs).map_err(io_read)? {
-            Some((_, v)) => Some(*serde_json::from_slice::<Entry>(&v).map_err(io_read)?.get_log_id()),
+            Some((_, v)) => Some(serde_json::from_slice::<Entry>(&v).map_err(io_read)?.log_id),
             None => last_purged_log_id,
         };
         Ok(LogState { last_purged_log_id, last_log_id: last })
@@ -423,32 +493,27 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        self.wait_flushed()?;
         self.slow_disk().await;
-        let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(anyerror::AnyError::new(&e)))?;
+        let bytes = serde_json::to_vec(vote).map_err(io_write)?;
         self.backend
             .insert(Tree::HardState, VOTE, bytes)
             .and_then(|_| self.backend.flush_tree(Tree::HardState))
-            .map_err(|e| StorageIOError::write_vote(anyerror::AnyError::error(e.to_string())).into())
-    }
-
-    /// The stored vote, as not yet granted by a quorum. openraft 0.9 restarts a node whose
-    /// stored vote is committed and its own as the leader of the same term at once, with the
-    /// commit index it finds stored; that index is not durable (`save_committed`), so such a
-    /// leader answered linearizable reads from a state that lacked acknowledged writes (a
-    /// full restart in `tests/cluster.rs` listed no Services at all). Read back uncommitted,
-    /// a restarted node is a follower, as in the Raft paper and etcd: a leader it was runs a
-    /// new election, and its first entry in the new term is committed before it serves a
-    /// read. The vote still binds the node: it grants no other candidate of its term.
-    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.read_json::<Vote>(Tree::HardState, VOTE)?.map(|v| Vote { committed: false, ..v }))
+            .map_err(|e| io_write(format!("saving the vote: {e}")))?;
+        if let Some((node, leads)) = &self.only_while_leading {
+            // The flusher is idle (`wait_flushed` above), so appends may change path here.
+            use openraft::vote::RaftLeaderId;
+            leads.store(vote.is_committed() && vote.leader_id().node_id() == node, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Stored only every [`COMMITTED_SAVE_EVERY`] entries, and not flushed on its own: a
     /// committed index that is older or lost in a crash only makes the restarted node wait
     /// for the leader before re-applying the rest, which is safe. Stored at every commit,
     /// it was a sled write (and sled's I/O threads' `sync_file_range`) per Raft write.
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         let index = committed.map_or(0, |c| c.index);
         let previous = self.committed.swap(index, Ordering::Relaxed);
         let saved = self.committed_saved.load(Ordering::Relaxed);
@@ -460,46 +525,59 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         self.backend.insert(Tree::Meta, COMMITTED, bytes).map_err(io_write)
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+    async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
         Ok(self.read_json::<Option<LogId>>(Tree::Meta, COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    /// Returns once the entries are written and readable; `callback` runs once they are
+    /// durable: here, or on the flusher thread when there is one.
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.slow_disk().await;
-        self.removal_fault()?;
-        match self.append_durably(entries) {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
+        if let Err(e) = self.removal_fault() {
+            callback.io_completed(Err(io_write(&e)));
+            return Err(e);
+        }
+        let flusher = self.flusher_now();
+        let written = match flusher {
+            Some(_) => self.write_entries(entries),
+            None => {
+                self.slow_disk().await;
+                self.append_durably(entries).map(|()| None)
+            }
+        };
+        match (written, flusher) {
+            (Ok(Some(last)), Some(flusher)) => flusher.queue(last, callback).map_err(io_write),
+            (Ok(_), _) => {
+                callback.io_completed(Ok(()));
                 Ok(())
             }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+            (Err(e), _) => {
+                callback.io_completed(Err(io_write(&e)));
                 Err(e)
             }
         }
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.recent.lock().expect("recent entries lock").truncate(log_id.index);
-        self.backend
-            .remove_range(Tree::Logs, &key(log_id.index), None)
-            .and_then(|_| self.backend.flush_tree(Tree::Logs))
-            .map_err(io_write)?;
-        self.watermark.reset_to(log_id.index.saturating_sub(1)).map_err(io_write)
+    async fn truncate_after(&mut self, last: Option<LogId>) -> io::Result<()> {
+        self.wait_flushed()?;
+        let from = last.map_or(0, |l| l.index + 1);
+        self.recent.lock().expect("recent entries lock").truncate(from);
+        self.backend.remove_range(Tree::Logs, &key(from), None).and_then(|_| self.backend.flush_tree(Tree::Logs)).map_err(io_write)?;
+        self.watermark.reset_to(from.saturating_sub(1)).map_err(io_write)
     }
 
     /// openraft awaits this inside its core, which meanwhile sends no heartbeat: removing
     /// a 10,000-host log's 1,167 entries (about 150 MB) there took 400 ms, and a follower
     /// elected itself. So only the purge point is recorded here; with
-    /// `purging_in_background` the entries are removed on a thread of their own. Entries
+    /// `with_background_io` the entries are removed on a thread of their own. Entries
     /// at or below the purge point are never read again, and a crash before they are gone
     /// leaves them behind the recorded point, where the next purge removes them.
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         self.removal_fault()?;
+        self.wait_flushed()?;
         // Record the purge point first, so a crash in between never leaves a hole.
         self.write_hard_state(LAST_PURGED, &log_id)?;
         self.recent.lock().expect("recent entries lock").purge(log_id.index);
@@ -554,10 +632,7 @@ mod tests {
                     expected_version: 0,
                 };
                 let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
-                let entry = Entry {
-                    log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), i),
-                    payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()),
-                };
+                let entry = Entry { log_id: log_id(1, 1, i), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) };
                 (key(i).to_vec(), serde_json::to_vec(&entry).unwrap())
             })
             .collect();
@@ -584,7 +659,7 @@ mod tests {
     #[tokio::test]
     async fn replication_from_before_the_purge_point_gets_nothing_not_the_entries_after_it() {
         let mut store = log_of_sized_entries(20, 16);
-        store.purge(LogId::new(openraft::CommittedLeaderId::new(1, 1), 9)).await.unwrap();
+        store.purge(log_id(1, 1, 9)).await.unwrap();
         assert!(store.limited_get_log_entries(0, 15).await.unwrap().is_empty());
         // Other readers get what exists of a range that starts before the log.
         assert_eq!(store.try_get_log_entries(5..15).await.unwrap().first().map(|e| e.log_id.index), Some(10));
@@ -594,8 +669,8 @@ mod tests {
 
     #[tokio::test]
     async fn purged_entries_are_removed_in_the_background_and_a_failed_removal_stops_the_next_write() {
-        let mut store = log_of_sized_entries(20, 16).purging_in_background(true);
-        let upto = LogId::new(openraft::CommittedLeaderId::new(1, 1), 9);
+        let mut store = log_of_sized_entries(20, 16).with_background_io(true).unwrap();
+        let upto = log_id(1, 1, 9);
         store.purge(upto).await.unwrap();
         // Recorded at once; the entries go soon after.
         assert_eq!(store.get_log_state().await.unwrap().last_purged_log_id, Some(upto));
@@ -611,18 +686,18 @@ mod tests {
         assert_eq!(store.try_get_log_entries(10..=20).await.unwrap().len(), 11);
 
         store.removal_failed.set("injected: no space left on device".into()).unwrap();
-        let later = LogId::new(openraft::CommittedLeaderId::new(1, 1), 12);
+        let later = log_id(1, 1, 12);
         let err = store.purge(later).await.unwrap_err().to_string();
         assert!(err.contains("removing purged log entries failed earlier: injected"), "{err}");
         assert_eq!(store.get_log_state().await.unwrap().last_purged_log_id, Some(upto), "a purge after a fault records nothing");
     }
 
-    /// A leader that restarts is a follower until it wins a new election (see `read_vote`).
+    /// The vote reads back as stored (openraft demotes a restarted leader: `read_vote`).
     #[tokio::test]
-    async fn a_vote_reads_back_as_not_yet_granted_and_still_for_its_term_and_node() {
+    async fn a_vote_reads_back_as_stored() {
         let mut store = LogStore::open(Arc::new(MemBackend::new()), Watermark::disabled()).unwrap();
         store.save_vote(&Vote::new_committed(7, 2)).await.unwrap();
-        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(7, 2)));
+        assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new_committed(7, 2)));
     }
 
     #[test]
@@ -639,10 +714,7 @@ mod tests {
             expected_version: 0,
         };
         let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
-        Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(term, 1), index),
-            payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()),
-        }
+        Entry { log_id: log_id(term, 1, index), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) }
     }
 
     /// What `warm` (which appended the entries and keeps the newest decoded) reads equals
@@ -672,12 +744,117 @@ mod tests {
         assert_reads_agree(&store);
 
         // A new leader overwrites the end of the log.
-        store.truncate(LogId::new(openraft::CommittedLeaderId::new(1, 1), 35)).await.unwrap();
+        store.truncate_after(Some(log_id(1, 1, 34))).await.unwrap();
         store.append_durably((35..=38).map(|i| sized_entry(2, i, 100))).unwrap();
         assert_reads_agree(&store);
 
-        store.purge(LogId::new(openraft::CommittedLeaderId::new(2, 1), 36)).await.unwrap();
+        store.purge(log_id(2, 1, 36)).await.unwrap();
         assert_reads_agree(&store);
         assert_eq!(store.recent.lock().unwrap().first_index(), Some(37));
+    }
+
+    /// A backend whose flushes take 200 ms, and fail once `fail` is set.
+    #[derive(Default)]
+    struct SlowFlushes {
+        inner: MemBackend,
+        fail: std::sync::atomic::AtomicBool,
+    }
+
+    impl KvBackend for SlowFlushes {
+        fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, crate::storage::BackendError> {
+            self.inner.get(tree, key)
+        }
+        fn insert_batch(&self, tree: Tree, items: crate::storage::KvPairs) -> Result<(), crate::storage::BackendError> {
+            self.inner.insert_batch(tree, items)
+        }
+        fn remove_range(&self, tree: Tree, from: &[u8], to: Option<&[u8]>) -> Result<(), crate::storage::BackendError> {
+            self.inner.remove_range(tree, from, to)
+        }
+        fn range(
+            &self,
+            tree: Tree,
+            from: &[u8],
+            to: Option<&[u8]>,
+            limit: usize,
+        ) -> Result<crate::storage::KvPairs, crate::storage::BackendError> {
+            self.inner.range(tree, from, to, limit)
+        }
+        fn last(&self, tree: Tree) -> Result<Option<crate::storage::KvPair>, crate::storage::BackendError> {
+            self.inner.last(tree)
+        }
+        fn flush(&self) -> Result<(), crate::storage::BackendError> {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(crate::storage::BackendError::new("flush", Tree::Logs, "injected: no space left on device"));
+            }
+            self.inner.flush()
+        }
+    }
+
+    fn flushed() -> (IOFlushed<TypeConfig>, tokio::sync::oneshot::Receiver<io::Result<()>>) {
+        use openraft::type_config::TypeConfigExt;
+        let (tx, rx) = TypeConfig::oneshot();
+        (IOFlushed::signal(tx), rx)
+    }
+
+    /// With the flusher, `append` returns with its entries readable and not yet durable;
+    /// the callback runs once they are, and a vote waits for them (the log's writes
+    /// complete in order).
+    #[tokio::test]
+    async fn appended_entries_are_readable_at_once_and_durable_before_the_callback_and_the_next_vote() {
+        let backend = Arc::new(SlowFlushes::default());
+        let mut store = LogStore::open(backend, Watermark::disabled()).unwrap().with_background_io(true).unwrap();
+        let (callback, mut done) = flushed();
+        let started = std::time::Instant::now();
+        store.append((1..=3).map(|i| sized_entry(1, i, 10)), callback).await.unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_millis(150), "append waited for the flush");
+        assert_eq!(store.try_get_log_entries(1..=3).await.unwrap().len(), 3, "readable when append returns");
+        assert!(done.try_recv().is_err(), "the callback ran before the flush");
+        store.save_vote(&Vote::new(2, 1)).await.unwrap();
+        assert!(done.try_recv().expect("the vote overtook the append's flush").is_ok());
+    }
+
+    /// With `flushing_in_background_only_while_leading`, a follower's `append` flushes
+    /// before it returns; once the node saves a granted vote of its own (it leads), the
+    /// flusher takes its appends; a vote for another node makes it flush in place again.
+    #[tokio::test]
+    async fn only_the_leaders_appends_go_to_the_flusher() {
+        let backend = Arc::new(SlowFlushes::default());
+        let mut store = LogStore::open(backend, Watermark::disabled())
+            .unwrap()
+            .with_background_io(true)
+            .unwrap()
+            .flushing_in_background_only_while_leading(1);
+        let mut index = 0;
+        let mut append = async |store: &mut LogStore<SlowFlushes>| {
+            index += 1;
+            let (callback, mut done) = flushed();
+            store.append([sized_entry(1, index, 10)], callback).await.unwrap();
+            done.try_recv().is_ok()
+        };
+        assert!(append(&mut store).await, "a follower (it has no vote yet) flushes in place");
+        store.save_vote(&Vote::new(2, 1)).await.unwrap();
+        assert!(append(&mut store).await, "a candidate flushes in place");
+        store.save_vote(&Vote::new_committed(2, 1)).await.unwrap();
+        assert!(!append(&mut store).await, "the leader's append returns before its flush");
+        store.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
+        assert!(append(&mut store).await, "following node 2, it flushes in place again");
+    }
+
+    /// A flush that fails fails the append's callback and every later write of the log.
+    #[tokio::test]
+    async fn a_failed_background_flush_fails_the_callback_and_the_writes_after_it() {
+        let backend = Arc::new(SlowFlushes::default());
+        let mut store = LogStore::open(backend.clone(), Watermark::disabled()).unwrap().with_background_io(true).unwrap();
+        backend.fail.store(true, Ordering::SeqCst);
+        let (callback, done) = flushed();
+        store.append([sized_entry(1, 1, 10)], callback).await.unwrap();
+        let err = done.await.unwrap().unwrap_err().to_string();
+        assert!(err.contains("no space left on device"), "{err}");
+        let (callback, done) = flushed();
+        assert!(store.append([sized_entry(1, 2, 10)], callback).await.is_err());
+        assert!(done.await.unwrap().is_err());
+        let err = store.save_vote(&Vote::new(2, 1)).await.unwrap_err().to_string();
+        assert!(err.contains("flushing the Raft log failed earlier"), "{err}");
     }
 }

@@ -2,11 +2,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
-};
+use openraft::error::{NetworkError, RPCError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft_legacy::network_v1::{Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork};
 use proto::raft_service_client::RaftServiceClient;
 use proto::RaftPayload;
 use serde::de::DeserializeOwned;
@@ -98,11 +97,19 @@ impl Network {
     }
 }
 
+/// Peers speak openraft 0.9's protocol (`RaftNetwork` v1, adapted): its chunked snapshot
+/// transfer keeps each message far below the gRPC limit, and controllers of either version
+/// understand each other's requests.
 impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = PeerClient;
+    type Network = Adapter<TypeConfig, PeerClient, SnapshotData>;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        PeerClient { target, addr: node.raft_addr().to_string(), channels: self.channels.clone(), vote_replies: self.vote_replies.clone() }
+        Adapter::new(PeerClient {
+            target,
+            addr: node.raft_addr().to_string(),
+            channels: self.channels.clone(),
+            vote_replies: self.vote_replies.clone(),
+        })
     }
 }
 
@@ -125,7 +132,7 @@ enum Rpc {
 struct Message(String);
 
 impl PeerClient {
-    async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<NodeId, Node, RaftError<E>>>
+    async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<TypeConfig, RaftError<E>>>
     where
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
@@ -154,7 +161,7 @@ impl PeerClient {
 }
 
 /// A request as a payload: JSON.
-fn json_payload<Req: Serialize, E: std::error::Error>(req: &Req) -> Result<RaftPayload, RPCError<NodeId, Node, RaftError<E>>> {
+fn json_payload<Req: Serialize, E: std::error::Error>(req: &Req) -> Result<RaftPayload, RPCError<TypeConfig, RaftError<E>>> {
     serde_json::to_vec(req).map(|data| RaftPayload { data, ..Default::default() }).map_err(|e| RPCError::Network(NetworkError::new(&e)))
 }
 
@@ -189,7 +196,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig, RaftError>> {
         self.call(Rpc::Append, json_payload(&rpc)?, option.hard_ttl()).await
     }
 
@@ -197,17 +204,17 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, Node, RaftError<InstallSnapshotError>>> {
+    ) -> Result<InstallSnapshotResponse<TypeConfig>, RPCError<TypeConfig, RaftError<InstallSnapshotError>>> {
         let payload = snapshot_payload(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         self.call(Rpc::Snapshot, payload, option.hard_ttl()).await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError>> {
-        let reply: VoteResponse<NodeId> = self.call(Rpc::Vote, json_payload(&rpc)?, option.hard_ttl()).await?;
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig, RaftError>> {
+        let reply: VoteResponse<TypeConfig> = self.call(Rpc::Vote, json_payload(&rpc)?, option.hard_ttl()).await?;
         self.vote_replies.note(&rpc, &reply);
         Ok(reply)
     }
@@ -219,9 +226,9 @@ mod tests {
 
     fn chunk() -> InstallSnapshotRequest<TypeConfig> {
         InstallSnapshotRequest {
-            vote: openraft::Vote::new_committed(3, 1),
-            meta: openraft::SnapshotMeta {
-                last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 42)),
+            vote: Vote::new_committed(3, 1),
+            meta: openraft_legacy::network_v1::SnapshotMeta {
+                last_log_id: Some(log_id(3, 1, 42)),
                 last_membership: Default::default(),
                 snapshot_id: "s-42".into(),
             },

@@ -1,3 +1,4 @@
+use openraft_legacy::network_v1::ChunkedSnapshotReceiver;
 use proto::raft_service_server::RaftService;
 use proto::RaftPayload;
 use serde::de::DeserializeOwned;

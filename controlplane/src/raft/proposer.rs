@@ -1,7 +1,7 @@
 //! Group commit: requests that arrive while earlier entries are being flushed and
 //! replicated share the next Raft entry.
 //!
-//! openraft 0.9 appends and flushes each client write on its own before it looks at the
+//! openraft 0.9 appended and flushed each client write on its own before it looked at the
 //! next one (`RaftCore` runs its storage commands after every message), so with 64 writers
 //! the leader did one sled flush per write, one after another: under raft-bench's 64-client
 //! load half of its samples were in sled's flush threads and its Raft core was the
@@ -169,8 +169,9 @@ async fn propose(raft: &Raft, group: Group<oneshot::Sender<Answer>>, permit: Own
             return;
         }
     };
-    match raft.client_write_ff(proposal).await {
-        Ok(answer) => {
+    let (responder, answer) = openraft::impls::ProgressResponder::complete_only();
+    match raft.client_write_ff(proposal, Some(responder)).await {
+        Ok(()) => {
             tokio::spawn(async move {
                 let answers = answers(answer.await, count);
                 drop(permit);
@@ -293,7 +294,7 @@ mod tests {
     #[test]
     fn every_request_of_an_entry_gets_its_own_answer_or_the_entry_s_failure() {
         let resp = |data: Vec<CommandResult>| -> Result<Result<ClientWriteResponse, ClientWriteError>, String> {
-            Ok(Ok(ClientWriteResponse { log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 7), data, membership: None }))
+            Ok(Ok(ClientWriteResponse { log_id: log_id(1, 1, 7), data, membership: None }))
         };
         let refused = Err(crate::resources::FieldError::invalid("spec", "no"));
         let ok = answers(resp(vec![refused.clone(), refused.clone()]), 2);

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::types::Raft;
+use openraft::async_runtime::WatchReceiver;
 
 /// How often the policy looks.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -134,7 +135,7 @@ fn overdue(times: u64, entries: u64, bytes: u64, last_snapshot_bytes: u64, every
 /// log took; `snapshot_bytes` is the size of its latest snapshot (built or installed).
 pub async fn run(id: u64, raft: Raft, appended: Arc<AtomicU64>, snapshot_bytes: Arc<AtomicU64>, every: u64) {
     let mut metrics = raft.metrics();
-    let mut last_snapshot = metrics.borrow().snapshot.map_or(0, |l| l.index);
+    let mut last_snapshot = metrics.borrow_watched().snapshot.map_or(0, |l| l.index);
     let mut appended_at_snapshot = appended.load(Ordering::Relaxed);
     let mut appended_at_check = appended_at_snapshot;
     let mut requested = false;
@@ -190,7 +191,8 @@ pub async fn run(id: u64, raft: Raft, appended: Arc<AtomicU64>, snapshot_bytes: 
                 return; // shut down
             }
         }
-        if metrics.has_changed().is_err() {
+        // A closed channel: Raft shut down. (A pending change is read at the next check.)
+        if let Some(Err(_)) = futures::FutureExt::now_or_never(metrics.changed()) {
             return;
         }
     }

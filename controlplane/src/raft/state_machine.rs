@@ -4,8 +4,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use openraft::{OptionalSend, RaftLogId, StorageIOError};
+use std::io;
+
+use futures::StreamExt;
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::OptionalSend;
+use openraft_legacy::network_v1::SnapshotReceiverFactory;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -84,30 +88,32 @@ struct SnapshotCopy {
 
 /// openraft's state machine: the pure `ClusterState` held in memory, rebuilt on start from
 /// the persisted snapshot plus the committed log (openraft re-applies from the snapshot's
-/// index up to the saved committed index).
-pub struct StateMachineStore<B> {
+/// index up to the saved committed index). Over any backend, behind a trait object: the
+/// Raft type names its state machine, and one type keeps `Raft` one type.
+pub struct StateMachineStore {
     shared: Arc<SmShared>,
-    backend: Arc<B>,
+    backend: Arc<dyn KvBackend>,
     /// See `RaftSettings::snapshot_off_runtime`.
     snapshot_off_runtime: bool,
 }
 
-fn sm_err(e: impl ToString) -> StorageError {
-    StorageIOError::read_state_machine(anyerror::AnyError::error(e.to_string())).into()
+fn sm_err(e: impl ToString) -> io::Error {
+    io::Error::other(format!("reading the state machine: {}", e.to_string()))
 }
-fn snap_err(e: impl ToString) -> StorageError {
-    StorageIOError::write_snapshot(None, anyerror::AnyError::error(e.to_string())).into()
+fn snap_err(e: impl ToString) -> io::Error {
+    io::Error::other(format!("writing the snapshot: {}", e.to_string()))
 }
 
-impl<B: KvBackend> StateMachineStore<B> {
-    pub fn open(backend: Arc<B>, snapshot_off_runtime: bool) -> anyhow::Result<Self> {
+impl StateMachineStore {
+    pub fn open(backend: Arc<dyn KvBackend>, snapshot_off_runtime: bool) -> anyhow::Result<Self> {
         let (signals, _) = broadcast::channel(4096);
         let mut data = SmData::default();
         let snapshot_bytes = Arc::new(AtomicU64::new(0));
         if let Some((meta, bytes)) = load_snapshot(backend.as_ref()).map_err(|e| anyhow::anyhow!("reading the snapshot: {e}"))? {
             snapshot_bytes.store(bytes.len() as u64, Ordering::Relaxed);
-            let payload: SnapshotPayload = serde_json::from_slice(&bytes)
-                .map_err(|e| anyhow::anyhow!("the stored snapshot {} is corrupt: {e}; refusing to start", meta.snapshot_id))?;
+            let payload: SnapshotPayload = serde_json::from_slice(&bytes).map_err(|e| {
+                anyhow::anyhow!("the stored snapshot (up to {:?}) is corrupt: {e}; refusing to start", meta.last_log_id.map(|l| l.index))
+            })?;
             data.last_applied = payload.last_applied;
             data.membership = payload.membership;
             data.cluster = payload.cluster;
@@ -128,7 +134,7 @@ impl<B: KvBackend> StateMachineStore<B> {
     }
 }
 
-fn load_snapshot<B: KvBackend>(backend: &B) -> Result<Option<(SnapshotMeta, Vec<u8>)>, String> {
+fn load_snapshot(backend: &dyn KvBackend) -> Result<Option<(SnapshotMeta, Vec<u8>)>, String> {
     // One read of the tree, not one per key: a snapshot saved between two reads would pair
     // one snapshot's metadata with another's data.
     let mut rows = backend.range(Tree::Snapshot, &[], None, usize::MAX).map_err(|e| e.to_string())?;
@@ -144,7 +150,7 @@ fn load_snapshot<B: KvBackend>(backend: &B) -> Result<Option<(SnapshotMeta, Vec<
     }
 }
 
-fn save_snapshot<B: KvBackend>(backend: &B, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
+fn save_snapshot(backend: &dyn KvBackend, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
     let meta_bytes = serde_json::to_vec(meta).map_err(snap_err)?;
     backend
         .insert_batch(Tree::Snapshot, vec![(SNAPSHOT_META.to_vec(), meta_bytes), (SNAPSHOT_DATA.to_vec(), data.to_vec())])
@@ -178,8 +184,10 @@ fn lower_priority() {
     }
 }
 
-impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
-    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         let started = std::time::Instant::now();
         // Only an O(1) copy of the state is taken; encoding and saving, seconds at fleet
         // scale, happen off the async workers.
@@ -189,14 +197,15 @@ impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
         };
         let copied = started.elapsed();
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        // For the logs only (openraft 0.10's snapshots carry no id).
         let snapshot_id = match payload.last_applied {
             Some(l) => format!("{}-{}-{seq}", l.leader_id, l.index),
             None => format!("empty-{seq}"),
         };
-        let meta = SnapshotMeta { last_log_id: payload.last_applied, last_membership: payload.membership.clone(), snapshot_id };
+        let meta = SnapshotMeta { last_log_id: payload.last_applied, last_membership: payload.membership.clone() };
         let backend = self.backend.clone();
         let saved_meta = meta.clone();
-        let encode_and_save = move || -> Result<Vec<u8>, StorageError> {
+        let encode_and_save = move || -> io::Result<Vec<u8>> {
             let bytes = serde_json::to_vec(&payload).map_err(sm_err)?;
             save_snapshot(backend.as_ref(), &saved_meta, &bytes)?;
             Ok(bytes)
@@ -207,33 +216,79 @@ impl<B: KvBackend> RaftSnapshotBuilder<TypeConfig> for StateMachineStore<B> {
             bytes = bytes.len(),
             copy_seconds = copied.as_secs_f64(),
             seconds = started.elapsed().as_secs_f64(),
-            snapshot = %meta.snapshot_id,
+            snapshot = %snapshot_id,
             "snapshot built"
         );
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(bytes)) })
+        Ok(Snapshot { meta, snapshot: Cursor::new(bytes) })
     }
 }
 
-impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
         let data = self.shared.data.load();
         Ok((data.last_applied, data.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<crate::state::CommandResult>>, StorageError>
+    /// Applies what the stream holds now and answers each entry's writer once the state
+    /// holding it is what readers see (read-your-writes through the API).
+    async fn apply<S>(&mut self, mut entries: S) -> io::Result<()>
     where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        S: futures::Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
     {
+        let mut batch = Vec::new();
+        while let Some(item) = entries.next().await {
+            batch.push(item?);
+        }
+        let mut responders = Vec::with_capacity(batch.len());
+        let entries = batch.into_iter().map(|(entry, responder)| {
+            responders.push(responder);
+            entry
+        });
+        let responses = self.apply_entries(entries);
+        for (responder, response) in responders.into_iter().zip(responses) {
+            if let Some(responder) = responder {
+                responder.send(response);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        Self { shared: self.shared.clone(), backend: self.backend.clone(), snapshot_off_runtime: self.snapshot_off_runtime }
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> io::Result<()> {
+        self.install(meta, snapshot).await
+    }
+
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
+        let loaded = load_snapshot(self.backend.as_ref()).map_err(sm_err)?;
+        Ok(loaded.map(|(meta, data)| Snapshot { meta, snapshot: Cursor::new(data) }))
+    }
+}
+
+/// Snapshots arrive in chunks (openraft 0.9's transfer, kept on the wire: `network`).
+impl SnapshotReceiverFactory<TypeConfig> for StateMachineStore {
+    type SnapshotReceiver = SnapshotData;
+
+    async fn begin_receiving_snapshot(&mut self) -> io::Result<SnapshotData> {
+        Ok(Cursor::new(Vec::new()))
+    }
+}
+
+impl StateMachineStore {
+    /// Applies `entries` in order and returns each one's results.
+    fn apply_entries(&mut self, entries: impl Iterator<Item = Entry>) -> Vec<Vec<crate::state::CommandResult>> {
         let mut responses = Vec::new();
         let mut events = Vec::new();
         // Applied to a copy (O(1): persistent maps), which then replaces the state. This
         // task is the only writer, so nothing is lost between the copy and the store.
         let mut data = SmData::clone(&self.shared.data.load());
         for entry in entries {
-            let log_id = *entry.get_log_id();
+            let log_id = entry.log_id;
             data.last_applied = Some(log_id);
             match entry.payload {
                 EntryPayload::Blank => {
@@ -293,27 +348,19 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
             // No receiver is fine: nobody is watching.
             let _ = self.shared.signals.send(WatchSignal::Change(event));
         }
-        Ok(responses)
+        responses
     }
 
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        Self { shared: self.shared.clone(), backend: self.backend.clone(), snapshot_off_runtime: self.snapshot_off_runtime }
-    }
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<Cursor<Vec<u8>>>) -> Result<(), StorageError> {
+    async fn install(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> io::Result<()> {
         let bytes = snapshot.into_inner();
         let (started, size) = (std::time::Instant::now(), bytes.len());
         self.shared.snapshot_bytes.store(bytes.len() as u64, Ordering::Relaxed);
         // Decoded and saved off the async workers, like a snapshot built here (seconds at
         // fleet scale).
         let (backend, saved_meta) = (self.backend.clone(), meta.clone());
-        let decode_and_save = move || -> Result<SnapshotPayload, StorageError> {
+        let decode_and_save = move || -> io::Result<SnapshotPayload> {
             let payload: SnapshotPayload = serde_json::from_slice(&bytes)
-                .map_err(|e| StorageIOError::read_snapshot(Some(saved_meta.signature()), anyerror::AnyError::new(&e)))?;
+                .map_err(|e| io::Error::other(format!("decoding the snapshot up to {:?}: {e}", saved_meta.last_log_id.map(|l| l.index))))?;
             save_snapshot(backend.as_ref(), &saved_meta, &bytes)?;
             Ok(payload)
         };
@@ -332,13 +379,8 @@ impl<B: KvBackend> RaftStateMachine<TypeConfig> for StateMachineStore<B> {
         };
         self.shared.node_wakers.wake_all();
         let _ = self.shared.signals.send(WatchSignal::Reset { revision });
-        tracing::info!(bytes = size, seconds = started.elapsed().as_secs_f64(), snapshot = %meta.snapshot_id, "snapshot installed");
+        tracing::info!(bytes = size, seconds = started.elapsed().as_secs_f64(), last_index = ?meta.last_log_id.map(|l| l.index), "snapshot installed");
         Ok(())
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let loaded = load_snapshot(self.backend.as_ref()).map_err(sm_err)?;
-        Ok(loaded.map(|(meta, data)| Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
     }
 }
 
@@ -359,7 +401,7 @@ mod tests {
     #[test]
     fn no_entry_or_snapshot_is_in_a_file_sled_never_syncs() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta { snapshot_id: "s1".into(), ..Default::default() };
+        let meta = SnapshotMeta { last_log_id: Some(log_id(1, 1, 7)), ..Default::default() };
         let entry = |i: u64| (0..300 << 10).map(|b: u64| (b * 31 + i) as u8).collect::<Vec<u8>>();
         {
             let backend = open_data_dir(dir.path(), 1).unwrap();
@@ -375,7 +417,7 @@ mod tests {
         for i in 1..=40u64 {
             assert!(backend.get(Tree::Logs, &i.to_be_bytes()).unwrap() == Some(entry(i)), "entry {i}");
         }
-        assert_eq!(load_snapshot(&backend).unwrap().map(|(m, d)| (m.snapshot_id, d.len())), Some(("s1".into(), 3 << 20)));
+        assert_eq!(load_snapshot(&backend).unwrap().map(|(m, d)| (m.last_log_id, d.len())), Some((Some(log_id(1, 1, 7)), 3 << 20)));
     }
 
     /// A reader holds a consistent copy of the state: an apply replaces the state and never
@@ -396,11 +438,8 @@ mod tests {
             expected_version: 0,
         };
         let request = crate::state::Request { request_id: "r1".into(), command, trace_parent: None };
-        let entry = Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), 1),
-            payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()),
-        };
-        let outcome = sm.apply([entry]).await.unwrap();
+        let entry = Entry { log_id: log_id(1, 1, 1), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) };
+        let outcome = sm.apply_entries([entry].into_iter());
         assert!(outcome[0][0].is_ok(), "{outcome:?}");
         assert_eq!(held.last_applied, None, "the reader's copy is as it was");
         assert!(held.cluster.get(Kind::GpuModel, "A100-80GB").is_none());
@@ -414,7 +453,7 @@ mod tests {
     #[test]
     fn a_damaged_snapshot_is_an_error_not_an_absent_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta { snapshot_id: "s1".into(), ..Default::default() };
+        let meta = SnapshotMeta::default();
         save_snapshot(&open_data_dir(dir.path(), 1).unwrap(), &meta, &vec![b' '; 1 << 20]).unwrap();
         let generation = std::fs::read_dir(dir.path().join("snapshot")).unwrap().next().unwrap().unwrap().path();
         for file in std::fs::read_dir(generation).unwrap() {

@@ -76,6 +76,17 @@ impl std::fmt::Debug for Proposal {
     }
 }
 
+/// What openraft's logs print of an entry: its size and first request, not its contents (an
+/// entry may hold hundreds of KB of statuses).
+impl std::fmt::Display for Proposal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.requests.first() {
+            Some(first) => write!(f, "{} request(s) from {:?}", self.requests.len(), first.request_id),
+            None => f.write_str("no requests"),
+        }
+    }
+}
+
 impl Serialize for Proposal {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         RawValue::serialize(&self.encoded, s)

@@ -250,7 +250,7 @@ mod tests {
     fn start_and_read(dir: &Path) -> Result<Started, String> {
         use crate::raft::LogStore;
         use crate::storage::Watermark;
-        use openraft::storage::RaftLogStorage;
+        use openraft::storage::RaftLogReader;
         let backend = std::sync::Arc::new(open_data_dir(dir, 1).map_err(|e| e.to_string())?);
         let mut log = LogStore::open(backend.clone(), Watermark::in_dir(dir)).map_err(|e| e.to_string())?;
         let vote = futures::executor::block_on(log.read_vote()).map_err(|e| e.to_string())?;
@@ -287,8 +287,7 @@ mod tests {
         match start.expect("start-up must not panic") {
             Err(refusal) => assert!(refusal.contains("refusing to start"), "{refusal}"),
             Ok((stored_vote, entries)) => {
-                // Read back as not yet granted (`LogStore::read_vote`), for the same term and node.
-                assert_eq!(stored_vote, Some(crate::raft::Vote::new(7, 2)), "the vote must survive");
+                assert_eq!(stored_vote, Some(vote()), "the vote must survive");
                 let damaged: Vec<String> = entries
                     .iter()
                     .enumerate()
