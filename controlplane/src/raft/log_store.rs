@@ -549,7 +549,9 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
             }
         };
         match (written, flusher) {
-            (Ok(Some(last)), Some(flusher)) => flusher.queue(last, callback).map_err(io_write),
+            // Even an append of nothing waits its turn: openraft takes its callback as
+            // "everything appended so far is durable" (index 0 leaves the watermark alone).
+            (Ok(last), Some(flusher)) => flusher.queue(last.unwrap_or(0), callback).map_err(io_write),
             (Ok(_), _) => {
                 callback.io_completed(Ok(()));
                 Ok(())
@@ -812,6 +814,15 @@ mod tests {
         assert!(done.try_recv().is_err(), "the callback ran before the flush");
         store.save_vote(&Vote::new(2, 1)).await.unwrap();
         assert!(done.try_recv().expect("the vote overtook the append's flush").is_ok());
+
+        // An append of nothing is not durable before the appends queued ahead of it.
+        let (callback, mut first) = flushed();
+        store.append([sized_entry(1, 4, 10)], callback).await.unwrap();
+        let (callback, mut nothing) = flushed();
+        store.append(std::iter::empty(), callback).await.unwrap();
+        assert!(nothing.try_recv().is_err(), "an empty append completed ahead of a queued one");
+        store.save_vote(&Vote::new(3, 1)).await.unwrap();
+        assert!(first.try_recv().unwrap().is_ok() && nothing.try_recv().unwrap().is_ok());
     }
 
     /// With `flushing_in_background_only_while_leading`, a follower's `append` flushes
