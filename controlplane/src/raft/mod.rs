@@ -263,6 +263,11 @@ mod tests {
         let raft = handle.raft.clone();
         let mut watch = consensus::LeadershipWatch::new(&raft);
         assert_eq!(watch.current(), (consensus::term(&raft), Some(1)));
+        // openraft 0.10 may publish the server metrics once more, unchanged, as the election
+        // settles (1 run in 25): wait for 200 ms without one before writing.
+        while tokio::time::timeout(std::time::Duration::from_millis(200), watch.changed()).await.is_ok() {
+            assert_eq!(watch.current(), (consensus::term(&raft), Some(1)));
+        }
         let full = raft.metrics();
         let before = full.borrow_watched().clone();
         for i in 0..20 {
