@@ -55,7 +55,7 @@ async fn log_shorter_than_watermark_is_refused() {
         let backend = Arc::new(open_data_dir(dir.path(), 1).unwrap());
         let log = LogStore::open(backend.clone(), Watermark::in_dir(dir.path())).unwrap();
         let entries: Vec<_> = (1..=50u64)
-            .map(|i| controlplane::raft::Entry { log_id: controlplane::raft::log_id(1, 1, i), payload: openraft::EntryPayload::Blank })
+            .map(|i| controlplane::raft::Entry { log_id: controlplane::raft::log_id(1, i), payload: openraft::EntryPayload::Blank })
             .collect();
         log.append_durably(entries).unwrap();
         // Simulate the database losing its tail: remove entries behind the store's back.

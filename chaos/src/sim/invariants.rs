@@ -213,15 +213,15 @@ mod tests {
         let mut applied = AppliedStates::default();
         // A real trace: three controllers apply the same entry at index 5 and reach one state.
         for id in 1..=3 {
-            applied.note(id, log_id(1, 1, 5), state_with_tenant("acme", 5)).unwrap();
+            applied.note(id, log_id(1, 5), state_with_tenant("acme", 5)).unwrap();
         }
         // Forged: a fourth controller applied another entry (another leader's) at index 5.
-        let err = applied.note(4, log_id(2, 2, 5), state_with_tenant("acme", 5)).unwrap_err();
+        let err = applied.note(4, log_id(2, 5), state_with_tenant("acme", 5)).unwrap_err();
         assert!(err.starts_with("State Machine Safety: at index 5 controller 4 applied"), "{err}");
         // Forged: the same entry, yet another state.
         let mut applied = AppliedStates::default();
-        applied.note(1, log_id(1, 1, 6), state_with_tenant("acme", 6)).unwrap();
-        let err = applied.note(3, log_id(1, 1, 6), state_with_tenant("globex", 6)).unwrap_err();
+        applied.note(1, log_id(1, 6), state_with_tenant("acme", 6)).unwrap();
+        let err = applied.note(3, log_id(1, 6), state_with_tenant("globex", 6)).unwrap_err();
         assert_eq!(err, "State Machine Safety: controllers 1 and 3 applied the same entry at index 6 but hold different states");
     }
 }

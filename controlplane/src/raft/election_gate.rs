@@ -243,7 +243,7 @@ mod tests {
 
     #[test]
     fn a_reply_with_a_longer_log_is_noted_for_its_term_only() {
-        let log = |index| Some(crate::raft::log_id(7, 2, index));
+        let log = |index| Some(crate::raft::log_id(7, index));
         let request = |term, last| VoteRequest { vote: crate::raft::Vote::new(term, 3), last_log_id: last, leadership_transfer: false };
         let reply = |last| VoteResponse { vote: crate::raft::Vote::new(8, 3), vote_granted: false, last_log_id: last };
         let replies = VoteReplies::default();

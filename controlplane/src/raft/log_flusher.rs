@@ -8,7 +8,9 @@
 //! (`own_runtime`), and a flush awaited there would stop replication too.
 //!
 //! Jobs are flushed in the order queued, several with one flush when they queue up behind
-//! a running one (group commit); their callbacks run in order.
+//! a running one (group commit); their callbacks run in order. The queue holds no more than
+//! the leader's appends in flight: the proposer keeps two entries of client writes in flight
+//! (`proposer::ENTRIES_IN_FLIGHT`), plus openraft's own blank and membership entries.
 
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -99,7 +101,7 @@ impl LogFlusher {
 
 fn run(shared: &Shared, mut flush: FlushFn) {
     loop {
-        let jobs = {
+        let (jobs, earlier_fault) = {
             let mut state = shared.state.lock().expect("flusher lock");
             while state.queued.is_empty() && !state.closed {
                 state = shared.changed.wait(state).expect("flusher lock");
@@ -108,10 +110,9 @@ fn run(shared: &Shared, mut flush: FlushFn) {
                 return;
             }
             state.flushing = true;
-            std::mem::take(&mut state.queued)
+            (std::mem::take(&mut state.queued), state.fault.clone())
         };
         let upto = jobs.iter().map(|j| j.last_index).max().unwrap_or(0);
-        let earlier_fault = shared.state.lock().expect("flusher lock").fault.clone();
         let result = match earlier_fault {
             Some(fault) => Err(fault),
             None => flush(upto),
@@ -140,12 +141,22 @@ mod tests {
 
     type Seen = Arc<Mutex<Vec<u64>>>;
 
-    /// A flusher whose flushes wait for `gate` and record the index flushed up to.
-    fn gated(fail_at: Option<u64>) -> (LogFlusher, Seen, mpsc::Sender<()>) {
+    /// A flusher whose flushes say they started (`started`), then wait for `gate`, and
+    /// record the index flushed up to.
+    struct Gated {
+        flusher: LogFlusher,
+        seen: Seen,
+        gate: mpsc::Sender<()>,
+        started: mpsc::Receiver<u64>,
+    }
+
+    fn gated(fail_at: Option<u64>) -> Gated {
         let (gate, wait) = mpsc::channel::<()>();
+        let (starts, started) = mpsc::channel::<u64>();
         let seen = Seen::default();
         let recorded = seen.clone();
         let flush: FlushFn = Box::new(move |upto| {
+            let _ = starts.send(upto);
             wait.recv().map_err(|e| e.to_string())?;
             recorded.lock().unwrap().push(upto);
             match fail_at {
@@ -153,7 +164,7 @@ mod tests {
                 _ => Ok(()),
             }
         });
-        (LogFlusher::start(flush).unwrap(), seen, gate)
+        Gated { flusher: LogFlusher::start(flush).unwrap(), seen, gate, started }
     }
 
     fn callback() -> (IOFlushed<TypeConfig>, tokio::sync::oneshot::Receiver<Result<(), std::io::Error>>) {
@@ -164,11 +175,11 @@ mod tests {
 
     #[test]
     fn jobs_queued_behind_a_flush_share_the_next_one_and_complete_in_order() {
-        let (flusher, seen, gate) = gated(None);
+        let Gated { flusher, seen, gate, started } = gated(None);
         let (first, mut first_done) = callback();
         flusher.queue(1, first).unwrap();
-        // The first flush is waiting for the gate; these two queue behind it.
-        std::thread::sleep(Duration::from_millis(50));
+        // Once the first flush has started (it waits for the gate), these two queue behind it.
+        assert_eq!(started.recv().unwrap(), 1);
         let (second, mut second_done) = callback();
         let (third, mut third_done) = callback();
         flusher.queue(2, second).unwrap();
@@ -185,7 +196,7 @@ mod tests {
 
     #[test]
     fn a_failed_flush_fails_its_jobs_and_every_later_one() {
-        let (flusher, seen, gate) = gated(Some(2));
+        let Gated { flusher, seen, gate, .. } = gated(Some(2));
         let (ok, mut ok_done) = callback();
         flusher.queue(1, ok).unwrap();
         gate.send(()).unwrap();
@@ -207,7 +218,7 @@ mod tests {
 
     #[test]
     fn the_thread_drains_its_queue_and_ends_when_the_last_handle_is_dropped() {
-        let (flusher, seen, gate) = gated(None);
+        let Gated { flusher, seen, gate, .. } = gated(None);
         let (job, mut done) = callback();
         flusher.queue(7, job).unwrap();
         drop(flusher);

@@ -163,10 +163,7 @@ fn key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
-fn io_read(e: impl ToString) -> io::Error {
-    io::Error::other(e.to_string())
-}
-fn io_write(e: impl ToString) -> io::Error {
+fn io_err(e: impl ToString) -> io::Error {
     io::Error::other(e.to_string())
 }
 
@@ -265,7 +262,7 @@ impl<B: KvBackend> LogStore<B> {
     /// complete in order, so a vote, a truncation or a purge must not overtake an append.
     fn wait_flushed(&self) -> io::Result<()> {
         match &self.flusher {
-            Some(flusher) => flusher.wait_idle().map_err(|e| io_write(format!("flushing the Raft log failed earlier: {e}"))),
+            Some(flusher) => flusher.wait_idle().map_err(|e| io_err(format!("flushing the Raft log failed earlier: {e}"))),
             None => Ok(()),
         }
     }
@@ -273,7 +270,7 @@ impl<B: KvBackend> LogStore<B> {
     /// The fault of an earlier background removal, if one failed.
     fn removal_fault(&self) -> io::Result<()> {
         match self.removal_failed.get() {
-            Some(fault) => Err(io_write(format!("removing purged log entries failed earlier: {fault}"))),
+            Some(fault) => Err(io_err(format!("removing purged log entries failed earlier: {fault}"))),
             None => Ok(()),
         }
     }
@@ -303,14 +300,14 @@ impl<B: KvBackend> LogStore<B> {
         let mut bytes = 0;
         for entry in entries {
             let index = entry.log_id.index;
-            let encoded = serde_json::to_vec(&entry).map_err(io_write)?;
+            let encoded = serde_json::to_vec(&entry).map_err(io_err)?;
             bytes += encoded.len() as u64;
             decoded.push((Arc::new(entry), encoded.len()));
             batch.push((key(index).to_vec(), encoded));
             last = Some(index);
         }
         self.appended_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.backend.insert_batch(Tree::Logs, batch).map_err(io_write)?;
+        self.backend.insert_batch(Tree::Logs, batch).map_err(io_err)?;
         self.recent.lock().expect("recent entries lock").push(decoded);
         Ok(last)
     }
@@ -323,18 +320,18 @@ impl<B: KvBackend> LogStore<B> {
     }
 
     fn read_json<T: serde::de::DeserializeOwned>(&self, tree: Tree, k: &[u8]) -> io::Result<Option<T>> {
-        match self.backend.get(tree, k).map_err(io_read)? {
+        match self.backend.get(tree, k).map_err(io_err)? {
             None => Ok(None),
             Some(bytes) => {
-                serde_json::from_slice(&bytes).map(Some).map_err(|e| io_read(format!("decoding {}: {e}", String::from_utf8_lossy(k))))
+                serde_json::from_slice(&bytes).map(Some).map_err(|e| io_err(format!("decoding {}: {e}", String::from_utf8_lossy(k))))
             }
         }
     }
 
     fn write_hard_state<T: serde::Serialize>(&self, k: &[u8], value: &T) -> io::Result<()> {
-        let bytes = serde_json::to_vec(value).map_err(io_write)?;
-        self.backend.insert(Tree::HardState, k, bytes).map_err(io_write)?;
-        self.backend.flush_tree(Tree::HardState).map_err(io_write)
+        let bytes = serde_json::to_vec(value).map_err(io_err)?;
+        self.backend.insert(Tree::HardState, k, bytes).map_err(io_err)?;
+        self.backend.flush_tree(Tree::HardState).map_err(io_err)
     }
 
     fn last_purged(&self) -> io::Result<Option<LogId>> {
@@ -347,7 +344,7 @@ impl<B: KvBackend> LogStore<B> {
     }
 
     fn last_index(&self) -> io::Result<u64> {
-        let from_logs = self.backend.last(Tree::Logs).map_err(io_read)?.map(|(k, _)| decode_key(&k)).transpose()?;
+        let from_logs = self.backend.last(Tree::Logs).map_err(io_err)?.map(|(k, _)| decode_key(&k)).transpose()?;
         let purged = self.last_purged()?.map(|l| l.index);
         Ok(from_logs.or(purged).unwrap_or(0))
     }
@@ -355,9 +352,9 @@ impl<B: KvBackend> LogStore<B> {
 
 /// Flushes the log and records entries up to `last` as durable.
 fn make_durable<B: KvBackend>(backend: &B, watermark: &Watermark, last: Option<u64>) -> io::Result<()> {
-    backend.flush_tree(Tree::Logs).map_err(io_write)?;
+    backend.flush_tree(Tree::Logs).map_err(io_err)?;
     if let Some(last) = last {
-        watermark.advance(last).map_err(|e| io_write(format!("writing the log watermark: {e}")))?;
+        watermark.advance(last).map_err(|e| io_err(format!("writing the log watermark: {e}")))?;
     }
     Ok(())
 }
@@ -375,7 +372,7 @@ fn check_follows(previous: Option<u64>, index: u64) -> Result<(), String> {
 }
 
 fn decode_key(k: &[u8]) -> io::Result<u64> {
-    let bytes: [u8; 8] = k.try_into().map_err(|_| io_read(format!("log key of {} bytes", k.len())))?;
+    let bytes: [u8; 8] = k.try_into().map_err(|_| io_err(format!("log key of {} bytes", k.len())))?;
     Ok(u64::from_be_bytes(bytes))
 }
 
@@ -398,7 +395,7 @@ impl<B: KvBackend> LogStore<B> {
         let mut total = 0usize;
         let mut from = key(start);
         loop {
-            let chunk = self.backend.range(Tree::Logs, &from, end_key.as_ref().map(|k| k.as_slice()), READ_CHUNK).map_err(io_read)?;
+            let chunk = self.backend.range(Tree::Logs, &from, end_key.as_ref().map(|k| k.as_slice()), READ_CHUNK).map_err(io_err)?;
             let complete = chunk.len() < READ_CHUNK;
             for (k, v) in chunk {
                 total = total.saturating_add(v.len());
@@ -430,9 +427,9 @@ impl<B: KvBackend> LogStore<B> {
         rows.into_iter()
             .map(|(k, v)| {
                 let index = decode_key(&k)?;
-                check_follows(previous, index).map_err(io_read)?;
+                check_follows(previous, index).map_err(io_err)?;
                 previous = Some(index);
-                serde_json::from_slice::<Entry>(&v).map_err(|e| io_read(format!("decoding log entry {index}: {e}")))
+                serde_json::from_slice::<Entry>(&v).map_err(|e| io_err(format!("decoding log entry {index}: {e}")))
             })
             .collect()
     }
@@ -482,8 +479,8 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
 
     async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
         let last_purged_log_id = self.last_purged()?;
-        let last = match self.backend.last(Tree::Logs).map_err(io_read)? {
-            Some((_, v)) => Some(serde_json::from_slice::<Entry>(&v).map_err(io_read)?.log_id),
+        let last = match self.backend.last(Tree::Logs).map_err(io_err)? {
+            Some((_, v)) => Some(serde_json::from_slice::<Entry>(&v).map_err(io_err)?.log_id),
             None => last_purged_log_id,
         };
         Ok(LogState { last_purged_log_id, last_log_id: last })
@@ -496,11 +493,11 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
         self.wait_flushed()?;
         self.slow_disk().await;
-        let bytes = serde_json::to_vec(vote).map_err(io_write)?;
+        let bytes = serde_json::to_vec(vote).map_err(io_err)?;
         self.backend
             .insert(Tree::HardState, VOTE, bytes)
             .and_then(|_| self.backend.flush_tree(Tree::HardState))
-            .map_err(|e| io_write(format!("saving the vote: {e}")))?;
+            .map_err(|e| io_err(format!("saving the vote: {e}")))?;
         if let Some((node, leads)) = &self.only_while_leading {
             // The flusher is idle (`wait_flushed` above), so appends may change path here.
             use openraft::vote::RaftLeaderId;
@@ -521,8 +518,8 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
             return Ok(());
         }
         self.committed_saved.store(index, Ordering::Relaxed);
-        let bytes = serde_json::to_vec(&committed).map_err(io_write)?;
-        self.backend.insert(Tree::Meta, COMMITTED, bytes).map_err(io_write)
+        let bytes = serde_json::to_vec(&committed).map_err(io_err)?;
+        self.backend.insert(Tree::Meta, COMMITTED, bytes).map_err(io_err)
     }
 
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
@@ -537,7 +534,7 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         I::IntoIter: OptionalSend,
     {
         if let Err(e) = self.removal_fault() {
-            callback.io_completed(Err(io_write(&e)));
+            callback.io_completed(Err(io_err(&e)));
             return Err(e);
         }
         let flusher = self.flusher_now();
@@ -551,13 +548,13 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         match (written, flusher) {
             // Even an append of nothing waits its turn: openraft takes its callback as
             // "everything appended so far is durable" (index 0 leaves the watermark alone).
-            (Ok(last), Some(flusher)) => flusher.queue(last.unwrap_or(0), callback).map_err(io_write),
+            (Ok(last), Some(flusher)) => flusher.queue(last.unwrap_or(0), callback).map_err(io_err),
             (Ok(_), _) => {
                 callback.io_completed(Ok(()));
                 Ok(())
             }
             (Err(e), _) => {
-                callback.io_completed(Err(io_write(&e)));
+                callback.io_completed(Err(io_err(&e)));
                 Err(e)
             }
         }
@@ -567,8 +564,8 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
         self.wait_flushed()?;
         let from = last.map_or(0, |l| l.index + 1);
         self.recent.lock().expect("recent entries lock").truncate(from);
-        self.backend.remove_range(Tree::Logs, &key(from), None).and_then(|_| self.backend.flush_tree(Tree::Logs)).map_err(io_write)?;
-        self.watermark.reset_to(from.saturating_sub(1)).map_err(io_write)
+        self.backend.remove_range(Tree::Logs, &key(from), None).and_then(|_| self.backend.flush_tree(Tree::Logs)).map_err(io_err)?;
+        self.watermark.reset_to(from.saturating_sub(1)).map_err(io_err)
     }
 
     /// openraft awaits this inside its core, which meanwhile sends no heartbeat: removing
@@ -598,7 +595,7 @@ impl<B: KvBackend> RaftLogStorage<TypeConfig> for LogStore<B> {
             remove();
             return self.removal_fault();
         }
-        std::thread::Builder::new().name("log-purge".into()).spawn(remove).map(drop).map_err(io_write)
+        std::thread::Builder::new().name("log-purge".into()).spawn(remove).map(drop).map_err(io_err)
     }
 }
 
@@ -634,7 +631,7 @@ mod tests {
                     expected_version: 0,
                 };
                 let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
-                let entry = Entry { log_id: log_id(1, 1, i), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) };
+                let entry = Entry { log_id: log_id(1, i), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) };
                 (key(i).to_vec(), serde_json::to_vec(&entry).unwrap())
             })
             .collect();
@@ -661,7 +658,7 @@ mod tests {
     #[tokio::test]
     async fn replication_from_before_the_purge_point_gets_nothing_not_the_entries_after_it() {
         let mut store = log_of_sized_entries(20, 16);
-        store.purge(log_id(1, 1, 9)).await.unwrap();
+        store.purge(log_id(1, 9)).await.unwrap();
         assert!(store.limited_get_log_entries(0, 15).await.unwrap().is_empty());
         // Other readers get what exists of a range that starts before the log.
         assert_eq!(store.try_get_log_entries(5..15).await.unwrap().first().map(|e| e.log_id.index), Some(10));
@@ -672,7 +669,7 @@ mod tests {
     #[tokio::test]
     async fn purged_entries_are_removed_in_the_background_and_a_failed_removal_stops_the_next_write() {
         let mut store = log_of_sized_entries(20, 16).with_background_io(true).unwrap();
-        let upto = log_id(1, 1, 9);
+        let upto = log_id(1, 9);
         store.purge(upto).await.unwrap();
         // Recorded at once; the entries go soon after.
         assert_eq!(store.get_log_state().await.unwrap().last_purged_log_id, Some(upto));
@@ -688,7 +685,7 @@ mod tests {
         assert_eq!(store.try_get_log_entries(10..=20).await.unwrap().len(), 11);
 
         store.removal_failed.set("injected: no space left on device".into()).unwrap();
-        let later = log_id(1, 1, 12);
+        let later = log_id(1, 12);
         let err = store.purge(later).await.unwrap_err().to_string();
         assert!(err.contains("removing purged log entries failed earlier: injected"), "{err}");
         assert_eq!(store.get_log_state().await.unwrap().last_purged_log_id, Some(upto), "a purge after a fault records nothing");
@@ -716,7 +713,7 @@ mod tests {
             expected_version: 0,
         };
         let request = crate::state::Request { request_id: String::new(), command, trace_parent: None };
-        Entry { log_id: log_id(term, 1, index), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) }
+        Entry { log_id: log_id(term, index), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) }
     }
 
     /// What `warm` (which appended the entries and keeps the newest decoded) reads equals
@@ -746,23 +743,26 @@ mod tests {
         assert_reads_agree(&store);
 
         // A new leader overwrites the end of the log.
-        store.truncate_after(Some(log_id(1, 1, 34))).await.unwrap();
+        store.truncate_after(Some(log_id(1, 34))).await.unwrap();
         store.append_durably((35..=38).map(|i| sized_entry(2, i, 100))).unwrap();
         assert_reads_agree(&store);
 
-        store.purge(log_id(2, 1, 36)).await.unwrap();
+        store.purge(log_id(2, 36)).await.unwrap();
         assert_reads_agree(&store);
         assert_eq!(store.recent.lock().unwrap().first_index(), Some(37));
     }
 
-    /// A backend whose flushes take 200 ms, and fail once `fail` is set.
+    /// A backend whose flushes wait while `held` is set (for at most 10 s: a test that
+    /// flushes where it must not then sees the flush done, and fails rather than hangs), and
+    /// fail once `fail` is set.
     #[derive(Default)]
-    struct SlowFlushes {
+    struct HeldFlushes {
         inner: MemBackend,
+        held: std::sync::atomic::AtomicBool,
         fail: std::sync::atomic::AtomicBool,
     }
 
-    impl KvBackend for SlowFlushes {
+    impl KvBackend for HeldFlushes {
         fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, crate::storage::BackendError> {
             self.inner.get(tree, key)
         }
@@ -785,7 +785,12 @@ mod tests {
             self.inner.last(tree)
         }
         fn flush(&self) -> Result<(), crate::storage::BackendError> {
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            for _ in 0..10_000 {
+                if !self.held.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             if self.fail.load(Ordering::SeqCst) {
                 return Err(crate::storage::BackendError::new("flush", Tree::Logs, "injected: no space left on device"));
             }
@@ -804,23 +809,25 @@ mod tests {
     /// complete in order).
     #[tokio::test]
     async fn appended_entries_are_readable_at_once_and_durable_before_the_callback_and_the_next_vote() {
-        let backend = Arc::new(SlowFlushes::default());
-        let mut store = LogStore::open(backend, Watermark::disabled()).unwrap().with_background_io(true).unwrap();
+        let backend = Arc::new(HeldFlushes::default());
+        let mut store = LogStore::open(backend.clone(), Watermark::disabled()).unwrap().with_background_io(true).unwrap();
+        backend.held.store(true, Ordering::SeqCst);
         let (callback, mut done) = flushed();
-        let started = std::time::Instant::now();
         store.append((1..=3).map(|i| sized_entry(1, i, 10)), callback).await.unwrap();
-        assert!(started.elapsed() < std::time::Duration::from_millis(150), "append waited for the flush");
         assert_eq!(store.try_get_log_entries(1..=3).await.unwrap().len(), 3, "readable when append returns");
-        assert!(done.try_recv().is_err(), "the callback ran before the flush");
+        assert!(done.try_recv().is_err(), "the append flushed before it returned");
+        backend.held.store(false, Ordering::SeqCst);
         store.save_vote(&Vote::new(2, 1)).await.unwrap();
         assert!(done.try_recv().expect("the vote overtook the append's flush").is_ok());
 
         // An append of nothing is not durable before the appends queued ahead of it.
+        backend.held.store(true, Ordering::SeqCst);
         let (callback, mut first) = flushed();
         store.append([sized_entry(1, 4, 10)], callback).await.unwrap();
         let (callback, mut nothing) = flushed();
         store.append(std::iter::empty(), callback).await.unwrap();
         assert!(nothing.try_recv().is_err(), "an empty append completed ahead of a queued one");
+        backend.held.store(false, Ordering::SeqCst);
         store.save_vote(&Vote::new(3, 1)).await.unwrap();
         assert!(first.try_recv().unwrap().is_ok() && nothing.try_recv().unwrap().is_ok());
     }
@@ -830,14 +837,14 @@ mod tests {
     /// flusher takes its appends; a vote for another node makes it flush in place again.
     #[tokio::test]
     async fn only_the_leaders_appends_go_to_the_flusher() {
-        let backend = Arc::new(SlowFlushes::default());
-        let mut store = LogStore::open(backend, Watermark::disabled())
+        let backend = Arc::new(HeldFlushes::default());
+        let mut store = LogStore::open(backend.clone(), Watermark::disabled())
             .unwrap()
             .with_background_io(true)
             .unwrap()
             .flushing_in_background_only_while_leading(1);
         let mut index = 0;
-        let mut append = async |store: &mut LogStore<SlowFlushes>| {
+        let mut append = async |store: &mut LogStore<HeldFlushes>| {
             index += 1;
             let (callback, mut done) = flushed();
             store.append([sized_entry(1, index, 10)], callback).await.unwrap();
@@ -847,7 +854,9 @@ mod tests {
         store.save_vote(&Vote::new(2, 1)).await.unwrap();
         assert!(append(&mut store).await, "a candidate flushes in place");
         store.save_vote(&Vote::new_committed(2, 1)).await.unwrap();
+        backend.held.store(true, Ordering::SeqCst);
         assert!(!append(&mut store).await, "the leader's append returns before its flush");
+        backend.held.store(false, Ordering::SeqCst);
         store.save_vote(&Vote::new_committed(3, 2)).await.unwrap();
         assert!(append(&mut store).await, "following node 2, it flushes in place again");
     }
@@ -855,7 +864,7 @@ mod tests {
     /// A flush that fails fails the append's callback and every later write of the log.
     #[tokio::test]
     async fn a_failed_background_flush_fails_the_callback_and_the_writes_after_it() {
-        let backend = Arc::new(SlowFlushes::default());
+        let backend = Arc::new(HeldFlushes::default());
         let mut store = LogStore::open(backend.clone(), Watermark::disabled()).unwrap().with_background_io(true).unwrap();
         backend.fail.store(true, Ordering::SeqCst);
         let (callback, done) = flushed();

@@ -232,7 +232,7 @@ mod tests {
         let backend = Arc::new(open_data_dir(dir.path(), 1).unwrap());
         {
             let (mut log, _) = open_stores(backend.clone(), Watermark::disabled(), false).unwrap();
-            let id = |i| log_id(1, 1, i);
+            let id = |i| log_id(1, i);
             log.append_durably((1..=10).map(|i| Entry { log_id: id(i), payload: openraft::EntryPayload::Blank })).unwrap();
             // Purged up to 5 with no snapshot left to cover it: what a lost snapshot file
             // leaves (see the state machine's test).

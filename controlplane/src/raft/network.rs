@@ -228,7 +228,7 @@ mod tests {
         InstallSnapshotRequest {
             vote: Vote::new_committed(3, 1),
             meta: openraft_legacy::network_v1::SnapshotMeta {
-                last_log_id: Some(log_id(3, 1, 42)),
+                last_log_id: Some(log_id(3, 42)),
                 last_membership: Default::default(),
                 snapshot_id: "s-42".into(),
             },

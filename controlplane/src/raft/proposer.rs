@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn every_request_of_an_entry_gets_its_own_answer_or_the_entry_s_failure() {
         let resp = |data: Vec<CommandResult>| -> Result<Result<ClientWriteResponse, ClientWriteError>, String> {
-            Ok(Ok(ClientWriteResponse { log_id: log_id(1, 1, 7), data, membership: None }))
+            Ok(Ok(ClientWriteResponse { log_id: log_id(1, 7), data, membership: None }))
         };
         let refused = Err(crate::resources::FieldError::invalid("spec", "no"));
         let ok = answers(resp(vec![refused.clone(), refused.clone()]), 2);

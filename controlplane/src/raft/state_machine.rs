@@ -242,12 +242,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         while let Some(item) = entries.next().await {
             batch.push(item?);
         }
-        let mut responders = Vec::with_capacity(batch.len());
-        let entries = batch.into_iter().map(|(entry, responder)| {
-            responders.push(responder);
-            entry
-        });
-        let responses = self.apply_entries(entries);
+        let (batch, responders): (Vec<Entry>, Vec<_>) = batch.into_iter().unzip();
+        let responses = self.apply_entries(batch.into_iter());
         for (responder, response) in responders.into_iter().zip(responses) {
             if let Some(responder) = responder {
                 responder.send(response);
@@ -401,7 +397,7 @@ mod tests {
     #[test]
     fn no_entry_or_snapshot_is_in_a_file_sled_never_syncs() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta { last_log_id: Some(log_id(1, 1, 7)), ..Default::default() };
+        let meta = SnapshotMeta { last_log_id: Some(log_id(1, 7)), ..Default::default() };
         let entry = |i: u64| (0..300 << 10).map(|b: u64| (b * 31 + i) as u8).collect::<Vec<u8>>();
         {
             let backend = open_data_dir(dir.path(), 1).unwrap();
@@ -417,7 +413,7 @@ mod tests {
         for i in 1..=40u64 {
             assert!(backend.get(Tree::Logs, &i.to_be_bytes()).unwrap() == Some(entry(i)), "entry {i}");
         }
-        assert_eq!(load_snapshot(&backend).unwrap().map(|(m, d)| (m.last_log_id, d.len())), Some((Some(log_id(1, 1, 7)), 3 << 20)));
+        assert_eq!(load_snapshot(&backend).unwrap().map(|(m, d)| (m.last_log_id, d.len())), Some((Some(log_id(1, 7)), 3 << 20)));
     }
 
     /// A reader holds a consistent copy of the state: an apply replaces the state and never
@@ -438,7 +434,7 @@ mod tests {
             expected_version: 0,
         };
         let request = crate::state::Request { request_id: "r1".into(), command, trace_parent: None };
-        let entry = Entry { log_id: log_id(1, 1, 1), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) };
+        let entry = Entry { log_id: log_id(1, 1), payload: EntryPayload::Normal(crate::state::Proposal::one(request).unwrap()) };
         let outcome = sm.apply_entries([entry].into_iter());
         assert!(outcome[0][0].is_ok(), "{outcome:?}");
         assert_eq!(held.last_applied, None, "the reader's copy is as it was");

@@ -40,10 +40,10 @@ pub type ForwardToLeader = openraft::error::ForwardToLeader<TypeConfig>;
 pub use openraft::ChangeMembers;
 pub use openraft::EntryPayload;
 
-/// The id of the entry at `index` written by `leader` in `term` (for code outside this
-/// module, which does not name openraft's types: tests that forge a log). With one leader
-/// per term, a log id records only the term: the leader is implied, and not stored.
-pub fn log_id(term: u64, _leader: NodeId, index: u64) -> LogId {
+/// The id of the entry at `index` written in `term` (for code outside this module, which
+/// does not name openraft's types: tests that forge a log). With one leader per term, a log
+/// id records only the term: the leader is implied, and not stored.
+pub fn log_id(term: u64, index: u64) -> LogId {
     LogId::new(openraft::type_config::alias::CommittedLeaderIdOf::<TypeConfig>::new(term), index)
 }
 
@@ -67,7 +67,7 @@ mod tests {
         let uncommitted: Vote = same(r#"{"leader_id":{"term":7,"voted_for":2},"committed":false}"#);
         assert_eq!(uncommitted, Vote::new(7, 2));
         let id: LogId = same(r#"{"leader_id":3,"index":42}"#);
-        assert_eq!(id, log_id(3, 1, 42));
+        assert_eq!(id, log_id(3, 42));
         let blank: Entry = same(r#"{"log_id":{"leader_id":3,"index":42},"payload":"Blank"}"#);
         assert_eq!(blank.log_id, id);
         let membership = r#"{"configs":[[1,2]],"nodes":{"1":{"addr":"a:1"},"2":{"addr":"b:2"}}}"#;
