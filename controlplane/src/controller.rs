@@ -99,8 +99,12 @@ impl Controller {
     }
 
     /// This node's view of consensus now.
+    /// Consensus now, with the applied index readers see: the state machine's own. openraft
+    /// 0.10 reports an apply in its metrics only after the entry's writers were answered, so
+    /// its figure could trail a write its client already saw.
     pub fn raft_status(&self) -> crate::raft::RaftStatus {
-        consensus::status(&self.raft)
+        let applied_index = self.read(|d| d.last_applied.map_or(0, |l| l.index));
+        crate::raft::RaftStatus { applied_index, ..consensus::status(&self.raft) }
     }
 
     /// Reads the applied state.
