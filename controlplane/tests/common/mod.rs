@@ -169,6 +169,22 @@ impl TestCluster {
         let seen: Vec<_> = self.running().map(|(id, n)| (id, n.controller.status().applied_index)).collect();
         panic!("nodes did not apply index {index}: {seen:?}");
     }
+
+    /// Node `id`'s status once it shows its snapshot at `index` or later. The applied index
+    /// is the state machine's own, and openraft's metrics, where the snapshot index comes
+    /// from, say what an install did a few milliseconds after the state shows it: with the
+    /// machine loaded, the two snapshot tests of `cluster.rs` read them too early in 5 of
+    /// 12 runs.
+    pub async fn wait_snapshot(&self, id: u64, index: u64) -> proto::ClusterStatusResponse {
+        for _ in 0..400 {
+            let status = self.node(id).controller.status();
+            if status.snapshot_index >= index {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("node {id} shows no snapshot at {index} or later: {:?}", self.node(id).controller.status());
+    }
 }
 
 pub fn resource(kind: &str, name: &str, tenant: &str, spec: serde_json::Value) -> proto::Resource {
