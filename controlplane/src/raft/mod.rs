@@ -2,6 +2,7 @@
 //! only these files: the type config, the storage adapters over `KvBackend`, the tonic
 //! network and the Raft peer service.
 
+mod append_stream;
 pub mod consensus;
 mod election_gate;
 mod log_flusher;

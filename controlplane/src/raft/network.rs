@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::append_stream::PeerNetwork;
 use super::types::*;
 use super::VoteReplies;
 
@@ -99,17 +100,18 @@ impl Network {
 
 /// Peers speak openraft 0.9's protocol (`RaftNetwork` v1, adapted): its chunked snapshot
 /// transfer keeps each message far below the gRPC limit, and controllers of either version
-/// understand each other's requests.
+/// understand each other's requests. `PeerNetwork` streams AppendEntries to the peer
+/// (`append_stream`).
 impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = Adapter<TypeConfig, PeerClient, SnapshotData>;
+    type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        Adapter::new(PeerClient {
+        PeerNetwork::new(Adapter::new(PeerClient {
             target,
             addr: node.raft_addr().to_string(),
             channels: self.channels.clone(),
             vote_replies: self.vote_replies.clone(),
-        })
+        }))
     }
 }
 
@@ -132,6 +134,32 @@ enum Rpc {
 struct Message(String);
 
 impl PeerClient {
+    /// A failed call as openraft's error: unreachable (openraft waits before it tries again)
+    /// or a network error (it tries again at once).
+    pub(super) fn status_error<E: std::error::Error>(&self, status: &tonic::Status) -> RPCError<TypeConfig, E> {
+        let err = Message(format!("peer {} at {}: {}", self.target, self.addr, status.message()));
+        match status.code() {
+            tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&err)),
+            _ => RPCError::Network(NetworkError::new(&err)),
+        }
+    }
+
+    /// Opens the AppendEntries stream (`RaftService::append_entries_stream`) carrying
+    /// `requests`; its answers, once the peer has taken the stream.
+    pub(super) async fn open_append_stream(
+        &self,
+        requests: impl futures::Stream<Item = RaftPayload> + Send + 'static,
+    ) -> Result<tonic::Streaming<RaftPayload>, tonic::Status> {
+        let channel = self.channels.get(&self.addr).map_err(tonic::Status::unavailable)?;
+        let mut client =
+            RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+        client.append_entries_stream(requests).await.map(tonic::Response::into_inner)
+    }
+
+    pub(super) fn target(&self) -> NodeId {
+        self.target
+    }
+
     async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<TypeConfig, RaftError<E>>>
     where
         Resp: DeserializeOwned,
@@ -147,13 +175,7 @@ impl PeerClient {
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
-        let payload = result.map_err(|status| {
-            let err = Message(format!("peer {} at {}: {}", self.target, self.addr, status.message()));
-            match status.code() {
-                tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&err)),
-                _ => RPCError::Network(NetworkError::new(&err)),
-            }
-        })?;
+        let payload = result.map_err(|status| self.status_error(&status))?;
         let decoded: Result<Resp, RaftError<E>> =
             serde_json::from_slice(&payload.into_inner().data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))

@@ -1,9 +1,10 @@
+use futures::{Stream, StreamExt};
 use openraft_legacy::network_v1::ChunkedSnapshotReceiver;
 use proto::raft_service_server::RaftService;
 use proto::RaftPayload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::types::*;
 
@@ -19,8 +20,8 @@ impl RaftPeerService {
     }
 }
 
-fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
-    serde_json::from_slice(&req.into_inner().data).map_err(|e| Status::invalid_argument(format!("malformed raft payload: {e}")))
+fn decode<T: DeserializeOwned>(payload: RaftPayload) -> Result<T, Status> {
+    serde_json::from_slice(&payload.data).map_err(|e| Status::invalid_argument(format!("malformed raft payload: {e}")))
 }
 
 /// Payloads at least this large are decoded on the blocking pool. Raft's requests arrive
@@ -32,28 +33,67 @@ fn decode<T: DeserializeOwned>(req: Request<RaftPayload>) -> Result<T, Status> {
 const DECODE_OFF_WORKERS_BYTES: usize = 64 * 1024;
 
 /// [`decode`], off the runtime's workers when the payload is large.
-async fn decode_off_workers<T: DeserializeOwned + Send + 'static>(req: Request<RaftPayload>) -> Result<T, Status> {
-    if req.get_ref().data.len() < DECODE_OFF_WORKERS_BYTES {
-        return decode(req);
+async fn decode_off_workers<T: DeserializeOwned + Send + 'static>(payload: RaftPayload) -> Result<T, Status> {
+    if payload.data.len() < DECODE_OFF_WORKERS_BYTES {
+        return decode(payload);
     }
-    tokio::task::spawn_blocking(move || decode(req)).await.map_err(|e| Status::internal(format!("decoding a raft payload: {e}")))?
+    tokio::task::spawn_blocking(move || decode(payload)).await.map_err(|e| Status::internal(format!("decoding a raft payload: {e}")))?
+}
+
+fn encode_payload<T: Serialize>(value: &T) -> Result<RaftPayload, Status> {
+    serde_json::to_vec(value).map(|data| RaftPayload { data, ..Default::default() }).map_err(|e| Status::internal(e.to_string()))
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Response<RaftPayload>, Status> {
-    serde_json::to_vec(value)
-        .map(|data| Response::new(RaftPayload { data, ..Default::default() }))
-        .map_err(|e| Status::internal(e.to_string()))
+    encode_payload(value).map(Response::new)
+}
+
+/// Answers of [`RaftService::append_entries_stream`].
+type Answers = std::pin::Pin<Box<dyn Stream<Item = Result<RaftPayload, Status>> + Send>>;
+
+/// Each request of `requests` handed to `handle` after the one before it was answered, and
+/// its answer; the stream ends after the first error (a malformed request or a broken
+/// stream). At most one request is held here at a time: HTTP/2's flow control keeps the
+/// rest with the sender.
+fn answer_in_order<S, H, F>(requests: S, handle: H) -> Answers
+where
+    S: Stream<Item = Result<RaftPayload, Status>> + Send + Unpin + 'static,
+    H: Fn(RaftPayload) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Result<RaftPayload, Status>> + Send,
+{
+    Box::pin(futures::stream::unfold(Some((requests, handle)), |state| async move {
+        let (mut requests, handle) = state?;
+        let answer = match requests.next().await? {
+            Ok(payload) => handle(payload).await,
+            Err(status) => Err(status),
+        };
+        let next = answer.is_ok().then_some((requests, handle));
+        Some((answer, next))
+    }))
 }
 
 #[tonic::async_trait]
 impl RaftService for RaftPeerService {
     async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode_off_workers(request).await?;
+        let rpc = decode_off_workers(request.into_inner()).await?;
         encode(&self.raft.append_entries(rpc).await)
     }
 
+    type AppendEntriesStreamStream = Answers;
+
+    async fn append_entries_stream(&self, request: Request<Streaming<RaftPayload>>) -> Result<Response<Answers>, Status> {
+        let raft = self.raft.clone();
+        Ok(Response::new(answer_in_order(request.into_inner(), move |payload| {
+            let raft = raft.clone();
+            async move {
+                let rpc = decode_off_workers(payload).await?;
+                encode_payload(&raft.append_entries(rpc).await)
+            }
+        })))
+    }
+
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(request)?;
+        let rpc = decode(request.into_inner())?;
         encode(&self.raft.vote(rpc).await)
     }
 
@@ -68,8 +108,8 @@ impl RaftService for RaftPeerService {
 mod tests {
     use super::*;
 
-    fn payload(data: Vec<u8>) -> Request<RaftPayload> {
-        Request::new(RaftPayload { data, ..Default::default() })
+    fn payload(data: Vec<u8>) -> RaftPayload {
+        RaftPayload { data, ..Default::default() }
     }
 
     #[tokio::test]
@@ -83,5 +123,32 @@ mod tests {
             let err = decode_off_workers::<Vec<String>>(payload(malformed)).await.unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{len} bytes: {err}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_is_answered_in_order_and_ends_at_its_first_error() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        for data in ["30", "10", "bad", "20"] {
+            tx.unbounded_send(Ok(payload(data.as_bytes().to_vec()))).unwrap();
+        }
+        let handled = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = handled.clone();
+        // Each request takes as many milliseconds as it says: a later, quicker one must
+        // still be answered after it.
+        let answers: Vec<_> = answer_in_order(rx, move |p: RaftPayload| {
+            let seen = seen.clone();
+            async move {
+                let text = String::from_utf8(p.data).unwrap();
+                seen.lock().unwrap().push(text.clone());
+                let ms: u64 = text.parse().map_err(|_| Status::invalid_argument(format!("malformed: {text}")))?;
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                Ok(payload(format!("answer {ms}").into_bytes()))
+            }
+        })
+        .collect()
+        .await;
+        let answers: Vec<_> = answers.into_iter().map(|a| a.map(|p| String::from_utf8(p.data).unwrap()).map_err(|s| s.code())).collect();
+        assert_eq!(answers, [Ok("answer 30".into()), Ok("answer 10".into()), Err(tonic::Code::InvalidArgument)]);
+        assert_eq!(*handled.lock().unwrap(), ["30", "10", "bad"], "nothing after the error is handled");
     }
 }
