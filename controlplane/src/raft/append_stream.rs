@@ -148,9 +148,12 @@ fn encode_requests(
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
 /// What a stream's answers say, in openraft's terms. Each answer must come within `ttl` of
-/// its request (a unary AppendEntries has as long); the stream ends after the first error,
-/// and after an answer that took only part of its request's entries (openraft then starts
-/// another stream from there, as its sequential sender does).
+/// its request being sent or of the answer before it, whichever is later: the follower
+/// handles one request at a time, so a request sent behind others waits for them there, and
+/// a unary AppendEntries, sent only after the answer before it, has `ttl` for itself. The
+/// stream ends after the first error, and after an answer that took only part of its
+/// request's entries (openraft then starts another stream from there, as its sequential
+/// sender does).
 fn read_answers(
     answers: impl Stream<Item = Result<RaftPayload, tonic::Status>> + Send + Unpin + 'static,
     unanswered: Arc<Unanswered>,
@@ -158,13 +161,15 @@ fn read_answers(
     peer: NodeId,
 ) -> impl Stream<Item = Answer> + Send + 'static {
     let network_error = move |what: String| RPCError::Network(NetworkError::new(&std::io::Error::other(format!("peer {peer}: {what}"))));
-    futures::stream::unfold(Some(answers), move |state| {
+    // The answers, and when the last of them came.
+    let start = (answers, tokio::time::Instant::now());
+    futures::stream::unfold(Some(start), move |state| {
         let unanswered = unanswered.clone();
         async move {
-            let mut answers = state?;
+            let (mut answers, last_answer_at) = state?;
             let message = loop {
                 match unanswered.oldest_sent_at() {
-                    Some(at) => match tokio::time::timeout_at(at + ttl, answers.next()).await {
+                    Some(sent_at) => match tokio::time::timeout_at(sent_at.max(last_answer_at) + ttl, answers.next()).await {
                         Ok(message) => break message,
                         Err(_) => return Some((Err(network_error(format!("no AppendEntries answer within {ttl:?}"))), None)),
                     },
@@ -195,7 +200,7 @@ fn read_answers(
                     let whole = response.is_success();
                     let result = response.into_stream_result(prev, last);
                     let go_on = result.is_ok() && whole;
-                    Some((Ok(result), go_on.then_some(answers)))
+                    Some((Ok(result), go_on.then_some((answers, tokio::time::Instant::now()))))
                 }
                 // The peer's Raft has stopped: as the unary call says it.
                 Err(RaftError::Fatal(fatal)) => Some((Err(RPCError::Unreachable(Unreachable::new(&fatal))), None)),
@@ -399,6 +404,25 @@ mod tests {
         tx.unbounded_send(answer(AppendEntriesResponse::Success)).unwrap();
         let got: Vec<_> = answers.map(|a| a.unwrap()).collect().await;
         assert_eq!(got, [Err(openraft::raft::StreamAppendError::Conflict(log_id(2, 10)))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_sent_together_each_have_the_time_to_live_from_the_answer_before() {
+        let ttl = Duration::from_millis(100);
+        let (unanswered, tx, answers) = reader(ttl);
+        for prev in [10, 11, 12] {
+            unanswered.push(range_of(&request(prev, 1, 10)));
+        }
+        // The follower takes 80 ms for each, one after another: the third answer comes 240 ms
+        // after it was sent, 80 ms after the second answer.
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(80)).await;
+                tx.unbounded_send(answer(AppendEntriesResponse::Success)).unwrap();
+            }
+        });
+        let got: Vec<_> = answers.take(3).map(|a| a.unwrap().unwrap()).collect().await;
+        assert_eq!(got, [Some(log_id(2, 11)), Some(log_id(2, 12)), Some(log_id(2, 13))]);
     }
 
     #[tokio::test(start_paused = true)]
