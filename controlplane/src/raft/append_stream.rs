@@ -33,7 +33,7 @@ use openraft::raft::{
 use openraft_legacy::network_v1::Adapter;
 use proto::RaftPayload;
 
-use super::network::PeerClient;
+use super::network::{status_error, PeerClient};
 use super::types::*;
 
 /// How long an entry-less request waits for the next one. A client that writes again as soon
@@ -128,7 +128,7 @@ fn range_of(request: &Request) -> Range {
 fn encode_requests(
     requests: impl Stream<Item = Request> + Send + 'static,
     unanswered: Arc<Unanswered>,
-    peer: NodeId,
+    peer: String,
 ) -> impl Stream<Item = RaftPayload> + Send + 'static {
     requests
         .map(move |request| match serde_json::to_vec(&request) {
@@ -137,7 +137,7 @@ fn encode_requests(
                 Some(RaftPayload { data, ..Default::default() })
             }
             Err(e) => {
-                tracing::error!(peer, "encoding an AppendEntries request: {e}");
+                tracing::error!(%peer, "encoding an AppendEntries request: {e}");
                 None
             }
         })
@@ -147,7 +147,8 @@ fn encode_requests(
 
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
-/// What a stream's answers say, in openraft's terms. Each answer must come within `ttl` of
+/// What the answers of `peer`'s stream say, in openraft's terms (a failed stream as a failed
+/// unary call says it: `network::status_error`). Each answer must come within `ttl` of
 /// its request being sent or of the answer before it, whichever is later: the follower
 /// handles one request at a time, so a request sent behind others waits for them there, and
 /// a unary AppendEntries, sent only after the answer before it, has `ttl` for itself. The
@@ -158,13 +159,16 @@ fn read_answers(
     answers: impl Stream<Item = Result<RaftPayload, tonic::Status>> + Send + Unpin + 'static,
     unanswered: Arc<Unanswered>,
     ttl: Duration,
-    peer: NodeId,
+    peer: String,
 ) -> impl Stream<Item = Answer> + Send + 'static {
-    let network_error = move |what: String| RPCError::Network(NetworkError::new(&std::io::Error::other(format!("peer {peer}: {what}"))));
+    let network_error = {
+        let peer = peer.clone();
+        move |what: String| RPCError::Network(NetworkError::new(&std::io::Error::other(format!("{peer}: {what}"))))
+    };
     // The answers, and when the last of them came.
     let start = (answers, tokio::time::Instant::now());
     futures::stream::unfold(Some(start), move |state| {
-        let unanswered = unanswered.clone();
+        let (unanswered, peer, network_error) = (unanswered.clone(), peer.clone(), network_error.clone());
         async move {
             let (mut answers, last_answer_at) = state?;
             let message = loop {
@@ -182,7 +186,7 @@ fn read_answers(
             };
             let payload = match message {
                 Some(Ok(payload)) => payload,
-                Some(Err(status)) => return Some((Err(network_error(status.message().to_string())), None)),
+                Some(Err(status)) => return Some((Err(status_error(&peer, &status)), None)),
                 None if unanswered.oldest_sent_at().is_some() => {
                     return Some((Err(network_error("the AppendEntries stream ended unanswered".into())), None))
                 }
@@ -242,21 +246,21 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
             let input = futures::stream::once(futures::future::ready(first)).chain(input);
             let peer = self.adapter.inner();
             let unanswered = Arc::new(Unanswered::default());
-            let requests = encode_requests(input, unanswered.clone(), peer.target());
+            let requests = encode_requests(input, unanswered.clone(), peer.name());
             match peer.open_append_stream(requests).await {
                 Ok(answers) => {
-                    let answers: BoxStream<'s, Answer> = Box::pin(read_answers(answers, unanswered, option.hard_ttl(), peer.target()));
+                    let answers: BoxStream<'s, Answer> = Box::pin(read_answers(answers, unanswered, option.hard_ttl(), peer.name()));
                     Ok(answers)
                 }
                 Err(status) => {
                     if status.code() == tonic::Code::Unimplemented {
                         tracing::warn!(
-                            peer = peer.target(),
+                            peer = %peer.name(),
                             "the peer has no AppendEntries stream (an older controller): sending it unary AppendEntries"
                         );
                         self.unary_only = true;
                     }
-                    Err(peer.status_error(&status))
+                    Err(status_error(&peer.name(), &status))
                 }
             }
         })
@@ -379,7 +383,7 @@ mod tests {
     ) -> (Arc<Unanswered>, futures::channel::mpsc::UnboundedSender<Result<RaftPayload, tonic::Status>>, BoxStream<'static, Answer>) {
         let unanswered = Arc::new(Unanswered::default());
         let (tx, rx) = futures::channel::mpsc::unbounded();
-        (unanswered.clone(), tx, Box::pin(read_answers(rx, unanswered, ttl, 2)))
+        (unanswered.clone(), tx, Box::pin(read_answers(rx, unanswered, ttl, "peer 2".into())))
     }
 
     #[tokio::test(start_paused = true)]
@@ -404,6 +408,17 @@ mod tests {
         tx.unbounded_send(answer(AppendEntriesResponse::Success)).unwrap();
         let got: Vec<_> = answers.map(|a| a.unwrap()).collect().await;
         assert_eq!(got, [Err(openraft::raft::StreamAppendError::Conflict(log_id(2, 10)))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_stream_is_the_error_a_unary_call_would_be() {
+        let (unanswered, tx, answers) = reader(Duration::from_millis(100));
+        unanswered.push(range_of(&request(10, 1, 10)));
+        tx.unbounded_send(Err(tonic::Status::unavailable("connection reset"))).unwrap();
+        let got: Vec<_> = answers.collect().await;
+        // Unreachable: openraft waits before it tries again, as after a failed unary call.
+        assert!(matches!(got[..], [Err(RPCError::Unreachable(_))]), "{got:?}");
+        assert!(format!("{got:?}").contains("peer 2: connection reset"), "{got:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -133,15 +133,20 @@ enum Rpc {
 #[error("{0}")]
 struct Message(String);
 
+/// A failed call to `peer` as openraft's error: unreachable (openraft waits before it tries
+/// again) or a network error (it tries again at once).
+pub(super) fn status_error<E: std::error::Error>(peer: &str, status: &tonic::Status) -> RPCError<TypeConfig, E> {
+    let err = Message(format!("{peer}: {}", status.message()));
+    match status.code() {
+        tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&err)),
+        _ => RPCError::Network(NetworkError::new(&err)),
+    }
+}
+
 impl PeerClient {
-    /// A failed call as openraft's error: unreachable (openraft waits before it tries again)
-    /// or a network error (it tries again at once).
-    pub(super) fn status_error<E: std::error::Error>(&self, status: &tonic::Status) -> RPCError<TypeConfig, E> {
-        let err = Message(format!("peer {} at {}: {}", self.target, self.addr, status.message()));
-        match status.code() {
-            tonic::Code::Unavailable => RPCError::Unreachable(Unreachable::new(&err)),
-            _ => RPCError::Network(NetworkError::new(&err)),
-        }
+    /// The peer, as errors name it.
+    pub(super) fn name(&self) -> String {
+        format!("peer {} at {}", self.target, self.addr)
     }
 
     /// Opens the AppendEntries stream (`RaftService::append_entries_stream`) carrying
@@ -154,10 +159,6 @@ impl PeerClient {
         let mut client =
             RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
         client.append_entries_stream(requests).await.map(tonic::Response::into_inner)
-    }
-
-    pub(super) fn target(&self) -> NodeId {
-        self.target
     }
 
     async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<TypeConfig, RaftError<E>>>
@@ -175,7 +176,7 @@ impl PeerClient {
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
-        let payload = result.map_err(|status| self.status_error(&status))?;
+        let payload = result.map_err(|status| status_error(&self.name(), &status))?;
         let decoded: Result<Resp, RaftError<E>> =
             serde_json::from_slice(&payload.into_inner().data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
