@@ -98,8 +98,7 @@ impl Controller {
         consensus::leader(&self.raft) == Some(self.id)
     }
 
-    /// This node's view of consensus now.
-    /// Consensus now, with the applied index readers see: the state machine's own. openraft
+    /// This node's view of consensus now, with the applied index readers see: the state machine's own. openraft
     /// 0.10 reports an apply in its metrics only after the entry's writers were answered, so
     /// its figure could trail a write its client already saw.
     pub fn raft_status(&self) -> crate::raft::RaftStatus {

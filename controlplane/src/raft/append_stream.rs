@@ -93,7 +93,8 @@ impl PeerNetwork {
 type Range = (Option<LogId>, Option<LogId>);
 
 /// The requests sent on a stream and not answered yet, oldest first, with when each was
-/// sent: answers come in the same order.
+/// sent: answers come in the same order. Bounded by HTTP/2's flow control: hyper takes the
+/// next request from the stream only while the follower's window has room for it.
 #[derive(Default)]
 struct Unanswered {
     sent: std::sync::Mutex<VecDeque<(Range, tokio::time::Instant)>>,
@@ -130,8 +131,8 @@ fn encode_requests(
     unanswered: Arc<Unanswered>,
     peer: String,
 ) -> impl Stream<Item = RaftPayload> + Send + 'static {
-    requests
-        .map(move |request| match serde_json::to_vec(&request) {
+    requests.scan(unanswered, move |unanswered, request| {
+        let payload = match serde_json::to_vec(&request) {
             Ok(data) => {
                 unanswered.push(range_of(&request));
                 Some(RaftPayload { data, ..Default::default() })
@@ -140,9 +141,9 @@ fn encode_requests(
                 tracing::error!(%peer, "encoding an AppendEntries request: {e}");
                 None
             }
-        })
-        .take_while(|payload| futures::future::ready(payload.is_some()))
-        .filter_map(futures::future::ready)
+        };
+        futures::future::ready(payload)
+    })
 }
 
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -161,57 +162,76 @@ fn read_answers(
     ttl: Duration,
     peer: String,
 ) -> impl Stream<Item = Answer> + Send + 'static {
-    let network_error = {
-        let peer = peer.clone();
-        move |what: String| RPCError::Network(NetworkError::new(&std::io::Error::other(format!("{peer}: {what}"))))
-    };
-    // The answers, and when the last of them came.
-    let start = (answers, tokio::time::Instant::now());
-    futures::stream::unfold(Some(start), move |state| {
-        let (unanswered, peer, network_error) = (unanswered.clone(), peer.clone(), network_error.clone());
-        async move {
-            let (mut answers, last_answer_at) = state?;
-            let message = loop {
-                match unanswered.oldest_sent_at() {
-                    Some(sent_at) => match tokio::time::timeout_at(sent_at.max(last_answer_at) + ttl, answers.next()).await {
-                        Ok(message) => break message,
-                        Err(_) => return Some((Err(network_error(format!("no AppendEntries answer within {ttl:?}"))), None)),
-                    },
-                    // Nothing to answer: wait for a request (or the stream's end or error).
-                    None => tokio::select! {
-                        message = answers.next() => break message,
-                        _ = unanswered.more.notified() => {}
-                    },
-                }
-            };
-            let payload = match message {
-                Some(Ok(payload)) => payload,
-                Some(Err(status)) => return Some((Err(status_error(&peer, &status)), None)),
-                None if unanswered.oldest_sent_at().is_some() => {
-                    return Some((Err(network_error("the AppendEntries stream ended unanswered".into())), None))
-                }
-                None => return None,
-            };
-            let Some((prev, last)) = unanswered.pop() else {
-                return Some((Err(network_error("an AppendEntries answer to no request".into())), None));
-            };
-            let answer: Result<AppendEntriesResponse<TypeConfig>, RaftError> = match serde_json::from_slice(&payload.data) {
-                Ok(answer) => answer,
-                Err(e) => return Some((Err(network_error(format!("a malformed AppendEntries answer: {e}"))), None)),
-            };
-            match answer {
-                Ok(response) => {
-                    let whole = response.is_success();
-                    let result = response.into_stream_result(prev, last);
-                    let go_on = result.is_ok() && whole;
-                    Some((Ok(result), go_on.then_some((answers, tokio::time::Instant::now()))))
-                }
-                // The peer's Raft has stopped: as the unary call says it.
-                Err(RaftError::Fatal(fatal)) => Some((Err(RPCError::Unreachable(Unreachable::new(&fatal))), None)),
-                Err(RaftError::APIError(never)) => match never {},
-            }
+    let reading = Reading { answers, unanswered, ttl, peer, last_answer_at: tokio::time::Instant::now() };
+    futures::stream::unfold(Some(reading), |reading| async move {
+        let mut reading = reading?;
+        match reading.next().await {
+            Ok(Some((answer, go_on))) => Some((Ok(answer), go_on.then_some(reading))),
+            Ok(None) => None,
+            Err(e) => Some((Err(e), None)),
         }
     })
+}
+
+/// [`read_answers`]' state between answers.
+struct Reading<A> {
+    answers: A,
+    unanswered: Arc<Unanswered>,
+    ttl: Duration,
+    /// The peer, as errors name it.
+    peer: String,
+    /// When the last answer came (the stream's start before the first).
+    last_answer_at: tokio::time::Instant,
+}
+
+impl<A> Reading<A>
+where
+    A: Stream<Item = Result<RaftPayload, tonic::Status>> + Unpin,
+{
+    fn network_error(&self, what: &str) -> RPCError<TypeConfig> {
+        RPCError::Network(NetworkError::new(&std::io::Error::other(format!("{}: {what}", self.peer))))
+    }
+
+    /// The next answer, and whether the stream goes on after it; `None` when the peer ended
+    /// the stream with every request answered. An error ends it.
+    async fn next(&mut self) -> Result<Option<(StreamAppendResult<TypeConfig>, bool)>, RPCError<TypeConfig>> {
+        let message = loop {
+            match self.unanswered.oldest_sent_at() {
+                Some(sent_at) => match tokio::time::timeout_at(sent_at.max(self.last_answer_at) + self.ttl, self.answers.next()).await {
+                    Ok(message) => break message,
+                    Err(_) => return Err(self.network_error(&format!("no AppendEntries answer within {:?}", self.ttl))),
+                },
+                // Nothing to answer: wait for a request (or the stream's end or error).
+                None => tokio::select! {
+                    message = self.answers.next() => break message,
+                    _ = self.unanswered.more.notified() => {}
+                },
+            }
+        };
+        let payload = match message {
+            Some(Ok(payload)) => payload,
+            Some(Err(status)) => return Err(status_error(&self.peer, &status)),
+            None if self.unanswered.oldest_sent_at().is_some() => {
+                return Err(self.network_error("the AppendEntries stream ended unanswered"))
+            }
+            None => return Ok(None),
+        };
+        self.last_answer_at = tokio::time::Instant::now();
+        let (prev, last) = self.unanswered.pop().ok_or_else(|| self.network_error("an AppendEntries answer to no request"))?;
+        let answer: Result<AppendEntriesResponse<TypeConfig>, RaftError> =
+            serde_json::from_slice(&payload.data).map_err(|e| self.network_error(&format!("a malformed AppendEntries answer: {e}")))?;
+        match answer {
+            Ok(response) => {
+                let whole = response.is_success();
+                let result = response.into_stream_result(prev, last);
+                let go_on = result.is_ok() && whole;
+                Ok(Some((result, go_on)))
+            }
+            // The peer's Raft has stopped: as the unary call says it.
+            Err(RaftError::Fatal(fatal)) => Err(RPCError::Unreachable(Unreachable::new(&fatal))),
+            Err(RaftError::APIError(never)) => match never {},
+        }
+    }
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerNetwork {
@@ -245,22 +265,20 @@ impl RaftNetworkV2<TypeConfig> for PeerNetwork {
             };
             let input = futures::stream::once(futures::future::ready(first)).chain(input);
             let peer = self.adapter.inner();
+            let name = peer.name();
             let unanswered = Arc::new(Unanswered::default());
-            let requests = encode_requests(input, unanswered.clone(), peer.name());
+            let requests = encode_requests(input, unanswered.clone(), name.clone());
             match peer.open_append_stream(requests).await {
                 Ok(answers) => {
-                    let answers: BoxStream<'s, Answer> = Box::pin(read_answers(answers, unanswered, option.hard_ttl(), peer.name()));
+                    let answers: BoxStream<'s, Answer> = Box::pin(read_answers(answers, unanswered, option.hard_ttl(), name));
                     Ok(answers)
                 }
                 Err(status) => {
                     if status.code() == tonic::Code::Unimplemented {
-                        tracing::warn!(
-                            peer = %peer.name(),
-                            "the peer has no AppendEntries stream (an older controller): sending it unary AppendEntries"
-                        );
+                        tracing::warn!(peer = %name, "the peer has no AppendEntries stream (an older controller): sending it unary AppendEntries");
                         self.unary_only = true;
                     }
-                    Err(status_error(&peer.name(), &status))
+                    Err(status_error(&name, &status))
                 }
             }
         })
@@ -419,6 +437,16 @@ mod tests {
         // Unreachable: openraft waits before it tries again, as after a failed unary call.
         assert!(matches!(got[..], [Err(RPCError::Unreachable(_))]), "{got:?}");
         assert!(format!("{got:?}").contains("peer 2: connection reset"), "{got:?}");
+
+        // A stream the peer ends with a request unanswered is an error; with none, its end.
+        let (unanswered, tx, answers) = reader(Duration::from_millis(100));
+        unanswered.push(range_of(&request(10, 1, 10)));
+        drop(tx);
+        let got: Vec<_> = answers.collect().await;
+        assert!(matches!(got[..], [Err(RPCError::Network(_))]) && format!("{got:?}").contains("ended unanswered"), "{got:?}");
+        let (_, tx, answers) = reader(Duration::from_millis(100));
+        drop(tx);
+        assert!(answers.collect::<Vec<_>>().await.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

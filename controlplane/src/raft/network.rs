@@ -149,16 +149,20 @@ impl PeerClient {
         format!("peer {} at {}", self.target, self.addr)
     }
 
+    /// A gRPC client of the peer's Raft service (an address that makes no channel is the
+    /// peer being unavailable).
+    fn client(&self) -> Result<RaftServiceClient<Channel>, tonic::Status> {
+        let channel = self.channels.get(&self.addr).map_err(tonic::Status::unavailable)?;
+        Ok(RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE))
+    }
+
     /// Opens the AppendEntries stream (`RaftService::append_entries_stream`) carrying
     /// `requests`; its answers, once the peer has taken the stream.
     pub(super) async fn open_append_stream(
         &self,
         requests: impl futures::Stream<Item = RaftPayload> + Send + 'static,
     ) -> Result<tonic::Streaming<RaftPayload>, tonic::Status> {
-        let channel = self.channels.get(&self.addr).map_err(tonic::Status::unavailable)?;
-        let mut client =
-            RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
-        client.append_entries_stream(requests).await.map(tonic::Response::into_inner)
+        self.client()?.append_entries_stream(requests).await.map(tonic::Response::into_inner)
     }
 
     async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<TypeConfig, RaftError<E>>>
@@ -166,9 +170,7 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let channel = self.channels.get(&self.addr).map_err(|e| RPCError::Unreachable(Unreachable::new(&Message(e))))?;
-        let mut client =
-            RaftServiceClient::new(channel).max_decoding_message_size(MAX_PEER_MESSAGE).max_encoding_message_size(MAX_PEER_MESSAGE);
+        let mut client = self.client().map_err(|status| status_error(&self.name(), &status))?;
         let mut request = tonic::Request::new(payload);
         request.set_timeout(ttl);
         let result = match rpc {
