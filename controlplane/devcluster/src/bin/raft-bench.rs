@@ -6,6 +6,8 @@
 //! per write with 1 and 64 concurrent clients, then the leader failover time (SIGKILL of the leader process to the
 //! first successful write), as the median and maximum over `--kills` kills, and how many of
 //! the writes a background client had acknowledged across the kills were lost (must be 0).
+//! The load's clients run on a runtime with as many threads as compare-etcd.sh gives wrk
+//! against etcd: one for 1 client, two for 64.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,8 +82,22 @@ async fn leader_of(client: &Client) -> u64 {
     }
 }
 
-/// Writes per second, p50, p99, errors and the writes acknowledged.
+/// Writes per second, p50, p99, errors and the writes acknowledged, from `clients` writers
+/// on a runtime of their own with wrk's threads in compare-etcd.sh (`-t1` for one
+/// connection, `-t2` for 64): one client on one thread, so that its request and the
+/// answer's wake-up stay on that thread as in wrk's event loop, and the load generator's
+/// own hand-offs are not counted against the controllers.
 async fn throughput(endpoints: Vec<String>, clients: usize, seconds: u64) -> (f64, Duration, Duration, usize, usize) {
+    let runtime = if clients == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()
+    }
+    .expect("the load's runtime");
+    tokio::task::spawn_blocking(move || runtime.block_on(load(endpoints, clients, seconds))).await.expect("the load")
+}
+
+async fn load(endpoints: Vec<String>, clients: usize, seconds: u64) -> (f64, Duration, Duration, usize, usize) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let mut tasks = Vec::new();
     for c in 0..clients {
