@@ -89,11 +89,11 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let original = std::fs::read_to_string(&format_file).unwrap();
 
     for (what, contents, expect) in [
-        // A data dir of the version before the Raft log was in files of its own.
+        // A data dir of the version before this one.
         (
             "old version",
-            original.replace(&format!("format_version={FORMAT_VERSION}"), "format_version=5"),
-            "format version 5, this binary reads version 6",
+            original.replace(&format!("format_version={FORMAT_VERSION}"), &format!("format_version={}", FORMAT_VERSION - 1)),
+            &*format!("format version {}, this binary reads version {FORMAT_VERSION}", FORMAT_VERSION - 1),
         ),
         ("truncated", original[..original.len() / 2].to_string(), "FORMAT"),
         ("other node", original.replace("node_id=1", "node_id=2"), "belongs to node 2"),

@@ -220,24 +220,44 @@ pub async fn full_disk(cluster: &mut Cluster, id: u64, client: &Client, within: 
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Corruption {
-    /// The file cut to half its length.
+    /// The file's written part cut to half its length.
     Truncate,
-    /// 4 KiB in the middle of the file inverted.
+    /// 4 KiB in the middle of the file's written part inverted.
     FlipMiddle,
+}
+
+/// The length of a file's written part: up to its last byte that is not zero. A log segment
+/// is allocated whole when created (zeros past its records), and damage there would hit
+/// nothing the controller reads.
+fn written_len(f: &mut std::fs::File, len: u64) -> std::io::Result<u64> {
+    let mut end = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    while end > 0 {
+        let from = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - from) as usize];
+        f.seek(SeekFrom::Start(from))?;
+        f.read_exact(chunk)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b != 0) {
+            return Ok(from + i as u64 + 1);
+        }
+        end = from;
+    }
+    Ok(0)
 }
 
 fn corrupt_file(path: &Path, how: Corruption) -> Result<String, String> {
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(err)?;
     let len = f.metadata().map_err(err)?.len();
+    let written = written_len(&mut f, len).map_err(err)?;
     match how {
         Corruption::Truncate => {
-            f.set_len(len / 2).map_err(err)?;
-            Ok(format!("{} truncated from {len} to {} bytes", path.display(), len / 2))
+            f.set_len(written / 2).map_err(err)?;
+            Ok(format!("{} truncated from {len} to {} bytes ({written} written)", path.display(), written / 2))
         }
         Corruption::FlipMiddle => {
             let mut buf = vec![0u8; 4096.min(len as usize)];
-            let at = len / 2;
+            let at = written / 2;
             f.seek(SeekFrom::Start(at)).map_err(err)?;
             let n = f.read(&mut buf).map_err(err)?;
             buf.truncate(n);
@@ -245,7 +265,7 @@ fn corrupt_file(path: &Path, how: Corruption) -> Result<String, String> {
             f.seek(SeekFrom::Start(at)).map_err(err)?;
             f.write_all(&buf).map_err(err)?;
             f.sync_all().map_err(err)?;
-            Ok(format!("{} bytes inverted at offset {at} of {} ({len} bytes)", buf.len(), path.display()))
+            Ok(format!("{} bytes inverted at offset {at} of {} ({len} bytes, {written} written)", buf.len(), path.display()))
         }
     }
 }
@@ -365,10 +385,13 @@ mod tests {
     fn corruption_changes_the_file_as_described() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db");
-        std::fs::write(&path, vec![0x0fu8; 10_000]).unwrap();
+        // 10,000 bytes written, then 200,000 allocated zeros (as a log segment's end).
+        let mut contents = vec![0x0fu8; 10_000];
+        contents.resize(210_000, 0);
+        std::fs::write(&path, contents).unwrap();
         corrupt_file(&path, Corruption::FlipMiddle).unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(bytes.len(), 10_000);
+        assert_eq!(bytes.len(), 210_000);
         assert!(bytes[5000..9096].iter().all(|&b| b == 0xf0) && bytes[..5000].iter().all(|&b| b == 0x0f));
         corrupt_file(&path, Corruption::Truncate).unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 5_000);

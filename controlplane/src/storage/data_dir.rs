@@ -16,8 +16,10 @@ use super::{BackendDirs, KvBackend, SledBackend, Tree};
 /// stored in parts (`sled_backend::PART_BYTES`) and the snapshot in files of our own
 /// (`file_tree`), so that nothing acknowledged is in a file sled never syncs. 6: the Raft log
 /// is in segment files of our own (`log_files`), and the vote and purge point in synced files
-/// (`file_tree`), not in sled.
-pub const FORMAT_VERSION: u32 = 6;
+/// (`file_tree`), not in sled. 7: the log's segments are allocated ahead of their appends
+/// and their records end at the first header of zeros (`log_files`), where version 6's
+/// ended at the file's end and would read those zeros as damage.
+pub const FORMAT_VERSION: u32 = 7;
 const MARKER: &str = "gpuplane-controller-data";
 const FORMAT_FILE: &str = "FORMAT";
 pub(crate) const META_FORMAT_KEY: &[u8] = b"format_version";
@@ -196,10 +198,11 @@ mod tests {
         let marker = tmp.path().join(FORMAT_FILE);
         // Data dirs of versions 1 (leader ids before single-term-leader), 2 (one request
         // per log entry), 3 (sled's default segments), 4 (whole values in sled, the
-        // snapshot in it too) and 5 (the Raft log in sled) name both versions.
-        for old in [1, 2, 3, 4, 5] {
+        // snapshot in it too), 5 (the Raft log in sled) and 6 (log segments that end at the
+        // file's end) name both versions.
+        for old in [1, 2, 3, 4, 5, 6] {
             fs::write(&marker, format!("{MARKER}\nformat_version={old}\nnode_id=1\n")).unwrap();
-            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 6"));
+            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 7"));
         }
         fs::write(&marker, format!("{MARKER}\nformat_version={}\nnode_id=1\n", FORMAT_VERSION + 1)).unwrap();
         assert_refused(tmp.path(), 1, &format!("format version {}", FORMAT_VERSION + 1));
@@ -234,9 +237,12 @@ mod tests {
         Watermark::in_dir(dir).advance(ENTRIES - 1).unwrap();
     }
 
+    /// Inverts 4 KiB in the middle of the file's written part (a log segment is allocated
+    /// ahead: zeros past its records).
     fn invert_middle(path: &Path) {
         let mut bytes = fs::read(path).unwrap();
-        let middle = bytes.len() / 2;
+        let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        let middle = written / 2;
         let end = (middle + 4096).min(bytes.len());
         bytes[middle..end].iter_mut().for_each(|b| *b = !*b);
         fs::write(path, bytes).unwrap();

@@ -19,15 +19,32 @@
 //!   continues the one before it. Appends go to the newest; a new one starts once it holds
 //!   [`SEGMENT_BYTES`]. (Raft's indexes are consecutive; that a log has no hole is the log
 //!   store's check at start, `raft::LogStore::open`, as for any backend.)
+//! - A segment is allocated ahead of its appends, [`ALLOCATION_STEP`] at a time up to
+//!   [`SEGMENT_BYTES`] (`fallocate`, reading as zeros), and its records end at the first
+//!   header of zeros (no record's is: its CRC-32 is not 0) or at the file's end. Why: an
+//!   append then changes neither the file's size nor its allocation, so the `fdatasync` on
+//!   every follower's answer writes the data alone and not the inode through ext4's journal
+//!   too (a 450-byte append and its flush: median 0.08-0.11 against 0.11-0.17 ms, mean
+//!   0.10-0.15 against 0.20-0.24 ms, on this project's 2-core test VM); etcd's WAL
+//!   allocates its segments ahead for the same reason. In steps, not whole: a small disk
+//!   still takes a segment, and a full one still stops the node within a step of log.
 //! - `START`: the first index not purged (absent: none purged). Records below it are
 //!   purged; a segment that holds only such records is removed.
 //!
-//! At open every record is read and checked. The one damage a crash can cause is an
-//! incomplete last record of the newest segment (a write the crash cut short, never
-//! acknowledged, since an append is acknowledged only after its `fdatasync`): it is cut
-//! off, with a warning. Anything else (a record whose checksum does not match, a length
-//! beyond [`MAX_RECORD_BYTES`], indexes out of order) is an error naming the file and the
-//! offset, and the node refuses to start.
+//! At open every record is read and checked. The one damage a crash can cause is a torn
+//! write at the end of the newest segment (cut short by the crash, never acknowledged,
+//! since an append is acknowledged only after its `fdatasync`): a last record that the
+//! file's end cuts short, or a record whose checksum does not match and one of whose disk
+//! sectors ([`SECTOR`] bytes at its offset in the file) is still all zeros, as allocated.
+//! That record and everything after it are cut off, with a warning (etcd's WAL has the same
+//! rule for a torn record). Anything else (a checksum that does not match with every
+//! sector written, a length beyond [`MAX_RECORD_BYTES`], indexes out of order, records that
+//! end early in a segment that is not the newest) is an error naming the file and the
+//! offset, and the node refuses to start; so is a log that lost what it had reported
+//! durable (`watermark`), whatever the rule took for torn. At open, the newest segment is
+//! cut at the end of its records (its next append allocates it ahead again), so that no byte of an interrupted
+//! write stays past them, where a later, shorter append could leave it to be read as a
+//! record.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -51,6 +68,9 @@ pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 pub const MAX_RECORD_BYTES: usize = crate::raft::MAX_PEER_MESSAGE;
 
 const HEADER: usize = 16;
+/// The unit a disk writes whole, and so what a torn write leaves unwritten: a record with
+/// such a run of zeros at a multiple of it in the file was cut short.
+const SECTOR: u64 = 512;
 const SUFFIX: &str = ".seg";
 const START: &str = "START";
 
@@ -59,6 +79,55 @@ fn record_crc(index: u64, payload: &[u8]) -> u32 {
     h.update(&index.to_le_bytes());
     h.update(payload);
     h.finalize()
+}
+
+/// How far ahead of its appends a segment is allocated at a time: one flush in this many
+/// bytes of log writes the inode.
+pub const ALLOCATION_STEP: u64 = 1024 * 1024;
+
+/// What allocating ahead came to.
+enum Allocated {
+    /// The file is this long now.
+    To(u64),
+    /// No room for the step (the write itself may still fit: it decides).
+    NoRoom,
+    /// The file system has no `fallocate`: appends grow the file, as they would anyway.
+    Unsupported,
+}
+
+/// Allocates `file` to `bytes` (it never shrinks), reading as zeros where nothing was written.
+fn allocate(file: &File, bytes: u64) -> std::io::Result<Allocated> {
+    match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, bytes) {
+        Ok(()) => Ok(Allocated::To(bytes)),
+        Err(rustix::io::Errno::NOSPC) => Ok(Allocated::NoRoom),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(Allocated::Unsupported),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a record that fails its check (its bytes from the header on, at `offset` in
+/// the file, as far as the file goes) is a torn write: one of the disk sectors it covers is
+/// all zeros over the part it covers. A whole record is never zero there in a sector: a
+/// header holds a non-zero CRC and the payloads, JSON, hold no zero byte.
+fn torn(offset: u64, record: &[u8]) -> bool {
+    let mut at = 0usize;
+    while at < record.len() {
+        let sector_end = ((offset + at as u64) / SECTOR + 1) * SECTOR - offset;
+        let end = (sector_end as usize).min(record.len());
+        if record[at..end].iter().all(|&b| b == 0) {
+            return true;
+        }
+        at = end;
+    }
+    false
+}
+
+/// Why a segment's records end before its file does.
+enum End {
+    /// At a header of zeros: the rest was allocated and never written.
+    Zeros,
+    /// At a torn write (named), which is cut off with what follows it.
+    Torn(&'static str),
 }
 
 /// Where one record's payload is.
@@ -75,6 +144,8 @@ struct Segment {
     file: Arc<File>,
     /// Bytes of whole records in it.
     len: u64,
+    /// The file's size: what was allocated ahead, or written.
+    size: u64,
 }
 
 #[derive(Default)]
@@ -89,6 +160,8 @@ struct State {
     unsynced: Vec<u64>,
     /// A segment was created since the last sync: its directory entry must be made durable.
     created: bool,
+    /// The file system has no `fallocate`: not tried again.
+    no_fallocate: bool,
 }
 
 impl State {
@@ -190,9 +263,9 @@ impl LogFiles {
     }
 
     /// Reads segment `first`'s records into `state`, checking each and that they follow
-    /// `previous` (the index of the record before them); an incomplete last record of the
-    /// `newest` segment is cut off (a crash in the middle of its write). Returns the index
-    /// of its last record.
+    /// `previous` (the index of the record before them). In the `newest` segment a torn last
+    /// write is cut off, and the file is cut at the end of its records (module doc); the
+    /// next append allocates it ahead again. Returns the index of its last record.
     fn load_segment(&self, state: &mut State, first: u64, mut previous: Option<u64>, newest: bool) -> Result<Option<u64>, BackendError> {
         let path = self.dir.join(segment_name(first));
         let damaged = |offset: u64, what: String| self.error("open", format!("{} is damaged at offset {offset}: {what}", path.display()));
@@ -206,36 +279,38 @@ impl LogFiles {
         let mut offset = 0u64;
         let mut last = None;
         let mut payload = Vec::new();
+        let mut end = None;
         while offset < size {
             let remaining = size - offset;
+            if remaining < HEADER as u64 {
+                let mut rest = vec![0u8; remaining as usize];
+                reader.read_exact(&mut rest).map_err(|e| damaged(offset, e.to_string()))?;
+                end = Some(if rest.iter().all(|&b| b == 0) { End::Zeros } else { End::Torn("an incomplete last record") });
+                break;
+            }
             let mut header = [0u8; HEADER];
-            let incomplete = if remaining < HEADER as u64 {
-                true
-            } else {
-                reader.read_exact(&mut header).map_err(|e| damaged(offset, e.to_string()))?;
-                let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
-                if len > MAX_RECORD_BYTES {
-                    return Err(damaged(offset, format!("a record of {len} bytes, over the bound of {MAX_RECORD_BYTES}")));
-                }
-                remaining < (HEADER + len) as u64
-            };
-            if incomplete {
-                if !newest {
-                    return Err(damaged(
-                        offset,
-                        format!("the last record is incomplete ({remaining} bytes) in a segment that is not the newest"),
-                    ));
-                }
-                tracing::warn!(file = %path.display(), offset, bytes = remaining, "cutting off an incomplete last record of the Raft log (a write a crash interrupted)");
-                file.set_len(offset).and_then(|_| file.sync_all()).map_err(|e| damaged(offset, format!("cutting it off: {e}")))?;
+            reader.read_exact(&mut header).map_err(|e| damaged(offset, e.to_string()))?;
+            if header == [0; HEADER] {
+                end = Some(End::Zeros);
                 break;
             }
             let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
+            if len as usize > MAX_RECORD_BYTES {
+                return Err(damaged(offset, format!("a record of {len} bytes, over the bound of {MAX_RECORD_BYTES}")));
+            }
+            if remaining < (HEADER + len as usize) as u64 {
+                end = Some(End::Torn("an incomplete last record"));
+                break;
+            }
             let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
             let index = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
             payload.resize(len as usize, 0);
             reader.read_exact(&mut payload).map_err(|e| damaged(offset, e.to_string()))?;
             if record_crc(index, &payload) != crc {
+                if newest && torn(offset, &[&header[..], &payload].concat()) {
+                    end = Some(End::Torn("a record with a sector never written"));
+                    break;
+                }
                 return Err(damaged(offset, format!("the checksum of the record of index {index} does not match")));
             }
             if last.is_none() && index != first {
@@ -251,7 +326,27 @@ impl LogFiles {
             previous = Some(index);
             last = Some(index);
         }
-        state.segments.insert(first, Segment { file: Arc::new(file), len: offset });
+        match end {
+            Some(End::Torn(what)) if !newest => {
+                return Err(damaged(offset, format!("{what} in a segment that is not the newest")));
+            }
+            // A segment is full before the next one starts (it takes appends until it holds
+            // `segment_bytes`, and a cut makes it the newest), so it has no zeros left.
+            Some(End::Zeros) if !newest => {
+                return Err(damaged(offset, format!("its records end at {offset} of {size} bytes in a segment that is not the newest")));
+            }
+            Some(End::Torn(what)) => {
+                tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting off {what} at the end of the Raft log (a write a crash interrupted)");
+            }
+            _ => {}
+        }
+        if newest && end.is_some() {
+            file.set_len(offset)
+                .and_then(|_| file.sync_all())
+                .map_err(|e| damaged(offset, format!("cutting it at the end of its records: {e}")))?;
+        }
+        let size = if end.is_some() && newest { offset } else { size };
+        state.segments.insert(first, Segment { file: Arc::new(file), len: offset, size });
         Ok(last)
     }
 
@@ -325,21 +420,42 @@ impl LogFiles {
                 .create_new(true)
                 .open(&path)
                 .map_err(|e| self.error("insert", format!("{}: {e}", path.display())))?;
-            state.segments.insert(first_index, Segment { file: Arc::new(file), len: 0 });
+            state.segments.insert(first_index, Segment { file: Arc::new(file), len: 0, size: 0 });
             state.created = true;
         }
+        self.allocate_ahead(&mut state, buf.len() as u64)?;
         let (&name, segment) = state.segments.last_key_value().expect("a segment");
         let at = segment.len;
         if let Err(e) = segment.file.write_all_at(&buf, at) {
             // Leave no partial record behind the last whole one.
             let _ = segment.file.set_len(at);
+            state.segments.get_mut(&name).expect("the newest segment").size = at;
             return Err(self.error("insert", format!("{}: {e}", segment_name(name))));
         }
         let segment = state.segments.get_mut(&name).expect("the newest segment");
         segment.len += buf.len() as u64;
+        segment.size = segment.size.max(segment.len);
         state.slots.extend(slots.into_iter().map(|(index, payload_at, len)| (index, Slot { segment: name, offset: at + payload_at, len })));
         if !state.unsynced.contains(&name) {
             state.unsynced.push(name);
+        }
+        Ok(())
+    }
+
+    /// Allocates the newest segment ahead of a write of `bytes` at its end, if the write goes
+    /// past what is allocated and the segment is not full (module doc).
+    fn allocate_ahead(&self, state: &mut State, bytes: u64) -> Result<(), BackendError> {
+        let no_fallocate = state.no_fallocate;
+        let (&name, segment) = state.segments.iter_mut().next_back().expect("a segment");
+        let end = segment.len + bytes;
+        let to = end.next_multiple_of(ALLOCATION_STEP).min(self.segment_bytes);
+        if no_fallocate || end <= segment.size || end > to {
+            return Ok(());
+        }
+        match allocate(&segment.file, to).map_err(|e| self.error("insert", format!("allocating {}: {e}", segment_name(name))))? {
+            Allocated::To(size) => segment.size = size,
+            Allocated::NoRoom => {}
+            Allocated::Unsupported => state.no_fallocate = true,
         }
         Ok(())
     }
@@ -421,6 +537,7 @@ impl LogFiles {
                 .and_then(|_| segment.file.sync_data())
                 .map_err(|e| self.error("remove", format!("{}: {e}", segment_name(slot.segment))))?;
             segment.len = cut_at;
+            segment.size = cut_at;
         }
         state.slots.split_off(&from);
         Ok(())
@@ -674,11 +791,127 @@ mod tests {
         assert_eq!(LogFiles::open_with(dir.path(), 2000).unwrap().last().unwrap(), Some((k(30), vec![30; 3])));
     }
 
+    /// Overwrites `len` bytes at `at` with zeros, as a write the disk never made leaves them.
+    fn zero(path: &Path, at: u64, len: usize) {
+        fs::OpenOptions::new().write(true).open(path).unwrap().write_all_at(&vec![0; len], at).unwrap();
+    }
+
+    /// Records 1-6 of 700 bytes in one segment of 16 KiB, synced: the file is allocated
+    /// ahead to the segment's size (under a step) and the records end at its zeros.
+    fn write_six_records(dir: &Path) -> PathBuf {
+        let log = LogFiles::open_with(dir, 16384).unwrap();
+        log.insert_batch(entries(1..=6, 700 - HEADER)).unwrap();
+        log.sync().unwrap();
+        let path = dir.join(segment_name(1));
+        assert_eq!(fs::metadata(&path).unwrap().len(), 16384, "allocated ahead to the segment's size");
+        path
+    }
+
+    #[test]
+    fn records_end_at_the_allocated_zeros_and_appends_continue_there() {
+        let dir = tempfile::tempdir().unwrap();
+        write_six_records(dir.path());
+        let path = dir.path().join(segment_name(1));
+        let log = LogFiles::open_with(dir.path(), 16384).unwrap();
+        assert_eq!(log.keys(&k(0), None, 100).unwrap(), (1..=6).map(k).collect::<Vec<_>>());
+        assert_eq!(fs::metadata(&path).unwrap().len(), 4200, "cut at the end of its records at open");
+        log.insert_batch(entries(7..=8, 10)).unwrap();
+        log.sync().unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), 16384, "allocated ahead again by the next append");
+        drop(log);
+        let log = LogFiles::open_with(dir.path(), 16384).unwrap();
+        assert_eq!(log.range(&k(7), None, 100).unwrap(), entries(7..=8, 10));
+    }
+
+    /// A segment is allocated one step ahead of its appends, never past its size; the
+    /// write that fills it goes past, and the next one starts a segment. (No room for a step
+    /// leaves it to the writes: `chaos real`'s full disk, a 32 MiB tmpfs.)
+    #[test]
+    fn allocation_is_ahead_in_steps_up_to_the_segment_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let segment = 3 * ALLOCATION_STEP;
+        let log = LogFiles::open_with(dir.path(), segment).unwrap();
+        let path = dir.path().join(segment_name(1));
+        log.insert_batch(entries(1..=1, 100)).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), ALLOCATION_STEP);
+        // A write across the step allocates the next; none goes past the segment's size.
+        log.insert_batch(entries(2..=2, ALLOCATION_STEP as usize)).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), 2 * ALLOCATION_STEP);
+        log.insert_batch(entries(3..=3, 2 * ALLOCATION_STEP as usize)).unwrap();
+        let len = fs::metadata(&path).unwrap().len();
+        assert!(len > segment, "the write that fills the segment goes past it: {len}");
+        log.insert_batch(entries(4..=4, 10)).unwrap();
+        assert_eq!(segments(dir.path()).len(), 2, "the full segment takes no more appends");
+        log.sync().unwrap();
+        drop(log);
+        assert_eq!(LogFiles::open_with(dir.path(), segment).unwrap().keys(&k(0), None, 10).unwrap(), (1..=4).map(k).collect::<Vec<_>>());
+    }
+
+    /// A crash that wrote records 5 and 6 but not a sector of record 4: 4 is cut off with
+    /// what follows it, and the file is cleared past the cut, so that a record 4 written
+    /// again at the same length does not bring the old 5 and 6 back behind it.
+    #[test]
+    fn a_torn_write_is_cut_off_with_what_follows_and_never_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_six_records(dir.path());
+        // Record 4 spans bytes 2100-2800: the sector at 2560 is inside it.
+        zero(&path, 2560, SECTOR as usize);
+        let log = LogFiles::open_with(dir.path(), 16384).unwrap();
+        assert_eq!(log.last().unwrap().map(|(key, _)| key), Some(k(3)));
+        let again = vec![(k(4), vec![b'x'; 700 - HEADER])];
+        log.insert_batch(again.clone()).unwrap();
+        log.sync().unwrap();
+        drop(log);
+        let log = LogFiles::open_with(dir.path(), 16384).unwrap();
+        assert_eq!(log.range(&k(4), None, 100).unwrap(), again, "the old records 5 and 6 stay gone");
+        // The same for a header never written, with the records after it written.
+        drop(log);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_six_records(dir.path());
+        zero(&path, 1400, HEADER);
+        let log = LogFiles::open_with(dir.path(), 16384).unwrap();
+        assert_eq!(log.last().unwrap().map(|(key, _)| key), Some(k(2)));
+        log.insert_batch(entries(3..=3, 700 - HEADER)).unwrap();
+        log.sync().unwrap();
+        drop(log);
+        assert_eq!(LogFiles::open_with(dir.path(), 16384).unwrap().last().unwrap().map(|(key, _)| key), Some(k(3)));
+    }
+
+    #[test]
+    fn the_torn_write_rule_takes_a_record_with_a_zero_sector_only() {
+        let record = vec![7u8; 1500];
+        assert!(!torn(100, &record));
+        let mut with_hole = record.clone();
+        with_hole[412..924].fill(0); // file offsets 512-1024: a whole sector
+        assert!(torn(100, &with_hole));
+        let mut short_run = record.clone();
+        short_run[500..900].fill(0); // 400 zeros across two sectors, neither all zero
+        assert!(!torn(100, &short_run));
+        let mut tail = record;
+        tail[1436..].fill(0); // the record's part of the sector at 1536
+        assert!(torn(100, &tail));
+    }
+
     #[test]
     fn damage_is_refused_naming_the_file_and_offset_and_nothing_is_changed() {
         type Damage = fn(&Path);
-        let cases: [(&str, Damage, &str); 4] = [
+        let cases: [(&str, Damage, &str); 7] = [
             ("a flipped payload byte", |d| flip(&d.join(segment_name(11)), 500), "checksum of the record of index 13 does not match"),
+            (
+                "a flipped payload byte in the newest segment, every sector written",
+                |d| flip(&d.join(segment_name(21)), 500),
+                "checksum of the record of index 23 does not match",
+            ),
+            (
+                "a sector of zeros in a segment that is not the newest",
+                |d| zero(&d.join(segment_name(11)), 512, SECTOR as usize),
+                "checksum of the record of index 13 does not match",
+            ),
+            (
+                "a header of zeros in a segment that is not the newest",
+                |d| zero(&d.join(segment_name(11)), 216, HEADER),
+                "its records end at 216 of 2160 bytes in a segment that is not the newest",
+            ),
             ("a flipped length", |d| flip(&d.join(segment_name(21)), 3), "over the bound"),
             (
                 "an older segment cut short",
