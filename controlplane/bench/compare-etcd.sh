@@ -13,7 +13,9 @@
 # its gRPC API; the load generator's is left out of both).
 # It runs gpuplane then etcd, R times (alternating, so that drift in the machine's load hits
 # both alike), prints each run's figures as they finish, then the median over runs of each
-# figure for both systems and their ratios.
+# figure for both systems and their ratios, and the host's steal of the CPU during each
+# system's runs (from /proc/stat), with a warning over 5%: on a virtual machine whose host
+# runs other work, one run's rates can differ from the next by several times.
 #
 #   controlplane/bench/compare-etcd.sh [--seconds S] [--kills K] [--runs R]
 #       --seconds S   seconds of load per concurrency level (default 10)
@@ -220,6 +222,20 @@ median_of() {
       else if (NR % 2) print v[(NR + 1) / 2]
       else print (v[NR / 2] + v[NR / 2 + 1]) / 2
     }'
+}
+
+# The machine's CPU ticks so far: "STEAL TOTAL" from /proc/stat's cpu line (steal is the
+# time a virtual machine's host ran something else; "0 0" where there is no such line).
+cpu_ticks() {
+  awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print $9 + 0, t; exit }' /proc/stat 2>/dev/null || echo "0 0"
+}
+
+# record_steal SYSTEM BEFORE: records the host's steal since BEFORE (cpu_ticks) as a share
+# of all CPU time, in percent: a figure taken while the host stole CPU is not comparable.
+record_steal() {
+  local now
+  now=$(cpu_ticks)
+  echo "$2 $now" | awk -v sys="$1" '{ d = $4 - $2; if (d > 0) printf "%s steal %.1f\n", sys, 100 * ($3 - $1) / d }' >>"$results"
 }
 
 sum_of() {
@@ -536,6 +552,14 @@ print_summary() {
   row "write errors 1/64 (sum)" "$(sum_of gpuplane errors1)/$(sum_of gpuplane errors64)" \
     "$(sum_of etcd errors1)/$(sum_of etcd errors64)"
   row "acked writes lost (sum)" "$(sum_of gpuplane lost)" "-"
+  local gs es
+  gs=$(median_of gpuplane steal)
+  es=$(median_of etcd steal)
+  row "host steal of CPU time" "$(fmt %.1f "$gs")%" "$(fmt %.1f "$es")%"
+  if awk -v g="$gs" -v e="$es" 'BEGIN { exit !((g != "-" && g > 5) || (e != "-" && e > 5)) }'; then
+    echo "warning: the host took over 5% of this machine's CPU time (steal) during the runs;"
+    echo "  the figures are disturbed and the ratios not comparable: run again on a quiet machine"
+  fi
 }
 
 main() {
@@ -554,9 +578,14 @@ main() {
   echo "etcd $etcd_version: 3 members, heartbeat 100ms, election timeout 1000ms (etcd's defaults;" \
     "randomized 1000-2000ms), fsync on, puts via $gateway/kv/put to the leader, wrk $(wrk -v 2>&1 | awk 'NR == 1 { print $2 }')"
   local run
+  local before
   for ((run = 1; run <= runs; run++)); do
+    before=$(cpu_ticks)
     run_gpuplane "$run"
+    record_steal gpuplane "$before"
+    before=$(cpu_ticks)
     run_etcd "$run"
+    record_steal etcd "$before"
   done
   print_summary
 }
