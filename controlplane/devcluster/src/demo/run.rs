@@ -163,6 +163,16 @@ async fn leader_of(client: &Client) -> Option<u64> {
     client.cluster_status().await.ok().map(|s| s.leader_id).filter(|&l| l != 0)
 }
 
+/// The share of all services' requests in `rows` answered within their SLO.
+fn requests_met_pct(rows: &[show::ServiceSlo]) -> f64 {
+    let (met, all) = rows.iter().fold((0, 0), |(m, a), r| (m + r.requests_met, a + r.requests));
+    if all == 0 {
+        0.0
+    } else {
+        100.0 * met as f64 / all as f64
+    }
+}
+
 fn say(line: &str) {
     println!("\n== {line}");
 }
@@ -412,7 +422,7 @@ async fn script(opts: &DemoOptions, cluster: &mut LocalCluster, t: &LoopTimings)
     );
     let steady_met: usize = report.steady.iter().map(|s| s.windows_met).sum();
     let steady_all: usize = report.steady.iter().map(|s| s.windows).sum();
-    println!("steady SLO windows met       {steady_met}/{steady_all}");
+    println!("steady SLO windows met       {steady_met}/{steady_all}; requests within SLO {:.2}%", requests_met_pct(&report.steady));
     for t in &report.tenants {
         println!(
             "tenant {:<21} {:.2} GPUs, {:.2} $/h occupied; steady SLO windows met {}/{}",
@@ -421,7 +431,11 @@ async fn script(opts: &DemoOptions, cluster: &mut LocalCluster, t: &LoopTimings)
     }
     let fo_met: usize = report.during_failover.iter().map(|s| s.windows_met).sum();
     let fo_all: usize = report.during_failover.iter().map(|s| s.windows).sum();
-    println!("leader failover              {:.2} s; SLO windows met around it {fo_met}/{fo_all}", report.failover_s);
+    println!(
+        "leader failover              {:.2} s; SLO windows met around it {fo_met}/{fo_all}; requests within SLO {:.2}%",
+        report.failover_s,
+        requests_met_pct(&report.during_failover)
+    );
     println!("service change to converged  {:.2} s", report.change_convergence_s);
     println!("host failure to re-served    {:.1} s", report.node_reserved_s);
     println!(

@@ -151,17 +151,29 @@ pub struct ServiceSlo {
     pub rate_rps: f64,
     pub windows: usize,
     pub windows_met: usize,
+    /// Requests sent in the windows, and those answered within the SLO.
+    pub requests: u64,
+    pub requests_met: u64,
     pub worst_p99_ms: f64,
     pub median_p99_ms: f64,
 }
 
 impl ServiceSlo {
     pub fn compliance_pct(&self) -> f64 {
-        if self.windows == 0 {
-            0.0
-        } else {
-            100.0 * self.windows_met as f64 / self.windows as f64
-        }
+        percent(self.windows_met as f64, self.windows as f64)
+    }
+
+    /// The share of requests answered within the SLO.
+    pub fn attainment_pct(&self) -> f64 {
+        percent(self.requests_met as f64, self.requests as f64)
+    }
+}
+
+fn percent(part: f64, whole: f64) -> f64 {
+    if whole == 0.0 {
+        0.0
+    } else {
+        100.0 * part / whole
     }
 }
 
@@ -176,12 +188,16 @@ pub fn slo_report(windows: &BTreeMap<String, Vec<Window>>, slos: &BTreeMap<Strin
             let (met, n) = compliance(&list, from_s, to_s);
             let mut p99s: Vec<f64> = list.iter().map(|w| w.p99_ms).collect();
             p99s.sort_by(f64::total_cmp);
+            let requests: u64 = list.iter().map(|w| w.sent).sum();
+            let over_slo: u64 = list.iter().map(|w| w.over_slo).sum();
             ServiceSlo {
                 service: service.clone(),
                 slo_ms,
                 rate_rps,
                 windows: n,
                 windows_met: met,
+                requests,
+                requests_met: requests.saturating_sub(over_slo),
                 worst_p99_ms: p99s.last().copied().unwrap_or(0.0),
                 median_p99_ms: p99s.get(p99s.len() / 2).copied().unwrap_or(0.0),
             }
@@ -193,13 +209,13 @@ pub fn format_slo_report(rows: &[ServiceSlo]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:>7} {:>7} {:>12} {:>9} {:>11} {:>10}",
-        "SERVICE", "SLO ms", "req/s", "windows met", "%", "median p99", "worst p99"
+        "{:<16} {:>7} {:>7} {:>12} {:>9} {:>11} {:>10} {:>13}",
+        "SERVICE", "SLO ms", "req/s", "windows met", "%", "median p99", "worst p99", "requests met"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<16} {:>7.0} {:>7.0} {:>6}/{:<5} {:>9.1} {:>11.1} {:>10.1}",
+            "{:<16} {:>7.0} {:>7.0} {:>6}/{:<5} {:>9.1} {:>11.1} {:>10.1} {:>12.2}%",
             r.service,
             r.slo_ms,
             r.rate_rps,
@@ -207,7 +223,8 @@ pub fn format_slo_report(rows: &[ServiceSlo]) -> String {
             r.windows,
             r.compliance_pct(),
             r.median_p99_ms,
-            r.worst_p99_ms
+            r.worst_p99_ms,
+            r.attainment_pct()
         );
     }
     out
@@ -240,7 +257,7 @@ mod tests {
     }
 
     fn w(second: u64, p99_ms: f64, met: bool) -> Window {
-        Window { second, sent: 10, failed: 0, p99_ms, met }
+        Window { second, sent: 10, failed: 0, over_slo: if met { 0 } else { 1 }, p99_ms, met }
     }
 
     #[test]
@@ -258,6 +275,8 @@ mod tests {
             rate_rps: 10.0,
             windows,
             windows_met,
+            requests: 0,
+            requests_met: 0,
             worst_p99_ms: 1.0,
             median_p99_ms: 1.0,
         };
@@ -295,5 +314,8 @@ mod tests {
         assert_eq!(rows[0].worst_p99_ms, 90.0);
         assert_eq!(rows[0].median_p99_ms, 20.0);
         assert!((rows[0].compliance_pct() - 66.666).abs() < 0.01);
+        // 30 requests in the phase, one of them over the SLO (in the window that missed).
+        assert_eq!((rows[0].requests_met, rows[0].requests), (29, 30));
+        assert!((rows[0].attainment_pct() - 96.666).abs() < 0.01);
     }
 }
