@@ -3,8 +3,8 @@
 //! twice a second), with client-side latency measured per one-second window. A request
 //! that fails or times out counts as a latency above any SLO. Each window also counts the
 //! requests over the SLO, for the request-level attainment HetSev reports ("SLO
-//! violations": the share of requests that missed, Sec. 6, Figure 6), which a stall of a fraction of
-//! a second moves by that fraction, not by a whole window.
+//! violations", the share of requests that missed: Sec. 6, Figure 6). A stall of a
+//! fraction of a second moves that by the fraction, not by a whole window.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -166,11 +166,7 @@ async fn leader_of(client: &Client) -> Option<u64> {
 /// The share of all services' requests in `rows` answered within their SLO.
 fn requests_met_pct(rows: &[show::ServiceSlo]) -> f64 {
     let (met, all) = rows.iter().fold((0, 0), |(m, a), r| (m + r.requests_met, a + r.requests));
-    if all == 0 {
-        0.0
-    } else {
-        100.0 * met as f64 / all as f64
-    }
+    show::percent(met as f64, all as f64)
 }
 
 fn say(line: &str) {

@@ -169,7 +169,8 @@ impl ServiceSlo {
     }
 }
 
-fn percent(part: f64, whole: f64) -> f64 {
+/// `part` of `whole` in percent; 0 of nothing.
+pub(crate) fn percent(part: f64, whole: f64) -> f64 {
     if whole == 0.0 {
         0.0
     } else {
