@@ -8,7 +8,8 @@
 #   deploy/ci/compose-check.sh
 #
 # Needs: cargo, docker (engine + `docker compose` or docker-compose), jq, readelf. No
-# registry: the image is FROM scratch with binaries built here (build-image.sh).
+# registry: the image is FROM scratch with binaries built here (build-image.sh), or with
+# those of GPUPLANE_PREBUILT=DIR as they are (build-image.sh says when; needs objcopy and ldd).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -57,10 +58,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "building static binaries and image $image"
+if [ -n "${GPUPLANE_PREBUILT:-}" ]; then
+  say "building image $image of the binaries in $GPUPLANE_PREBUILT"
+else
+  say "building static binaries and image $image"
+fi
 "$root/deploy/ci/build-image.sh" "$image"
 case ${GPUPLANE_PROFILE:-dev} in dev) profile_dir=debug ;; *) profile_dir=$GPUPLANE_PROFILE ;; esac
-gpuctl_bin=$root/target/static/x86_64-unknown-linux-gnu/$profile_dir/gpuctl
+gpuctl_bin=${GPUPLANE_PREBUILT:-$root/target/static/x86_64-unknown-linux-gnu/$profile_dir}/gpuctl
 
 # Every link is mutually authenticated: a development CA and certificates for this run,
 # readable by the image's user.

@@ -1,8 +1,10 @@
 //! The compose cluster of deploy/compose on this machine's Docker engine, checked by the
-//! same script a person runs (deploy/ci/compose-check.sh): static binaries, a from-scratch
-//! image, 3 controllers and 3 simulated agents; gpuctl applies and reads; the leader's
-//! container is killed and the cluster goes on serving. Needs a Docker engine; set
-//! GPUPLANE_SKIP_COMPOSE_CHECK=1 to skip it deliberately on a machine without one.
+//! same script a person runs (deploy/ci/compose-check.sh): a from-scratch image, 3
+//! controllers and 3 simulated agents; gpuctl applies and reads; the leader's container is
+//! killed and the cluster goes on serving. The image takes the binaries this test suite's
+//! build made, dynamically linked, with their libraries (build-image.sh's
+//! GPUPLANE_PREBUILT): building static ones would compile every crate again. Needs a Docker
+//! engine; set GPUPLANE_SKIP_COMPOSE_CHECK=1 to skip it deliberately on a machine without one.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,6 +21,9 @@ fn the_compose_cluster_comes_up_and_survives_the_leader_container_being_killed()
         "no Docker engine reachable (docker info: {engine:?}); this test needs one, or GPUPLANE_SKIP_COMPOSE_CHECK=1"
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/ci/compose-check.sh");
-    let status = Command::new("bash").arg(&script).status().expect("running compose-check.sh");
+    // This test runs from target/<profile>/deps/; the binaries are in target/<profile>/.
+    let exe = std::env::current_exe().expect("this test's path");
+    let binaries = exe.parent().and_then(Path::parent).expect("the test runs from target/<profile>/deps");
+    let status = Command::new("bash").arg(&script).env("GPUPLANE_PREBUILT", binaries).status().expect("running compose-check.sh");
     assert!(status.success(), "{} failed ({status}); its output above says which check", script.display());
 }
