@@ -119,16 +119,14 @@ fn run(shared: &Shared, mut flush: FlushFn) {
         };
         if let Err(e) = &result {
             tracing::error!(error = %e, "flushing the Raft log failed; the node stops");
+            // Recorded before any callback reports it: from the moment a write is known to
+            // have failed, every later one is refused at once (`queue`), not queued.
+            shared.state.lock().expect("flusher lock").fault.get_or_insert_with(|| e.clone());
         }
         for job in jobs {
             job.done.io_completed(result.clone().map_err(std::io::Error::other));
         }
-        let mut state = shared.state.lock().expect("flusher lock");
-        state.flushing = false;
-        if let Err(e) = result {
-            state.fault.get_or_insert(e);
-        }
-        drop(state);
+        shared.state.lock().expect("flusher lock").flushing = false;
         shared.changed.notify_all();
     }
 }
@@ -201,17 +199,18 @@ mod tests {
         flusher.queue(1, ok).unwrap();
         gate.send(()).unwrap();
         flusher.wait_idle().unwrap();
-        let (failing, mut failing_done) = callback();
+        let (failing, failing_done) = callback();
         flusher.queue(2, failing).unwrap();
         gate.send(()).unwrap();
-        let fault = flusher.wait_idle().unwrap_err();
-        assert!(fault.contains("no space left on device"), "{fault}");
         assert!(ok_done.try_recv().unwrap().is_ok());
-        let err = failing_done.try_recv().unwrap().unwrap_err().to_string();
+        let err = failing_done.blocking_recv().unwrap().unwrap_err().to_string();
         assert!(err.contains("no space left on device"), "{err}");
-        // Later jobs fail at once, without a flush.
+        // From the moment the failure is reported, later jobs fail at once, without a
+        // flush (this queues while the flusher thread may still be finishing that flush).
         let (later, mut later_done) = callback();
         assert!(flusher.queue(3, later).unwrap_err().contains("no space left on device"));
+        let fault = flusher.wait_idle().unwrap_err();
+        assert!(fault.contains("no space left on device"), "{fault}");
         assert!(later_done.try_recv().unwrap().is_err());
         assert_eq!(*seen.lock().unwrap(), vec![1, 2]);
     }
