@@ -12,14 +12,21 @@ pub use devcluster::{Controllers, Proc};
 
 /// Path of a binary of the `controlplane`, `gpuctl` or `node-agent` package, building their
 /// binaries once per test process (a no-op when they are up to date).
+///
+/// Built as README's test command builds them, `cargo test --workspace`: under it this is
+/// the no-op it should be. `cargo build -p …` (what this ran before) or `cargo build
+/// --workspace` resolves other features of shared dependencies (the tests' dev-dependencies
+/// turn some on), so it compiled a dozen crates again, rustls and tonic among them, in the
+/// middle of the suite: 3 to 4 minutes of a CI run, and the suite's next run compiled them
+/// back.
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "controlplane", "-p", "gpuctl", "-p", "node-agent", "--bins"])
+            .args(["test", "--workspace", "--no-run", "--quiet"])
             .status()
-            .expect("running cargo build for the binaries");
+            .expect("running cargo test --no-run for the binaries");
         assert!(status.success(), "building the binaries failed");
         // Test executables live in target/<profile>/deps; binaries one level up.
         let exe = std::env::current_exe().unwrap();
