@@ -44,12 +44,12 @@ fi
 
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-mkdir -p "$ctx/bin" "$ctx/var/lib/gpuplane" "$ctx/root"
+mkdir -p "$ctx/root/bin" "$ctx/var/lib/gpuplane"
 if [ -n "$prebuilt" ]; then
   for b in "${bins[@]}"; do
     [ -x "$prebuilt/$b" ] || { echo "build-image: $prebuilt/$b is missing (GPUPLANE_PREBUILT names a directory with ${bins[*]})" >&2; exit 1; }
     # Without debug info: a quarter of the size, the same program.
-    objcopy --strip-debug "$prebuilt/$b" "$ctx/bin/$b"
+    objcopy --strip-debug "$prebuilt/$b" "$ctx/root/bin/$b"
     # The loader and libraries, where the binary looks for them (ldd prints `name => path`
     # for a library and the loader's path alone).
     ldd "$prebuilt/$b" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'
@@ -63,10 +63,10 @@ else
       echo "build-image: $out/$b is dynamically linked" >&2
       exit 1
     fi
-    cp "$out/$b" "$ctx/bin/"
+    cp "$out/$b" "$ctx/root/bin/"
   done
 fi
 
 start=$SECONDS
 docker build -q -f "$root/deploy/docker/Dockerfile.prebuilt" -t "$image" "$ctx" >/dev/null
-echo "build-image: $image built in $((SECONDS - start)) s ($(du -sh "$ctx/bin" | cut -f1) of binaries)"
+echo "build-image: $image built in $((SECONDS - start)) s ($(du -sh "$ctx/root/bin" | cut -f1) of binaries)"
