@@ -13,12 +13,13 @@ pub use devcluster::{Controllers, Proc};
 /// Path of a binary of the `controlplane`, `gpuctl` or `node-agent` package, building their
 /// binaries once per test process (a no-op when they are up to date).
 ///
-/// Built as README's test command builds them, `cargo test --workspace`: under it this is
-/// the no-op it should be. `cargo build -p …` (what this ran before) or `cargo build
-/// --workspace` resolves other features of shared dependencies (the tests' dev-dependencies
-/// turn some on), so it compiled a dozen crates again, rustls and tonic among them, in the
-/// middle of the suite: 3 to 4 minutes of a CI run, and the suite's next run compiled them
-/// back.
+/// Built as README's test command builds them, `cargo test --workspace`, so with the
+/// same features of shared dependencies: `cargo build -p …` (what this ran before) or
+/// `cargo build --workspace` resolves others (the tests' dev-dependencies turn some on), and
+/// compiled a dozen crates again, rustls and tonic among them, in the middle of the suite.
+/// Not yet a no-op under the suite: run from a test's environment (the variables cargo sets
+/// for it), cargo still finds `proto` and the crates above it dirty once; which build
+/// script's tracked variable that is has not been found.
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
