@@ -11,7 +11,7 @@ pub use devcluster::ports::free_loopback_addr as free_addr;
 pub use devcluster::{Controllers, Proc};
 
 /// Path of a binary of the `controlplane`, `gpuctl` or `node-agent` package, building their
-/// binaries once per test process (a no-op when they are up to date).
+/// binaries once per test process.
 ///
 /// Built as README's test command builds them, `cargo test --workspace`, so with the
 /// same features of shared dependencies: `cargo build -p …` (what this ran before) or

@@ -21,9 +21,9 @@ fn the_compose_cluster_comes_up_and_survives_the_leader_container_being_killed()
         "no Docker engine reachable (docker info: {engine:?}); this test needs one, or GPUPLANE_SKIP_COMPOSE_CHECK=1"
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/ci/compose-check.sh");
-    // This test runs from target/<profile>/deps/; the binaries are in target/<profile>/.
-    let exe = std::env::current_exe().expect("this test's path");
-    let binaries = exe.parent().and_then(Path::parent).expect("the test runs from target/<profile>/deps");
+    // Built and found the one way the other end-to-end tests build and find them.
+    let controlplane = tests::binary("controlplane");
+    let binaries = controlplane.parent().expect("the binaries' directory");
     let status = Command::new("bash").arg(&script).env("GPUPLANE_PREBUILT", binaries).status().expect("running compose-check.sh");
     assert!(status.success(), "{} failed ({status}); its output above says which check", script.display());
 }
