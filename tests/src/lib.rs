@@ -14,9 +14,11 @@ pub use devcluster::{Controllers, Proc};
 /// binaries once per test process.
 ///
 /// Built as README's test command builds them, `cargo test --workspace`, so with the
-/// same features of shared dependencies: `cargo build -p …` (what this ran before) or
-/// `cargo build --workspace` resolves others (the tests' dev-dependencies turn some on), and
-/// compiled a dozen crates again, rustls and tonic among them, in the middle of the suite.
+/// same features of shared dependencies: `cargo build -p …` or `cargo build --workspace`
+/// resolves others (the tests' dev-dependencies turn some on) and compiled a dozen crates
+/// again in the middle of the suite. `cargo test` builds a package's binaries only when the
+/// package has integration tests; each of the three has some (`gpuctl`'s are in
+/// `controlplane/gpuctl/tests`).
 /// Not yet a no-op under the suite: run from a test's environment (the variables cargo sets
 /// for it), cargo still finds `proto` and the crates above it dirty once; which build
 /// script's tracked variable that is has not been found.
@@ -24,17 +26,20 @@ pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["test", "--workspace", "--no-run", "--quiet"])
-            .status()
-            .expect("running cargo test --no-run for the binaries");
+        let mut build = Command::new(cargo);
+        build.args(["test", "--workspace", "--no-run", "--quiet"]);
+        let status = build.status().expect("running cargo test --no-run for the binaries");
         assert!(status.success(), "building the binaries failed");
         // Test executables live in target/<profile>/deps; binaries one level up.
         let exe = std::env::current_exe().unwrap();
         exe.parent().and_then(Path::parent).unwrap().to_path_buf()
     });
     let path = dir.join(name);
-    assert!(path.exists(), "{} was not built", path.display());
+    assert!(
+        path.exists(),
+        "{} was not built by `cargo test --workspace --no-run`: cargo builds a package's binaries only for its integration tests",
+        path.display()
+    );
     path
 }
 

@@ -142,26 +142,6 @@ fn gpuctl_prints_one_clear_line_and_exits_non_zero_on_bad_input() {
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: "));
 }
 
-#[test]
-fn gpuctl_plans_a_manifest_offline_and_refuses_a_broken_one_in_one_line() {
-    let out = gpuctl(&[], &["plan", "-f", &sample()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("acme-resnet") && text.contains("per hour"), "{text}");
-    let json = gpuctl(&[], &["plan", "-f", &sample(), "--strategy", "exact-mig", "-o", "json"]);
-    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert!(value["cost_per_hour"].as_f64().unwrap() > 0.0);
-    assert!(value["plan"]["infeasible"].as_array().unwrap().is_empty());
-
-    let dir = tempfile::tempdir().unwrap();
-    let bad = write_manifest(dir.path(), "bad.yaml", &service_manifest("orphan"));
-    let out = gpuctl(&[], &["plan", "-f", &bad]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("Service \"orphan\""), "{err}");
-}
-
 /// `gpuctl certs` makes a CA and certificates; a controller refuses to start with neither
 /// TLS settings nor --insecure, serves mTLS with them, and gpuctl gets in only with an
 /// identity.
