@@ -19,15 +19,21 @@ pub use devcluster::{Controllers, Proc};
 /// again in the middle of the suite. `cargo test` builds a package's binaries only when the
 /// package has integration tests; each of the three has some (`gpuctl`'s are in
 /// `controlplane/gpuctl/tests`).
-/// Not yet a no-op under the suite: run from a test's environment (the variables cargo sets
-/// for it), cargo still finds `proto` and the crates above it dirty once; which build
-/// script's tracked variable that is has not been found.
+/// The variables cargo sets for a running test are removed for this inner build: ring's
+/// build script declares `CARGO_MANIFEST_DIR` and `CARGO_PKG_*` with `rerun-if-env-changed`
+/// (briansmith/ring#2454), and cargo compares them with its own environment, so with the
+/// test's values ring and everything above it (rustls, tonic, `proto`, ...) was rebuilt.
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
         build.args(["test", "--workspace", "--no-run", "--quiet"]);
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(set_by_cargo_for_a_test) {
+                build.env_remove(name);
+            }
+        }
         let status = build.status().expect("running cargo test --no-run for the binaries");
         assert!(status.success(), "building the binaries failed");
         // Test executables live in target/<profile>/deps; binaries one level up.
@@ -41,6 +47,15 @@ pub fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Whether cargo sets the variable `name` for a test it runs (the package's manifest
+/// values, its output and temporary directories), as opposed to the configuration it reads.
+fn set_by_cargo_for_a_test(name: &str) -> bool {
+    const EXACT: [&str; 6] =
+        ["CARGO_CRATE_NAME", "CARGO_BIN_NAME", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "CARGO_RUSTC_CURRENT_DIR", "OUT_DIR"];
+    const PREFIXES: [&str; 3] = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_EXE_"];
+    EXACT.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 /// A node agent with `config` (written to `dir/agent.toml`), logging to `dir/agent.log`.
