@@ -1,11 +1,14 @@
 //! Benchmark of the replicated controller: 3 controller processes on loopback, each with its own data dir.
 //!
-//!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20]
+//!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20] [--transfers 20]
 //!
 //! Prints committed writes per second, write latency (p50, p99) and the controllers' CPU
 //! per write with 1 and 64 concurrent clients, then the leader failover time (SIGKILL of the leader process to the
 //! first successful write), as the median and maximum over `--kills` kills, and how many of
-//! the writes a background client had acknowledged across the kills were lost (must be 0).
+//! the writes a background client had acknowledged across the kills were lost (must be 0),
+//! then planned leader transfers (`gpuctl cluster transfer`, as a rolling upgrade does one
+//! controller at a time): how long the call takes and the longest pause in a writer's
+//! acknowledgements around it, as the median and maximum over `--transfers` transfers.
 //! The load's clients run on a runtime with as many threads as compare-etcd.sh gives wrk
 //! against etcd: one for 1 client, two for 64.
 
@@ -24,6 +27,9 @@ struct Args {
     /// Leader kills for the failover measurement.
     #[arg(long, default_value_t = 20)]
     kills: usize,
+    /// Planned leader transfers for the hand-over measurement.
+    #[arg(long, default_value_t = 20)]
+    transfers: usize,
     /// Concurrency levels to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
@@ -268,4 +274,70 @@ async fn main() {
             elections[elections.len() - 1].as_secs_f64() * 1e3
         );
     }
+    transfers(&client, &endpoints, args.transfers).await;
+}
+
+/// Planned transfers: a writer writes one resource after another while the leader is asked
+/// to hand over; the longest gap between two of its acknowledgements that spans the
+/// transfer is the writes' pause (a write at 1.3 ms takes the place of none).
+async fn transfers(client: &Client, endpoints: &[String], count: usize) {
+    if count == 0 {
+        return;
+    }
+    let fast = RetryPolicy { attempts: 10_000, backoff: Duration::from_millis(2), timeout: Duration::from_millis(300) };
+    let (mut calls, mut pauses) = (Vec::new(), Vec::new());
+    for k in 0..count {
+        let before = leader_of(client).await;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (stop, writer) = (stop.clone(), Client::new(endpoints.to_vec()).with_retry(fast.clone()));
+            tokio::spawn(async move {
+                let mut acks = Vec::new();
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    if writer.put(service("transfer", 1.0 + i as f64), proto::WriteMode::Unspecified).await.is_ok() {
+                        acks.push(Instant::now());
+                    }
+                }
+                acks
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let asked = Instant::now();
+        let outcome = client.transfer_leader(0).await;
+        let call = asked.elapsed();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut acks = writer.await.expect("the transfer's writer");
+        if acks.last().is_none_or(|last| *last < asked) {
+            // Nothing acknowledged since the request: the pause lasts to the end.
+            acks.push(Instant::now());
+        }
+        if let Err(e) = outcome {
+            println!("  transfer {}: refused: {}", k + 1, e.message());
+            continue;
+        }
+        let after = leader_of(client).await;
+        let pause = acks.windows(2).filter(|w| w[1] >= asked).map(|w| w[1] - w[0]).max().unwrap_or_default();
+        if after == before {
+            println!("  transfer {}: controller-{before} still leads", k + 1);
+        }
+        calls.push(call);
+        pauses.push(pause);
+    }
+    calls.sort();
+    pauses.sort();
+    if calls.is_empty() {
+        return;
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "planned leader transfer, {} transfers: the call median {:.0}ms, max {:.0}ms; a writer's longest pause median {:.0}ms, max {:.0}ms",
+        calls.len(),
+        ms(percentile(&calls, 0.5)),
+        ms(calls[calls.len() - 1]),
+        ms(percentile(&pauses, 0.5)),
+        ms(pauses[pauses.len() - 1])
+    );
 }
