@@ -46,6 +46,8 @@ fn controllers_cpu_seconds(cluster: &Controllers) -> f64 {
 
 /// A failover slower than this is printed on its own, with its election's share.
 const SLOW_FAILOVER: Duration = Duration::from_secs(1);
+/// A transfer whose call or pause takes longer than this is printed on its own.
+const SLOW_TRANSFER: Duration = Duration::from_millis(100);
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -320,8 +322,15 @@ async fn transfers(client: &Client, endpoints: &[String], count: usize) {
         }
         let after = leader_of(client).await;
         let pause = acks.windows(2).filter(|w| w[1] >= asked).map(|w| w[1] - w[0]).max().unwrap_or_default();
-        if after == before {
-            println!("  transfer {}: controller-{before} still leads", k + 1);
+        if after == before || call > SLOW_TRANSFER || pause > SLOW_TRANSFER {
+            let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            println!(
+                "  transfer {} (ended at Unix time {:.3}): controller-{before} to controller-{after}, the call {:.0}ms, the pause {:.0}ms",
+                k + 1,
+                unix.as_secs_f64(),
+                call.as_secs_f64() * 1e3,
+                pause.as_secs_f64() * 1e3
+            );
         }
         calls.push(call);
         pauses.push(pause);
