@@ -116,9 +116,8 @@ impl Admin for AdminService {
         }
     }
 
-    /// Leader transfer as written for openraft 0.9, which had no transfer primitive: the leader stops
-    /// sending heartbeats so the followers' leader lease expires, and asks the target to
-    /// start an election, which it wins if its log is up to date.
+    /// Leader transfer to the named voter, or to the most caught-up one
+    /// (`consensus::transfer_leadership`).
     async fn transfer_leader(&self, request: Request<proto::TransferLeaderRequest>) -> Result<Response<proto::MembershipResponse>, Status> {
         let forwarded = was_forwarded(&request);
         let caller = caller(&request)?;
@@ -144,38 +143,14 @@ impl Admin for AdminService {
         if target.node_id == c.id {
             return Ok(self.membership_response());
         }
-        let channel = c.channels.get(&target.address).map_err(Status::internal)?;
-        consensus::hold_leadership(&c.raft, &c.elections, true);
-        let lease = consensus::leader_lease(&c.raft);
-        let deadline = tokio::time::Instant::now() + lease * 10;
-        let mut moved = false;
-        tokio::time::sleep(lease).await;
-        while tokio::time::Instant::now() < deadline {
-            let _ = AdminClient::new(channel.clone()).trigger_election(proto::ClusterStatusRequest {}).await;
-            tokio::time::sleep(lease / 2).await;
-            if c.leader().is_some_and(|(id, _)| id != c.id) {
-                moved = true;
-                break;
-            }
-        }
-        consensus::hold_leadership(&c.raft, &c.elections, false);
-        if !moved {
-            return Err(Status::unavailable(format!("node {} did not take over leadership in time", target.node_id)));
-        }
+        // Ten election timeouts: the target stands at once, or the others elect after one.
+        let within = Duration::from_millis(c.raft.config().election_timeout_max) * 10;
+        consensus::transfer_leadership(&c.raft, c.id, target.node_id, within).await.map_err(|e| Status::unavailable(e.to_string()))?;
         Ok(self.membership_response())
     }
 
     async fn compact(&self, request: Request<proto::CompactRequest>) -> Result<Response<proto::CompactResponse>, Status> {
         require_admin(&caller(&request)?, "Compact")?;
         Ok(Response::new(self.controller.compact().await?))
-    }
-
-    async fn trigger_election(
-        &self,
-        request: Request<proto::ClusterStatusRequest>,
-    ) -> Result<Response<proto::ClusterStatusResponse>, Status> {
-        require_admin(&caller(&request)?, "TriggerElection")?;
-        consensus::elect(&self.controller.raft).await.map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(self.controller.status()))
     }
 }

@@ -517,6 +517,16 @@ mod tests {
         async fn install_snapshot(&self, _: tonic::Request<RaftPayload>) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
             Err(tonic::Status::unimplemented("not in this test"))
         }
+
+        /// A follower that has not flushed the leader's last entry: it says so, as
+        /// `Raft::handle_transfer_leader` does.
+        async fn transfer_leader(&self, request: tonic::Request<RaftPayload>) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+            let req: TransferLeaderRequest<TypeConfig> = serde_json::from_slice(&request.into_inner().data).unwrap();
+            let not_flushed: TransferLeaderResponse<TypeConfig> =
+                Err(openraft::raft::TransferLeaderError::LogNotFlushed { expected: req.last_log_id().cloned(), actual: None });
+            let answer: Result<_, openraft::error::Fatal<TypeConfig>> = Ok(not_flushed);
+            Ok(tonic::Response::new(RaftPayload { data: serde_json::to_vec(&answer).unwrap(), ..Default::default() }))
+        }
     }
 
     /// The acknowledgements of one `stream_append` of `requests` to `network`.
@@ -575,5 +585,18 @@ mod tests {
         let mut network = network_to(Follower { has_stream: true, unary_calls, streams_opened: streams_opened.clone() }).await;
         assert_eq!(stream(&mut network, Vec::new()).await, Ok(Vec::new()));
         assert_eq!(count(&streams_opened), 0);
+    }
+
+    /// The leader's transfer request reaches the peer whole and the peer's answer comes back
+    /// as it was given (the cluster test `membership_add_promote_remove_and_leader_transfer`
+    /// runs a real transfer).
+    #[tokio::test]
+    async fn a_transfer_request_and_its_answer_cross_the_wire_unchanged() {
+        let (unary_calls, streams_opened) = (counter(), counter());
+        let mut network = network_to(Follower { has_stream: true, unary_calls, streams_opened }).await;
+        let req = TransferLeaderRequest::new(Vote::new_committed(2, 1), 2, Some(log_id(2, 40)));
+        let answer = network.transfer_leader(req, RPCOption::new(Duration::from_secs(5))).await.unwrap();
+        let expected = openraft::raft::TransferLeaderError::LogNotFlushed { expected: Some(log_id(2, 40)), actual: None };
+        assert_eq!(answer, Err(expected));
     }
 }

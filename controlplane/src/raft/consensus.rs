@@ -231,21 +231,19 @@ pub async fn stopped(raft: &Raft) -> String {
     }
 }
 
-/// Holds (or resumes) this leader's heartbeats and its own elections, for a leader
-/// transfer: written for openraft 0.9, which had no transfer primitive (0.10's would need
-/// the peers' transfer RPC, which they do not serve yet), so the leader falls silent until the
-/// followers' lease ([`leader_lease`]) expires and the target is asked to elect itself.
-pub fn hold_leadership(raft: &Raft, elections: &super::ElectionGate, hold: bool) {
-    raft.runtime_config().heartbeat(!hold);
-    elections.hold(super::Hold::Transfer, hold);
-}
-
-/// How long followers keep following a silent leader.
-pub fn leader_lease(raft: &Raft) -> Duration {
-    Duration::from_millis(raft.config().election_timeout_max)
-}
-
-/// Makes this node start an election now.
-pub async fn elect(raft: &Raft) -> Result<(), ConsensusError> {
-    raft.trigger().elect(false).await.map_err(|e| ConsensusError::Unavailable(e.to_string()))
+/// Hands leadership from this leader to `to` with openraft's transfer (the Raft thesis,
+/// Sec. 3.10): the leader stops taking writes (they are sent on to `to`) and its heartbeats,
+/// tells every voter, and `to`, once its log holds the leader's last entry, stands at once
+/// in an election the others vote in without waiting out the leader's lease. Returns the
+/// new leader (another than `to` if `to` could not stand and the others elected one after
+/// their election timeout), or `Unavailable` when none is known within `within`.
+pub async fn transfer_leadership(raft: &Raft, own_id: NodeId, to: NodeId, within: Duration) -> Result<NodeId, ConsensusError> {
+    let mut server = raft.server_metrics();
+    raft.trigger().transfer_leader(to).await.map_err(|e| ConsensusError::Unavailable(e.to_string()))?;
+    let handed_over = server.wait_until(|m| m.current_leader.is_some_and(|l| l != own_id));
+    match tokio::time::timeout(within, handed_over).await {
+        Ok(Ok(m)) => Ok(m.current_leader.unwrap_or(to)),
+        Ok(Err(_)) => Err(ConsensusError::Unavailable(stopped(raft).await)),
+        Err(_) => Err(ConsensusError::Unavailable(format!("node {to} did not take over leadership within {within:?}"))),
+    }
 }

@@ -1,11 +1,10 @@
 //! When this node may stand for election: openraft's one switch (`RuntimeConfig::elect`),
-//! owned here for the three reasons to hold it, so that one reason ending does not lift
-//! another.
+//! owned here for the two reasons to hold it, so that one reason ending does not lift
+//! the other. (A leader transfer's election is openraft's own and does not pass the switch:
+//! `consensus::transfer_leadership`.)
 //!
 //! * [`Hold::Start`]: a starting node waits to hear from a leader first, up to a bound
 //!   (`RaftSettings::hold_elections_on_start`).
-//! * [`Hold::Transfer`]: a leader handing over stays out of the election it asks for
-//!   (`consensus::hold_leadership`).
 //! * [`Hold::SplitVote`]: a candidate whose round has not ended stands again at a random
 //!   moment of its own, off openraft's ticks. Written for openraft 0.9 (0.10 draws the
 //!   timeout for every election and ticks every fifth of a heartbeat; the breaker stays
@@ -41,7 +40,6 @@ type ServerMetrics = openraft::type_config::alias::WatchReceiverOf<TypeConfig, o
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hold {
     Start,
-    Transfer,
     SplitVote,
 }
 
@@ -49,8 +47,7 @@ impl Hold {
     fn bit(self) -> u8 {
         match self {
             Hold::Start => 1,
-            Hold::Transfer => 2,
-            Hold::SplitVote => 4,
+            Hold::SplitVote => 2,
         }
     }
 }
@@ -222,14 +219,14 @@ mod tests {
         assert!(!holds.set(Hold::SplitVote, true));
         // The split-vote hold ends during the start hold: still held.
         assert!(!holds.set(Hold::SplitVote, false));
-        assert!(!holds.set(Hold::Transfer, true));
+        assert!(!holds.set(Hold::SplitVote, true));
         assert!(!holds.set(Hold::Start, false));
-        assert!(holds.set(Hold::Transfer, false));
+        assert!(holds.set(Hold::SplitVote, false));
         // Lifting a reason that was not set changes nothing.
         assert!(holds.set(Hold::Start, false));
-        assert!(!holds.set(Hold::Transfer, true));
-        assert!(!holds.set(Hold::Transfer, true), "setting twice, then lifting once, lifts it");
-        assert!(holds.set(Hold::Transfer, false));
+        assert!(!holds.set(Hold::SplitVote, true));
+        assert!(!holds.set(Hold::SplitVote, true), "setting twice, then lifting once, lifts it");
+        assert!(holds.set(Hold::SplitVote, false));
     }
 
     #[test]

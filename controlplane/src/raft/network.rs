@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use openraft::error::{NetworkError, RPCError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
+};
 use openraft_legacy::network_v1::{Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork};
 use proto::raft_service_client::RaftServiceClient;
 use proto::RaftPayload;
@@ -127,6 +129,7 @@ enum Rpc {
     Append,
     Vote,
     Snapshot,
+    TransferLeader,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -165,11 +168,13 @@ impl PeerClient {
         self.client()?.append_entries_stream(requests).await.map(tonic::Response::into_inner)
     }
 
-    async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<TypeConfig, RaftError<E>>>
-    where
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
+    /// One unary call within `ttl`: the answer's JSON.
+    async fn send<E: std::error::Error>(
+        &mut self,
+        rpc: Rpc,
+        payload: RaftPayload,
+        ttl: Duration,
+    ) -> Result<Vec<u8>, RPCError<TypeConfig, E>> {
         let mut client = self.client().map_err(|status| status_error(&self.name(), &status))?;
         let mut request = tonic::Request::new(payload);
         request.set_timeout(ttl);
@@ -177,10 +182,19 @@ impl PeerClient {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
+            Rpc::TransferLeader => client.transfer_leader(request).await,
         };
         let payload = result.map_err(|status| status_error(&self.name(), &status))?;
-        let decoded: Result<Resp, RaftError<E>> =
-            serde_json::from_slice(&payload.into_inner().data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        Ok(payload.into_inner().data)
+    }
+
+    async fn call<Resp, E>(&mut self, rpc: Rpc, payload: RaftPayload, ttl: Duration) -> Result<Resp, RPCError<TypeConfig, RaftError<E>>>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let data = self.send(rpc, payload, ttl).await?;
+        let decoded: Result<Resp, RaftError<E>> = serde_json::from_slice(&data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         decoded.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -242,6 +256,21 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         let reply: VoteResponse<TypeConfig> = self.call(Rpc::Vote, json_payload(&rpc)?, option.hard_ttl()).await?;
         self.vote_replies.note(&rpc, &reply);
         Ok(reply)
+    }
+
+    /// openraft's leader transfer (`api::admin_service`'s `transfer_leader`). A peer whose
+    /// Raft has stopped is unreachable, as in the AppendEntries stream.
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let network_error = |e: serde_json::Error| RPCError::Network(NetworkError::new(&e));
+        let payload = RaftPayload { data: serde_json::to_vec(&rpc).map_err(network_error)?, ..Default::default() };
+        let data = self.send(Rpc::TransferLeader, payload, option.hard_ttl()).await?;
+        let answer: Result<TransferLeaderResponse<TypeConfig>, openraft::error::Fatal<TypeConfig>> =
+            serde_json::from_slice(&data).map_err(network_error)?;
+        answer.map_err(|fatal| RPCError::Unreachable(Unreachable::new(&fatal)))
     }
 }
 

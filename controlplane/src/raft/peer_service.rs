@@ -102,6 +102,11 @@ impl RaftService for RaftPeerService {
             .map_err(|e| Status::invalid_argument(format!("malformed raft payload: {e}")))?;
         encode(&self.raft.install_snapshot(rpc).await)
     }
+
+    async fn transfer_leader(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc = decode(request.into_inner())?;
+        encode(&self.raft.handle_transfer_leader(rpc).await)
+    }
 }
 
 #[cfg(test)]
