@@ -1,6 +1,7 @@
 //! The fault schedule, drawn from the seed: crashes and restarts, symmetric and one-way
 //! partitions, a leader cut off from its followers (still reachable by agents and
-//! clients), link failures (message loss), message delay and slow disks. Each fault starts
+//! clients), link failures (message loss), message delay, slow disks and planned leader
+//! transfers (`gpuctl cluster transfer`). Each fault starts
 //! at a time within the fault window and ends after a drawn duration; everything is healed
 //! when the window closes.
 
@@ -28,6 +29,9 @@ pub enum Fault {
     Delay { max_ms: u64 },
     /// Controller `node`'s log writes take `delay_ms` longer.
     SlowDisk { node: u64, delay_ms: u64 },
+    /// Whoever leads when the fault starts hands leadership to controller `to` (openraft's
+    /// transfer, as `gpuctl cluster transfer` asks for it); over by itself.
+    TransferLeader { to: u64 },
 }
 
 impl Fault {
@@ -41,11 +45,20 @@ impl Fault {
             Fault::Loss { .. } => "message-loss",
             Fault::Delay { .. } => "message-delay",
             Fault::SlowDisk { .. } => "slow-disk",
+            Fault::TransferLeader { .. } => "leader-transfer",
         }
     }
 
-    pub const KINDS: [&'static str; 7] =
-        ["crash-restart", "partition", "one-way-partition", "leader-isolated", "message-loss", "message-delay", "slow-disk"];
+    pub const KINDS: [&'static str; 8] = [
+        "crash-restart",
+        "partition",
+        "one-way-partition",
+        "leader-isolated",
+        "message-loss",
+        "message-delay",
+        "slow-disk",
+        "leader-transfer",
+    ];
 }
 
 impl fmt::Display for Fault {
@@ -58,6 +71,7 @@ impl fmt::Display for Fault {
             Fault::Loss { fail_rate_percent } => write!(f, "link failures at {fail_rate_percent}%"),
             Fault::Delay { max_ms } => write!(f, "message delay up to {max_ms} ms"),
             Fault::SlowDisk { node, delay_ms } => write!(f, "slow disk on c{node} (+{delay_ms} ms per write)"),
+            Fault::TransferLeader { to } => write!(f, "the leader hands over to c{to}"),
         }
     }
 }
@@ -76,7 +90,7 @@ pub fn schedule(rng: &mut SmallRng, members: u64, window: Duration, count: usize
     let mut faults: Vec<Scheduled> = (0..count)
         .map(|_| {
             let node = rng.random_range(1..=members);
-            let fault = match rng.random_range(0..7) {
+            let fault = match rng.random_range(0..8) {
                 0 => Fault::Crash { node },
                 1 => Fault::Isolate { node },
                 2 => {
@@ -87,7 +101,8 @@ pub fn schedule(rng: &mut SmallRng, members: u64, window: Duration, count: usize
                 3 => Fault::IsolateLeader,
                 4 => Fault::Loss { fail_rate_percent: rng.random_range(1..=5) },
                 5 => Fault::Delay { max_ms: rng.random_range(20..=300) },
-                _ => Fault::SlowDisk { node, delay_ms: rng.random_range(20..=400) },
+                6 => Fault::SlowDisk { node, delay_ms: rng.random_range(20..=400) },
+                _ => Fault::TransferLeader { to: node },
             };
             // Starts in the first 80% of the window; heal-all closes it anyway.
             let at = Duration::from_millis(rng.random_range(500..window_ms * 4 / 5));

@@ -129,6 +129,8 @@ enum Undo {
     FailRate,
     Latency,
     Disk(u64),
+    /// Nothing: the fault is over by itself.
+    Nothing,
 }
 
 /// What the trace notes of a controller's Raft: term, leader, last log index, applied index.
@@ -235,6 +237,17 @@ impl Run<'_> {
                 self.disks[&node].set_write_delay(Duration::from_millis(delay_ms));
                 Some(Undo::Disk(node))
             }
+            Fault::TransferLeader { to } => {
+                let leader = self.leader()?;
+                if leader.id == to || self.crashed.contains(&to) {
+                    return None;
+                }
+                // Queues the command for the leader's Raft core, which acts on it when the
+                // simulation steps its host. Not waited for: with the core's queue full, or its
+                // core stopped, the fault does not apply now.
+                futures::FutureExt::now_or_never(leader.raft.trigger().transfer_leader(to))?.ok()?;
+                Some(Undo::Nothing)
+            }
         }
     }
 
@@ -253,6 +266,7 @@ impl Run<'_> {
             Undo::FailRate => self.sim.set_fail_rate(0.0),
             Undo::Latency => self.sim.set_max_message_latency(MAX_LATENCY),
             Undo::Disk(id) => self.disks[&id].set_write_delay(Duration::ZERO),
+            Undo::Nothing => {}
         }
     }
 
