@@ -58,7 +58,7 @@ pub struct Injection {
 /// What a process printed when it stopped: its own last words (`controlplane: ...`), or
 /// its panic message, or its last error lines; without terminal colours.
 pub fn stop_message(log: &str) -> String {
-    let plain = strip_ansi(log);
+    let plain = devcluster::process::strip_ansi(log);
     let lines: Vec<&str> = plain.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     if let Some(own) = lines.iter().rev().find(|l| l.starts_with("controlplane: ")) {
         return own.to_string();
@@ -69,24 +69,6 @@ pub fn stop_message(log: &str) -> String {
     let errors: Vec<&str> = lines.iter().copied().filter(|l| l.contains("ERROR")).collect();
     let pick = if errors.is_empty() { &lines[lines.len().saturating_sub(2)..] } else { &errors[errors.len().saturating_sub(2)..] };
     pick.join(" | ")
-}
-
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // CSI: ESC [ parameters final-letter
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 pub fn signal(pid: u32, sig: libc::c_int) -> Result<(), String> {

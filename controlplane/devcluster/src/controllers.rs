@@ -179,6 +179,12 @@ impl Controllers {
         }
     }
 
+    /// Stops controller `id` as an operator or an orchestrator does (SIGTERM), waiting up to
+    /// `within` before killing it; its exit status if it exited by itself.
+    pub fn terminate(&mut self, id: u64, within: std::time::Duration) -> Option<ExitStatus> {
+        self.members.get_mut(&id).and_then(|m| m.proc.take())?.terminate(within)
+    }
+
     /// Controller `id`'s exit status and log once it has exited on its own.
     pub fn exited(&mut self, id: u64) -> Option<(ExitStatus, String)> {
         let member = self.members.get_mut(&id)?;

@@ -22,6 +22,25 @@ pub fn run_at_nice(cmd: &mut Command, nice: i32) {
     }
 }
 
+/// `text` without its terminal colour codes: the controllers' and agents' log lines have
+/// them (CSI sequences: ESC [ parameters, then a letter).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A child process, killed (SIGKILL) on drop unless released.
 pub struct Proc {
     child: Option<Child>,
@@ -56,6 +75,23 @@ impl Proc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Asks the process to stop (SIGTERM) and waits up to `within` for it to exit; kills it
+    /// (SIGKILL) after that. Its exit status, if it exited by itself.
+    pub fn terminate(&mut self, within: std::time::Duration) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).stderr(Stdio::null()).status();
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = c.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
     }
 
     /// Leaves the process running after its owner is dropped (`gpuctl demo --keep-running`).

@@ -1,6 +1,6 @@
 //! Benchmark of the replicated controller: 3 controller processes on loopback, each with its own data dir.
 //!
-//!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20] [--transfers 20]
+//!   cargo run --release -p devcluster --bin raft-bench -- [--seconds 5] [--kills 20] [--transfers 20] [--restarts 10]
 //!
 //! Prints committed writes per second, write latency (p50, p99) and the controllers' CPU
 //! per write with 1 and 64 concurrent clients, then the leader failover time (SIGKILL of the leader process to the
@@ -8,7 +8,9 @@
 //! the writes a background client had acknowledged across the kills were lost (must be 0),
 //! then planned leader transfers (`gpuctl cluster transfer`, as a rolling upgrade does one
 //! controller at a time): how long the call takes and the longest pause in a writer's
-//! acknowledgements around it, as the median and maximum over `--transfers` transfers.
+//! acknowledgements around it, as the median and maximum over `--transfers` transfers; and
+//! last, a rolling restart's steps: the leader stopped with SIGTERM and started again, how
+//! long it took to exit and the writer's longest pause, over `--restarts` restarts.
 //! The load's clients run on a runtime with as many threads as compare-etcd.sh gives wrk
 //! against etcd: one for 1 client, two for 64.
 
@@ -30,6 +32,9 @@ struct Args {
     /// Planned leader transfers for the hand-over measurement.
     #[arg(long, default_value_t = 20)]
     transfers: usize,
+    /// Leader restarts (SIGTERM, then started again) for the rolling-restart measurement.
+    #[arg(long, default_value_t = 10)]
+    restarts: usize,
     /// Concurrency levels to measure.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
@@ -238,15 +243,7 @@ async fn main() {
         elections.push(election);
         cluster.start(leader, leader == 1).expect("restarting the killed controller");
         // Let the restarted node catch up before the next kill.
-        let restarted = Client::new(vec![cluster.addr(leader).to_string()]);
-        loop {
-            if let (Ok(s), Ok(l)) = (restarted.node_status(cluster.addr(leader)).await, client.cluster_status().await) {
-                if s.leader_id != 0 && s.applied_index >= l.commit_index {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        caught_up(&cluster, &client, leader).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (attempted, acked) = background.await.expect("background writer");
@@ -277,59 +274,80 @@ async fn main() {
         );
     }
     transfers(&client, &endpoints, args.transfers).await;
+    restarts(&mut cluster, &client, &endpoints, args.restarts).await;
 }
 
-/// Planned transfers: a writer writes one resource after another while the leader is asked
-/// to hand over; the longest gap between two of its acknowledgements that spans the
-/// transfer is the writes' pause (a write at 1.3 ms takes the place of none).
-async fn transfers(client: &Client, endpoints: &[String], count: usize) {
-    if count == 0 {
-        return;
+/// One writer writing one resource after another, recording when each write was
+/// acknowledged; [`PauseWriter::pause_since`] is the longest gap between two of them that
+/// spans a moment (a write at 1.3 ms takes the place of none).
+struct PauseWriter {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Instant>>,
+}
+
+impl PauseWriter {
+    fn start(endpoints: &[String]) -> PauseWriter {
+        let fast = RetryPolicy { attempts: 10_000, backoff: Duration::from_millis(2), timeout: Duration::from_millis(300) };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (until, writer) = (stop.clone(), Client::new(endpoints.to_vec()).with_retry(fast));
+        let task = tokio::spawn(async move {
+            let mut acks = Vec::new();
+            let mut i = 0u64;
+            while !until.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                if writer.put(service("pause", 1.0 + i as f64), proto::WriteMode::Unspecified).await.is_ok() {
+                    acks.push(Instant::now());
+                }
+            }
+            acks
+        });
+        PauseWriter { stop, task }
     }
-    let fast = RetryPolicy { attempts: 10_000, backoff: Duration::from_millis(2), timeout: Duration::from_millis(300) };
+
+    /// Stops the writer; its longest pause that ends after `since` (to now, when nothing
+    /// was acknowledged after `since`).
+    async fn pause_since(self, since: Instant) -> Duration {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut acks = self.task.await.expect("the writer");
+        if acks.last().is_none_or(|last| *last < since) {
+            acks.push(Instant::now());
+        }
+        acks.windows(2).filter(|w| w[1] >= since).map(|w| w[1] - w[0]).max().unwrap_or_default()
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs_f64()
+}
+
+/// Planned transfers: the leader is asked to hand over while a [`PauseWriter`] writes.
+async fn transfers(client: &Client, endpoints: &[String], count: usize) {
     let (mut calls, mut pauses) = (Vec::new(), Vec::new());
     for k in 0..count {
         let before = leader_of(client).await;
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writer = {
-            let (stop, writer) = (stop.clone(), Client::new(endpoints.to_vec()).with_retry(fast.clone()));
-            tokio::spawn(async move {
-                let mut acks = Vec::new();
-                let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    i += 1;
-                    if writer.put(service("transfer", 1.0 + i as f64), proto::WriteMode::Unspecified).await.is_ok() {
-                        acks.push(Instant::now());
-                    }
-                }
-                acks
-            })
-        };
+        let writer = PauseWriter::start(endpoints);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let asked = Instant::now();
         let outcome = client.transfer_leader(0).await;
         let call = asked.elapsed();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let mut acks = writer.await.expect("the transfer's writer");
-        if acks.last().is_none_or(|last| *last < asked) {
-            // Nothing acknowledged since the request: the pause lasts to the end.
-            acks.push(Instant::now());
-        }
+        let pause = writer.pause_since(asked).await;
         if let Err(e) = outcome {
             println!("  transfer {}: refused: {}", k + 1, e.message());
             continue;
         }
         let after = leader_of(client).await;
-        let pause = acks.windows(2).filter(|w| w[1] >= asked).map(|w| w[1] - w[0]).max().unwrap_or_default();
         if after == before || call > SLOW_TRANSFER || pause > SLOW_TRANSFER {
-            let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             println!(
                 "  transfer {} (ended at Unix time {:.3}): controller-{before} to controller-{after}, the call {:.0}ms, the pause {:.0}ms",
                 k + 1,
-                unix.as_secs_f64(),
-                call.as_secs_f64() * 1e3,
-                pause.as_secs_f64() * 1e3
+                unix_now(),
+                ms(call),
+                ms(pause)
             );
         }
         calls.push(call);
@@ -340,7 +358,6 @@ async fn transfers(client: &Client, endpoints: &[String], count: usize) {
     if calls.is_empty() {
         return;
     }
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
         "planned leader transfer, {} transfers: the call median {:.0}ms, max {:.0}ms; a writer's longest pause median {:.0}ms, max {:.0}ms",
         calls.len(),
@@ -349,4 +366,57 @@ async fn transfers(client: &Client, endpoints: &[String], count: usize) {
         ms(percentile(&pauses, 0.5)),
         ms(pauses[pauses.len() - 1])
     );
+}
+
+/// A rolling restart's step: the leader is stopped with SIGTERM, as an orchestrator stops
+/// it, while a [`PauseWriter`] writes, and is started again once it has exited.
+async fn restarts(cluster: &mut Controllers, client: &Client, endpoints: &[String], count: usize) {
+    let (mut stops, mut pauses, mut unclean) = (Vec::new(), Vec::new(), 0);
+    for k in 0..count {
+        let leader = leader_of(client).await;
+        let writer = PauseWriter::start(endpoints);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let asked = Instant::now();
+        let exited = tokio::task::block_in_place(|| cluster.terminate(leader, Duration::from_secs(10)));
+        let stop = asked.elapsed();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pause = writer.pause_since(asked).await;
+        if !exited.is_some_and(|s| s.success()) {
+            unclean += 1;
+            println!("  restart {}: controller-{leader} did not exit cleanly within 10 s: {exited:?}", k + 1);
+        }
+        if pause > SLOW_TRANSFER {
+            println!("  restart {} (ended at Unix time {:.3}): controller-{leader}, the pause {:.0}ms", k + 1, unix_now(), ms(pause));
+        }
+        stops.push(stop);
+        pauses.push(pause);
+        cluster.start(leader, leader == 1).expect("restarting the stopped controller");
+        caught_up(cluster, client, leader).await;
+    }
+    stops.sort();
+    pauses.sort();
+    if stops.is_empty() {
+        return;
+    }
+    println!(
+        "leader stopped with SIGTERM and restarted, {} times: SIGTERM to exit median {:.0}ms, max {:.0}ms; a writer's longest pause median {:.0}ms, max {:.0}ms; {unclean} not clean",
+        stops.len(),
+        ms(percentile(&stops, 0.5)),
+        ms(stops[stops.len() - 1]),
+        ms(percentile(&pauses, 0.5)),
+        ms(pauses[pauses.len() - 1])
+    );
+}
+
+/// Waits until restarted controller `id` knows the leader and has applied what it committed.
+async fn caught_up(cluster: &Controllers, client: &Client, id: u64) {
+    let restarted = Client::new(vec![cluster.addr(id).to_string()]);
+    loop {
+        if let (Ok(s), Ok(l)) = (restarted.node_status(cluster.addr(id)).await, client.cluster_status().await) {
+            if s.leader_id != 0 && s.applied_index >= l.commit_index {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
