@@ -198,6 +198,25 @@ impl Controller {
         consensus::read_index(&self.raft).await.map_err(|e| api_error(e, "request"))
     }
 
+    /// The voter this leader would hand over to: `to` when it is another voter (0: the other
+    /// voter that has matched the most of the log); `None` when there is no such voter.
+    pub fn transfer_target(&self, to: NodeId) -> Option<NodeId> {
+        let m = self.raft_status();
+        let others = m.voters.iter().copied().filter(|v| *v != self.id);
+        if to != 0 {
+            return others.into_iter().find(|v| *v == to);
+        }
+        others.max_by_key(|v| m.matched.get(v).copied().flatten())
+    }
+
+    /// Hands this leader's leadership to voter `to` (`consensus::transfer_leadership`),
+    /// waiting up to ten election timeouts: the target stands at once, or the others elect
+    /// after one. The new leader's id.
+    pub async fn transfer_leadership(&self, to: NodeId) -> Result<NodeId, ApiError> {
+        let within = Duration::from_millis(self.raft.config().election_timeout_max) * 10;
+        consensus::transfer_leadership(&self.raft, self.id, to, within).await.map_err(|e| api_error(e, "to_node_id"))
+    }
+
     pub fn status(&self) -> proto::ClusterStatusResponse {
         let m = self.raft_status();
         let leader = m.leader_with_addr();

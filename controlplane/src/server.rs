@@ -101,6 +101,25 @@ impl RunningNode {
         self.stop().await;
     }
 
+    /// As [`Self::shutdown`], but a leader first hands leadership to the most caught-up
+    /// other voter (as etcd's leader does when it stops), so that a rolling restart pauses
+    /// writes for the transfer (milliseconds) instead of a failover (the followers' lease
+    /// and election timeout). Still serving meanwhile; if the transfer does not complete
+    /// within ten election timeouts, it stops anyway.
+    pub async fn hand_over_and_shutdown(self) {
+        let c = &self.controller;
+        if c.is_leader() {
+            match c.transfer_target(0) {
+                None => tracing::info!("stopping as leader: no other voter to hand over to"),
+                Some(to) => match c.transfer_leadership(to).await {
+                    Ok(leader) => tracing::info!(to, leader, "handed leadership over before stopping"),
+                    Err(e) => tracing::warn!(to, error = %e, "stopping as leader: the hand-over did not complete"),
+                },
+            }
+        }
+        self.shutdown().await;
+    }
+
     async fn stop(&mut self) {
         // Agents' streams end from here on because this controller stops, not their agents.
         self.stop_relays();

@@ -195,3 +195,27 @@ fn gpuctl_certs_secure_a_controller_and_gpuctl_needs_an_identity() {
     assert!(!bare.status.success() && String::from_utf8_lossy(&bare.stderr).contains("--ca"));
     assert!(!gpuctl(std::slice::from_ref(&addr), &["get", "gpumodels"]).status.success());
 }
+
+/// SIGTERM, as an orchestrator stops a controller in a rolling restart, makes a leader hand
+/// leadership to a follower before it exits: it exits cleanly, its log names the new
+/// leader, and that follower leads.
+#[test]
+fn a_leader_stopped_with_sigterm_hands_over_before_it_exits() {
+    let mut cluster = Cluster::start();
+    let out = gpuctl(&cluster.servers(), &["apply", "-f", &sample()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let leader = cluster.leader();
+    let exited = cluster.controllers.terminate(leader, Duration::from_secs(20));
+    assert!(exited.is_some_and(|s| s.success()), "controller {leader} did not exit cleanly: {exited:?}");
+    let log =
+        devcluster::process::strip_ansi(&std::fs::read_to_string(cluster.dir.path().join(format!("controller-{leader}.log"))).unwrap());
+    let line = log.lines().find(|l| l.contains("handed leadership over before stopping")).unwrap_or_else(|| panic!("no hand-over:\n{log}"));
+    let new_leader: u64 =
+        line.split("leader=").nth(1).and_then(|rest| rest.split_whitespace().next()).and_then(|id| id.parse().ok()).unwrap();
+    assert_ne!(new_leader, leader, "{line}");
+    assert_eq!(cluster.leader(), new_leader);
+    // The cluster takes writes without the stopped controller.
+    let m = write_manifest(cluster.dir.path(), "after.yaml", &service_manifest("after-handover"));
+    let out = gpuctl(&cluster.servers(), &["apply", "-f", &m]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

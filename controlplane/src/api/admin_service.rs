@@ -9,7 +9,7 @@ use super::access::require_admin;
 use super::errors::ApiError;
 use super::forward::{forwarded_request, to_leader, was_forwarded};
 use crate::controller::Controller;
-use crate::raft::{consensus, Node};
+use crate::raft::Node;
 use crate::resources::{ErrorCode, FieldError};
 use crate::security::caller;
 
@@ -131,21 +131,13 @@ impl Admin for AdminService {
             })
             .await;
         }
-        let status = c.status();
-        let target = if req.to_node_id != 0 {
-            status.members.iter().find(|m| m.node_id == req.to_node_id && m.voter)
-        } else {
-            status.members.iter().filter(|m| m.voter && m.node_id != c.id).max_by_key(|m| m.matched_index)
-        };
-        let Some(target) = target.cloned() else {
-            return Err(ApiError::from(FieldError::new(ErrorCode::FailedPrecondition, "to_node_id", "no such voter to transfer to")).into());
-        };
-        if target.node_id == c.id {
+        if req.to_node_id == c.id {
             return Ok(self.membership_response());
         }
-        // Ten election timeouts: the target stands at once, or the others elect after one.
-        let within = Duration::from_millis(c.raft.config().election_timeout_max) * 10;
-        consensus::transfer_leadership(&c.raft, c.id, target.node_id, within).await.map_err(|e| Status::unavailable(e.to_string()))?;
+        let Some(target) = c.transfer_target(req.to_node_id) else {
+            return Err(ApiError::from(FieldError::new(ErrorCode::FailedPrecondition, "to_node_id", "no such voter to transfer to")).into());
+        };
+        c.transfer_leadership(target).await?;
         Ok(self.membership_response())
     }
 

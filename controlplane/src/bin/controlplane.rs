@@ -235,8 +235,9 @@ async fn run_dev(args: &Args) -> anyhow::Result<()> {
     serve_until_signal(nodes).await
 }
 
-/// Serves until SIGINT/SIGTERM, or exits with an error when Raft stops on a fatal error
-/// such as a storage fault (a node that cannot persist must not keep serving).
+/// Serves until SIGINT/SIGTERM (a lone controller that leads hands leadership over first),
+/// or exits with an error when Raft stops on a fatal error such as a storage fault (a node
+/// that cannot persist must not keep serving).
 async fn serve_until_signal(nodes: Vec<RunningNode>) -> anyhow::Result<()> {
     let fatal = futures::future::select_all(nodes.iter().map(|n| Box::pin(n.fatal())));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -248,8 +249,15 @@ async fn serve_until_signal(nodes: Vec<RunningNode>) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+    // A controller of its own hands leadership over first; the development cluster's nodes
+    // all stop together, so none would be left to take it.
+    let hand_over = nodes.len() == 1;
     for n in nodes {
-        n.shutdown().await;
+        if hand_over {
+            n.hand_over_and_shutdown().await;
+        } else {
+            n.shutdown().await;
+        }
     }
     Ok(())
 }
