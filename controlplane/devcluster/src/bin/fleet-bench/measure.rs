@@ -62,6 +62,9 @@ pub async fn fan_out(observed: &Observed, since: Instant, quiet_s: f64, timeout:
     }
 }
 
+/// How many times the Node watch resumes after its stream ends or breaks.
+const MAX_WATCH_RESUMES: u32 = 5;
+
 /// What a Node watch saw, from now on: when nodes' statuses turned unhealthy, and when each
 /// node's status last showed a new applied version.
 #[derive(Default)]
@@ -81,17 +84,30 @@ impl NodeWatch {
         std::thread::spawn(move || {
             runtime.block_on(async move {
                 let client = Client::new(servers);
-                let mut stream = match client.watch("Node", 0).await {
-                    Ok(stream) => stream,
-                    Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
-                };
                 let mut unhealthy = std::collections::HashSet::new();
+                // The watched controller may be the one the last step replaces: the watch
+                // then resumes on another from the last revision it saw, as a client does.
+                let (mut from, mut resumed) = (0, 0);
+                let mut stream = None;
                 loop {
-                    let ev = match stream.message().await {
+                    let watching = match stream.as_mut() {
+                        Some(watching) => watching,
+                        None => match client.watch("Node", from).await {
+                            Ok(opened) => stream.insert(opened),
+                            Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
+                        },
+                    };
+                    let ev = match watching.message().await {
                         Ok(Some(ev)) => ev,
+                        _ if resumed < MAX_WATCH_RESUMES => {
+                            resumed += 1;
+                            stream = None;
+                            continue;
+                        }
                         Ok(None) => return eprintln!("the Node watch for unhealthy marks ended"),
                         Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
                     };
+                    from = from.max(ev.revision);
                     let Some(r) = ev.resource else { continue };
                     let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
                     let version = status.get("applied_version").and_then(serde_json::Value::as_u64).unwrap_or(0);
