@@ -202,9 +202,9 @@ impl Controller {
     /// voter that has matched the most of the log); `None` when there is no such voter.
     pub fn transfer_target(&self, to: NodeId) -> Option<NodeId> {
         let m = self.raft_status();
-        let others = m.voters.iter().copied().filter(|v| *v != self.id);
+        let mut others = m.voters.iter().copied().filter(|v| *v != self.id);
         if to != 0 {
-            return others.into_iter().find(|v| *v == to);
+            return others.find(|v| *v == to);
         }
         others.max_by_key(|v| m.matched.get(v).copied().flatten())
     }

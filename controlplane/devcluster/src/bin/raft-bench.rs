@@ -353,19 +353,21 @@ async fn transfers(client: &Client, endpoints: &[String], count: usize) {
         calls.push(call);
         pauses.push(pause);
     }
-    calls.sort();
-    pauses.sort();
     if calls.is_empty() {
         return;
     }
     println!(
-        "planned leader transfer, {} transfers: the call median {:.0}ms, max {:.0}ms; a writer's longest pause median {:.0}ms, max {:.0}ms",
+        "planned leader transfer, {} transfers: the call {}; a writer's longest pause {}",
         calls.len(),
-        ms(percentile(&calls, 0.5)),
-        ms(calls[calls.len() - 1]),
-        ms(percentile(&pauses, 0.5)),
-        ms(pauses[pauses.len() - 1])
+        median_and_max(calls),
+        median_and_max(pauses)
     );
+}
+
+/// "median Nms, max Nms" of `times` (not empty).
+fn median_and_max(mut times: Vec<Duration>) -> String {
+    times.sort();
+    format!("median {:.0}ms, max {:.0}ms", ms(percentile(&times, 0.5)), ms(times[times.len() - 1]))
 }
 
 /// A rolling restart's step: the leader is stopped with SIGTERM, as an orchestrator stops
@@ -393,18 +395,14 @@ async fn restarts(cluster: &mut Controllers, client: &Client, endpoints: &[Strin
         cluster.start(leader, leader == 1).expect("restarting the stopped controller");
         caught_up(cluster, client, leader).await;
     }
-    stops.sort();
-    pauses.sort();
     if stops.is_empty() {
         return;
     }
     println!(
-        "leader stopped with SIGTERM and restarted, {} times: SIGTERM to exit median {:.0}ms, max {:.0}ms; a writer's longest pause median {:.0}ms, max {:.0}ms; {unclean} not clean",
+        "leader stopped with SIGTERM and restarted, {} times: SIGTERM to exit {}; a writer's longest pause {}; {unclean} not clean",
         stops.len(),
-        ms(percentile(&stops, 0.5)),
-        ms(stops[stops.len() - 1]),
-        ms(percentile(&pauses, 0.5)),
-        ms(pauses[pauses.len() - 1])
+        median_and_max(stops),
+        median_and_max(pauses)
     );
 }
 

@@ -87,47 +87,54 @@ impl NodeWatch {
                 let mut unhealthy = std::collections::HashSet::new();
                 // The watched controller may be the one the last step replaces: the watch
                 // then resumes on another from the last revision it saw, as a client does.
-                let (mut from, mut resumed) = (0, 0);
-                let mut stream = None;
+                let (mut from, mut resumes) = (0, 0);
                 loop {
-                    let watching = match stream.as_mut() {
-                        Some(watching) => watching,
-                        None => match client.watch("Node", from).await {
-                            Ok(opened) => stream.insert(opened),
-                            Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
-                        },
-                    };
-                    let ev = match watching.message().await {
-                        Ok(Some(ev)) => ev,
-                        _ if resumed < MAX_WATCH_RESUMES => {
-                            resumed += 1;
-                            stream = None;
-                            continue;
-                        }
-                        Ok(None) => return eprintln!("the Node watch for unhealthy marks ended"),
+                    let mut stream = match client.watch("Node", from).await {
+                        Ok(stream) => stream,
                         Err(e) => return eprintln!("the Node watch for unhealthy marks failed: {e}"),
                     };
-                    from = from.max(ev.revision);
-                    let Some(r) = ev.resource else { continue };
-                    let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
-                    let version = status.get("applied_version").and_then(serde_json::Value::as_u64).unwrap_or(0);
-                    {
-                        let mut applied = m.applied.lock().unwrap();
-                        let seen = applied.entry(r.name.clone()).or_insert((version, Instant::now()));
-                        if seen.0 != version {
-                            *seen = (version, Instant::now());
+                    let ended = loop {
+                        match stream.message().await {
+                            Ok(Some(ev)) => {
+                                from = from.max(ev.revision);
+                                if let Some(r) = ev.resource {
+                                    m.note(r, &mut unhealthy);
+                                }
+                            }
+                            ended => break ended,
                         }
+                    };
+                    if resumes == MAX_WATCH_RESUMES {
+                        return match ended {
+                            Err(e) => eprintln!("the Node watch for unhealthy marks failed: {e}"),
+                            Ok(_) => eprintln!("the Node watch for unhealthy marks ended"),
+                        };
                     }
-                    let is = controlplane::resources::NodeStatus::is_unhealthy(&status);
-                    if is && unhealthy.insert(r.name.clone()) {
-                        m.marks.lock().unwrap().push((r.name, Instant::now()));
-                    } else if !is {
-                        unhealthy.remove(&r.name);
-                    }
+                    resumes += 1;
                 }
             })
         });
         marks
+    }
+
+    /// One Node as the watch saw it: when its status showed a new applied version, and when
+    /// it turned unhealthy (`unhealthy`: the nodes seen unhealthy last).
+    fn note(&self, r: proto::Resource, unhealthy: &mut std::collections::HashSet<String>) {
+        let status: serde_json::Value = serde_json::from_str(&r.status_json).unwrap_or_default();
+        let version = status.get("applied_version").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        {
+            let mut applied = self.applied.lock().unwrap();
+            let seen = applied.entry(r.name.clone()).or_insert((version, Instant::now()));
+            if seen.0 != version {
+                *seen = (version, Instant::now());
+            }
+        }
+        let is = controlplane::resources::NodeStatus::is_unhealthy(&status);
+        if is && unhealthy.insert(r.name.clone()) {
+            self.marks.lock().unwrap().push((r.name, Instant::now()));
+        } else if !is {
+            unhealthy.remove(&r.name);
+        }
     }
 
     /// Seconds from `since` until the status of every agent in `held` showed the version
