@@ -184,8 +184,9 @@ impl Client {
         match batch {
             [one] => {
                 let out = self.put(one.clone(), proto::WriteMode::Unspecified).await.map_err(refused)?;
-                let version = out.resource.map_or(0, |r| r.resource_version);
-                Ok((vec![proto::Written { kind: one.kind.clone(), name: one.name.clone(), resource_version: version }], out.deduplicated))
+                let (version, created) = out.resource.map_or((0, false), |r| (r.resource_version, r.create_revision == r.mod_revision));
+                let written = proto::Written { kind: one.kind.clone(), name: one.name.clone(), resource_version: version, created };
+                Ok((vec![written], out.deduplicated))
             }
             _ => {
                 let out = self.put_many(batch.to_vec(), proto::WriteMode::Unspecified).await.map_err(refused)?;

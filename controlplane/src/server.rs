@@ -324,7 +324,8 @@ where
         elections: handle.elections.clone(),
     };
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let gates = Gatekeeper::new(&opts.security);
+    let members = handle.raft.clone();
+    let gates = Gatekeeper::new(&opts.security, Arc::new(move |id| raft::consensus::is_member(&members, id)));
     let (peer_server, peer_bound) = match listeners.peers {
         Some(listener) => {
             let bound = listener.local_addr()?;

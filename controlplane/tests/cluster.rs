@@ -18,8 +18,9 @@ async fn writes_through_any_node_replicate_and_survive_leader_kill() {
     seed(&cluster.client()).await;
     // A write sent to each node (followers forward to the leader) lands everywhere.
     for id in 1..=3 {
-        let out = cluster.client_of(id).put(service(&format!("via-{id}"), 10.0, 50.0), WriteMode::Create).await.unwrap();
-        assert_eq!(out.resource.unwrap().resource_version, 1);
+        let out = cluster.client_of(id).put(service(&format!("via-{id}"), 10.0, 50.0), WriteMode::Create).await.unwrap().resource.unwrap();
+        // A version is the log index of the change.
+        assert_eq!(out.resource_version, out.create_revision);
     }
     let revision = cluster.client().list("Service", "", false).await.unwrap().revision;
     cluster.wait_applied(revision).await;
@@ -73,7 +74,7 @@ async fn full_restart_from_data_dirs_keeps_resources_and_versions() {
     assert_eq!(names(&before), names(&after));
     assert_eq!(before.resources, after.resources);
     assert_eq!(gpu_before, client.get("GpuModel", "A100-80GB", false).await.unwrap());
-    assert!(after.resources.iter().filter(|r| r.resource_version == 2).count() == 5);
+    assert!(after.resources.iter().filter(|r| r.resource_version > r.create_revision).count() == 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -150,12 +151,13 @@ async fn retried_request_id_applies_once_and_stale_version_is_refused() {
     let second = cluster.client_of(2).put_with_id(service("svc", 10.0, 50.0), WriteMode::Unspecified, "req-1").await.unwrap();
     assert!(!first.deduplicated);
     assert!(second.deduplicated);
-    assert_eq!(second.resource.unwrap().resource_version, 1);
-    assert_eq!(client.get("Service", "svc", false).await.unwrap().resource_version, 1);
+    let version = first.resource.unwrap().resource_version;
+    assert_eq!(second.resource.unwrap().resource_version, version);
+    assert_eq!(client.get("Service", "svc", false).await.unwrap().resource_version, version);
 
     let mut update = service("svc", 20.0, 50.0);
-    update.resource_version = 1;
-    assert_eq!(client.put(update.clone(), WriteMode::Update).await.unwrap().resource.unwrap().resource_version, 2);
+    update.resource_version = version;
+    assert!(client.put(update.clone(), WriteMode::Update).await.unwrap().resource.unwrap().resource_version > version);
     let err = client.put(update, WriteMode::Update).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert_eq!(err.metadata().get(proto::meta::FIELD).unwrap(), "resource_version");

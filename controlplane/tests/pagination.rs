@@ -115,8 +115,13 @@ fn big_node(i: usize) -> proto::Resource {
         "Node",
         &name,
         "",
-        json!({"address": format!("{name}:7000"), "instance_type": "p4de.24xlarge", "gpus": gpus, "labels": labels}),
+        json!({"address": format!("{name}:7000"), "instance_type": "gpu-64", "gpus": gpus, "labels": labels}),
     )
+}
+
+/// An instance type of as many GPUs as a node may have, for `big_node`.
+fn sixty_four_gpus() -> proto::Resource {
+    resource("InstanceType", "gpu-64", "", json!({"gpu_model": "A100-80GB", "gpu_count": 64, "price_per_hour": 300, "launch_latency_s": 60}))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -124,6 +129,7 @@ async fn the_byte_budget_cuts_pages_of_large_nodes() {
     let cluster = TestCluster::start(1, fast_settings()).await;
     let client = cluster.client();
     seed(&client).await;
+    client.put(sixty_four_gpus(), proto::WriteMode::Create).await.unwrap();
     let one = big_node(0).encoded_len();
     assert!((20_000..64_000).contains(&one), "a node of {one} bytes");
     let nodes: Vec<_> = (0..200).map(big_node).collect();

@@ -124,9 +124,11 @@ async fn a_plan_bigger_than_one_raft_entry_is_committed_in_parts_and_ends_whole(
     let (_cluster, client) = cluster_with_fleet(loops).await; // kept running to the end
                                                               // 40 more hosts of 8 GPUs, and a service that needs most of them: more GPUs than
                                                               // `MAX_PATCH_CHANGES` in one plan.
+    let a8 = json!({"gpu_model": "A100-80GB", "gpu_count": 8, "price_per_hour": 32, "launch_latency_s": 60});
+    client.put(resource("InstanceType", "a8", "", a8), proto::WriteMode::Create).await.unwrap();
     for n in 0..40 {
         let gpus: Vec<Value> = (0..8).map(|g| json!({"uuid": format!("GPU-{n}-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
-        let spec = json!({"address": format!("big-{n:02}:7100"), "instance_type": "a2", "gpus": gpus});
+        let spec = json!({"address": format!("big-{n:02}:7100"), "instance_type": "a8", "gpus": gpus});
         client.put(resource("Node", &format!("big-{n:02}"), "", spec), proto::WriteMode::Create).await.unwrap();
     }
     let mut plans = client.watch("Plan", 0).await.unwrap();

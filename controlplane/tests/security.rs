@@ -110,7 +110,7 @@ async fn tenants_see_and_change_only_their_own_services_even_through_a_follower(
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert_eq!(acme.delete("Service", "globex-web", 0).await.unwrap_err().code(), Code::NotFound);
     let theirs = admin.get("Service", "globex-web", false).await.unwrap();
-    assert_eq!((theirs.tenant.as_str(), theirs.resource_version), ("globex", 1));
+    assert_eq!((theirs.tenant.as_str(), theirs.resource_version), ("globex", theirs.create_revision), "unchanged since created");
 
     // Its own services it manages freely; an empty tenant means its own.
     let created = acme.put(tenant_service("acme-two", ""), proto::WriteMode::Create).await.unwrap().resource.unwrap();
@@ -194,8 +194,10 @@ async fn a_tenants_batch_is_checked_put_by_put_and_applied_whole_or_not_at_all()
         )
         .await
         .unwrap();
-    let got: Vec<_> = written.written.iter().map(|w| (w.name.as_str(), w.resource_version)).collect();
-    assert_eq!(got, [("acme-b1", 1), ("acme-b2", 1), ("acme-web", 2)]);
+    let got: Vec<_> = written.written.iter().map(|w| (w.name.as_str(), w.created)).collect();
+    assert_eq!(got, [("acme-b1", true), ("acme-b2", true), ("acme-web", false)]);
+    // One entry: one version, above acme-web's before.
+    assert!(written.written.iter().all(|w| w.resource_version == written.written[0].resource_version));
     assert_eq!(admin.get("Service", "acme-b2", false).await.unwrap().tenant, "acme");
 }
 

@@ -270,7 +270,7 @@ async fn run(args: Args) -> Result<(), String> {
                 for w in written {
                     let verb = if deduplicated {
                         "unchanged"
-                    } else if w.resource_version == 1 {
+                    } else if w.created {
                         "created"
                     } else {
                         "configured"

@@ -16,6 +16,20 @@ pub const MAX_REQUEST_RATE: f64 = 10_000_000.0;
 /// throughputs; at 10^7 req/s over 10^-2 req/s a service would want 10^9 processes, which
 /// the planner refuses as too large rather than allocating for.
 pub const MIN_THROUGHPUT_RPS: f64 = 0.01;
+/// Smallest request rate of a service, req/s (one request in about 17 minutes): a rate
+/// far below it is no demand the planner can size (1e-300 req/s sized nothing and failed).
+pub const MIN_REQUEST_RATE: f64 = 0.001;
+/// Longest client request id (the idempotency key of a write), bytes: every controller
+/// remembers the last 100,000 of them (the state machine's de-duplication window).
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// Encoded bytes of the observed state (GPUs, MIG instances, workloads) of one agent
+/// report, and so of a Node's status: an 8-GPU host running 7 instances with a shadow each
+/// reports about 17 KB.
+pub const MAX_REPORTED_OBSERVED_BYTES: usize = 128 * 1024;
+/// A tenant's `max_gpus` when its spec sets none, GPUs-worth: every tenant's demand is
+/// bounded, and planning work with it (`provision::budget`). An operator gives a tenant
+/// more by setting `max_gpus`, up to [`MAX_TENANT_GPUS`].
+pub const DEFAULT_TENANT_MAX_GPUS: f64 = 1000.0;
 /// Largest batch size anywhere (profile points, batch distributions, plans). Inference
 /// servers batch tens to a few hundred requests; PARIS tabulates its distribution per batch.
 pub const MAX_BATCH: u32 = planner::bounds::MAX_BATCH;
@@ -121,6 +135,12 @@ pub fn limits() -> Vec<Limit> {
         ),
         row("MAX_REQUEST_RATE", MAX_REQUEST_RATE, "request rate of a service, profiled throughput of a process"),
         row("MIN_THROUGHPUT_RPS", MIN_THROUGHPUT_RPS, "the planner divides rates by throughputs"),
+        row("MAX_REQUEST_ID_LEN", MAX_REQUEST_ID_LEN, "a write's request id (its idempotency key, remembered by every controller)"),
+        row(
+            "MIN_REQUEST_RATE",
+            MIN_REQUEST_RATE,
+            "request rate of a service (and an autoscaling range's ends): one request in about 17 minutes",
+        ),
         row("MAX_BATCH", MAX_BATCH, "batch sizes; PARIS tabulates its distribution per batch"),
         row("MAX_PROCESSES", MAX_PROCESSES, "MPS serves up to 48 clients per GPU"),
         row("MAX_LOGNORMAL_MU_ABS", MAX_LOGNORMAL_MU_ABS, "beyond it the distribution is all at one end"),
@@ -146,12 +166,18 @@ pub fn limits() -> Vec<Limit> {
         row("MAX_INSTANCES_PER_TYPE", MAX_INSTANCES_PER_TYPE, "an instance type's max_instances (the cloud account's limit)"),
         row("MAX_TENANT_WEIGHT", MAX_TENANT_WEIGHT, "a tenant's fair-share weight"),
         row("MAX_TENANT_GPUS", MAX_TENANT_GPUS, "a tenant's `max_gpus` quota (GPUs-worth)"),
+        row(
+            "DEFAULT_TENANT_MAX_GPUS",
+            DEFAULT_TENANT_MAX_GPUS,
+            "a tenant's `max_gpus` when its spec sets none: no tenant is unlimited by default",
+        ),
         row("MAX_TENANT_COST_PER_HOUR", MAX_TENANT_COST_PER_HOUR, "a tenant's `max_cost_per_hour` quota"),
         row("MAX_SPEC_BYTES", MAX_SPEC_BYTES, "encoded spec of a resource other than a Plan"),
         row("MAX_PLAN_GPUS", MAX_PLAN_GPUS, "GPUs of one Plan"),
         row("MAX_WORKLOADS_PER_GPU", MAX_WORKLOADS_PER_GPU, "workloads and MIG instances on one planned GPU"),
         row("MAX_REPORTED_SERVICES", MAX_REPORTED_SERVICES, "metrics rows of one agent report"),
         row("MAX_REPORTED_WORKLOADS_PER_GPU", MAX_REPORTED_WORKLOADS_PER_GPU, "observed workloads per GPU in a report"),
+        row("MAX_REPORTED_OBSERVED_BYTES", MAX_REPORTED_OBSERVED_BYTES, "encoded observed state of one agent report, and so of a Node's status"),
         row("MAX_REPORTED_LATENCY_MS", MAX_REPORTED_LATENCY_MS, "a reported p99"),
         row("MAX_REPORTED_FAILED", MAX_REPORTED_FAILED, "failed requests in one report"),
         row("MAX_BATCH_PUTS", MAX_BATCH_PUTS, "resources in one batch of puts (one Raft entry)"),

@@ -210,13 +210,41 @@ fn validate_node(n: &NodeSpec) -> Result<(), FieldError> {
 }
 
 fn validate_address(field: &str, address: &str) -> Result<(), FieldError> {
-    host_of(address).map(|_| ()).ok_or_else(|| FieldError::invalid(field, format!("{address:?} is not host:port")))
+    host_of(address).map(|_| ()).ok_or_else(|| {
+        FieldError::invalid(
+            field,
+            format!("{address:?} is not host:port (a DNS name, an IPv4 address or a bracketed IPv6 address, and a port 1-65535)"),
+        )
+    })
 }
 
-/// The host of `host:port` (with a valid port), or `None`.
+/// The host of `host:port`, or `None` unless the host is a DNS name (RFC 1123 labels), an
+/// IPv4 address or a bracketed IPv6 address (`[::1]:80`), and the port is 1-65535 in
+/// decimal. A host compared with another (an endpoint on its node's own host) is then
+/// one of these spellings, never `::::` or `a b c`.
 pub fn host_of(address: &str) -> Option<&str> {
     let (host, port) = address.rsplit_once(':')?;
-    (!host.is_empty() && port.parse::<u16>().is_ok()).then_some(host)
+    let port_ok = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|p| p != 0);
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host.parse::<std::net::Ipv4Addr>().is_ok() || is_dns_name(host),
+    };
+    (port_ok && host_ok).then_some(host)
+}
+
+/// RFC 1123 host names: dot-separated labels of 1-63 letters, digits and '-', neither
+/// starting nor ending with '-', 253 characters at most; the last label is not all digits
+/// (that would be a malformed IPv4 address).
+fn is_dns_name(host: &str) -> bool {
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (1..=253).contains(&host.len())
+        && host.split('.').all(label_ok)
+        && !host.rsplit('.').next().is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// iGniter's model needs the power, frequency and bandwidth figures along with the fitted
@@ -339,10 +367,10 @@ fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
         return Err(FieldError::invalid("spec.slo.percentile", format!("must be in (0, 100] (got {})", s.slo.percentile)));
     }
     match (&s.slo.request_rate, &s.slo.autoscaling) {
-        (Some(rate), None) => positive("spec.slo.request_rate", *rate, MAX_REQUEST_RATE)?,
+        (Some(rate), None) => within("spec.slo.request_rate", *rate, MIN_REQUEST_RATE, MAX_REQUEST_RATE)?,
         (None, Some(range)) => {
-            positive("spec.slo.autoscaling.min_rps", range.min_rps, MAX_REQUEST_RATE)?;
-            positive("spec.slo.autoscaling.max_rps", range.max_rps, MAX_REQUEST_RATE)?;
+            within("spec.slo.autoscaling.min_rps", range.min_rps, MIN_REQUEST_RATE, MAX_REQUEST_RATE)?;
+            within("spec.slo.autoscaling.max_rps", range.max_rps, MIN_REQUEST_RATE, MAX_REQUEST_RATE)?;
             if range.min_rps > range.max_rps {
                 return Err(FieldError::invalid(
                     "spec.slo.autoscaling.max_rps",
@@ -484,6 +512,8 @@ mod tests {
             (Some(-1.0), 50.0, "spec.slo.request_rate"),
             (Some(0.0), 50.0, "spec.slo.request_rate"),
             (Some(f64::NAN), 50.0, "spec.slo.request_rate"),
+            (Some(1e-300), 50.0, "spec.slo.request_rate"),
+            (Some(MIN_REQUEST_RATE / 2.0), 50.0, "spec.slo.request_rate"),
             (None, 50.0, "spec.slo.request_rate"),
             (Some(10.0), 0.0, "spec.slo.latency_ms"),
             (Some(10.0), 1e9, "spec.slo.latency_ms"),
@@ -492,6 +522,28 @@ mod tests {
             assert_eq!(err.field, field, "{rate:?} {latency}: {err}");
             assert_eq!(err.code, ErrorCode::InvalidArgument);
         }
+    }
+
+    #[test]
+    fn the_smallest_request_rate_is_admitted() {
+        assert!(validate_spec(&service(Some(MIN_REQUEST_RATE), 50.0)).is_ok());
+    }
+
+    #[test]
+    fn addresses_are_a_name_or_an_ip_and_a_port() {
+        for good in ["localhost:7400", "127.0.0.1:1", "[::1]:80", "[fe80::1]:65535", "a100-host-1.dc1.example:30000", "x:80"] {
+            assert!(host_of(good).is_some(), "{good}");
+        }
+        for bad in [
+            "::::80", "x:0", "a b c:80", "host", ":80", "host:", "host:65536", "host:+80", "[::1:80", "::1:80", "[nonsense]:80",
+            "-host:80", "host-:80", "ho_st:80", "10.0.0.256:80", "a..b:80", "1.2.3:80",
+        ] {
+            assert_eq!(host_of(bad), None, "{bad}");
+        }
+        let node = |address: &str| format!(r#"{{"address": "{address}", "instance_type": "a2"}}"#);
+        let err = Spec::from_json(Kind::Node, &node("a b c:80")).and_then(|s| validate_spec(&s)).unwrap_err();
+        assert_eq!((err.field.as_str(), err.code), ("spec.address", ErrorCode::InvalidArgument), "{err}");
+        assert!(err.reason.contains("\"a b c:80\" is not host:port"), "{err}");
     }
 
     #[test]

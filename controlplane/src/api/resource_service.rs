@@ -74,16 +74,27 @@ impl ResourceService {
     }
 }
 
-fn request_id(given: &str) -> String {
-    if given.is_empty() {
-        uuid::Uuid::new_v4().to_string()
-    } else {
-        given.to_string()
+/// The state machine's request id of a client's `given` one: scoped by its principal, so
+/// that de-duplication is keyed by (principal, request id): a tenant that reuses another's
+/// id gets neither that tenant's answer nor its write swallowed. A forwarded request comes
+/// with the id the first controller scoped, which is kept as it is. A client that gives
+/// none gets a fresh one.
+fn request_id(caller: &Principal, given: &str) -> Result<String, FieldError> {
+    use crate::resources::limits::MAX_REQUEST_ID_LEN;
+    let scope = format!("{caller}/");
+    let given = given.strip_prefix(scope.as_str()).unwrap_or(given);
+    if given.len() > MAX_REQUEST_ID_LEN {
+        return Err(FieldError::invalid("request_id", format!("is {} bytes long; the limit is {MAX_REQUEST_ID_LEN}", given.len())));
     }
+    if given.chars().any(char::is_control) {
+        return Err(FieldError::invalid("request_id", "must not contain control characters"));
+    }
+    let id = if given.is_empty() { uuid::Uuid::new_v4().to_string() } else { given.to_string() };
+    Ok(format!("{scope}{id}"))
 }
 
 /// Builds the state-machine command for a put, checking everything that needs no state.
-fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
+fn put_command(caller: &Principal, req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
     let r = req.resource.as_ref().ok_or_else(|| FieldError::invalid("resource", "required"))?;
     let command = if req.status_only {
         validate_name("name", &r.name)?;
@@ -95,9 +106,9 @@ fn put_command(req: &proto::PutRequest) -> Result<SmRequest, FieldError> {
         };
         Command::PutStatus { kind, name: r.name.clone(), status: status.into(), expected_version: r.resource_version }
     } else {
-        spec_command(r, req.mode)?
+        registration(caller, spec_command(r, req.mode)?)
     };
-    Ok(SmRequest { request_id: request_id(&req.request_id), command, trace_parent: None })
+    Ok(SmRequest { request_id: request_id(caller, &req.request_id)?, command, trace_parent: None })
 }
 
 /// The `Put` of `r`'s spec in write mode `mode` (a `proto::WriteMode`), checked as far as
@@ -115,10 +126,22 @@ fn spec_command(r: &proto::Resource, mode: i32) -> Result<Command, FieldError> {
     Ok(Command::Put { name: r.name.clone(), tenant: r.tenant.clone(), spec, mode, expected_version: r.resource_version })
 }
 
+/// A node's write of its own Node is its registration: its address and instance type stay
+/// as first registered ([`WriteMode::NodeRegistration`]). Decided where the write is
+/// applied, so a follower's stale view cannot let a change through.
+fn registration(caller: &Principal, command: Command) -> Command {
+    match (caller, command) {
+        (Principal::Node(_), Command::Put { name, tenant, spec: spec @ Spec::Node(_), expected_version, .. }) => {
+            Command::Put { name, tenant, spec, mode: WriteMode::NodeRegistration, expected_version }
+        }
+        (_, command) => command,
+    }
+}
+
 /// Builds the state-machine command for a batch of puts, checking everything that needs no
 /// state: its bounds ([`MAX_BATCH_PUTS`], [`MAX_BATCH_BYTES`]) and each put as a single
 /// one is, its errors naming it as `puts[i]`.
-fn batch_command(req: &proto::PutManyRequest) -> Result<SmRequest, FieldError> {
+fn batch_command(caller: &Principal, req: &proto::PutManyRequest) -> Result<SmRequest, FieldError> {
     let count = req.resources.len();
     if count == 0 || count > MAX_BATCH_PUTS {
         return Err(FieldError::invalid("resources", format!("{count} resources; a batch holds 1 to {MAX_BATCH_PUTS}")));
@@ -134,9 +157,13 @@ fn batch_command(req: &proto::PutManyRequest) -> Result<SmRequest, FieldError> {
         .resources
         .iter()
         .enumerate()
-        .map(|(i, r)| spec_command(r, req.mode).map_err(|e| FieldError { field: format!("puts[{i}].{}", e.field), ..e }))
+        .map(|(i, r)| {
+            spec_command(r, req.mode)
+                .map(|c| registration(caller, c))
+                .map_err(|e| FieldError { field: format!("puts[{i}].{}", e.field), ..e })
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(SmRequest { request_id: request_id(&req.request_id), command: Command::Batch { puts }, trace_parent: None })
+    Ok(SmRequest { request_id: request_id(caller, &req.request_id)?, command: Command::Batch { puts }, trace_parent: None })
 }
 
 fn not_found(kind: Kind, name: &str) -> Status {
@@ -157,7 +184,7 @@ impl ControlPlane for ResourceService {
                 r.tenant = t.clone();
             }
         }
-        let sm_request = put_command(&req).map_err(ApiError::from)?;
+        let sm_request = put_command(&caller, &req).map_err(ApiError::from)?;
         // Pin the generated id so that a forwarded retry stays idempotent.
         req.request_id = sm_request.request_id.clone();
         let r = req.resource.as_ref().expect("checked by put_command");
@@ -176,6 +203,10 @@ impl ControlPlane for ResourceService {
                     ControlPlaneClient::new(ch).put(forwarded_request(req, &caller)).await
                 })
                 .await
+            }
+            Err(ApiError::Field(f)) if f.code == ErrorCode::AlreadyExists && f.field.starts_with("spec.gpus[") => {
+                self.controller.telemetry.observe_gpu_claim_refused();
+                Err(ApiError::Field(f).into())
             }
             // The service changed hands between the check above and the write: the state
             // machine's message names the owner, which only admins may see.
@@ -196,7 +227,7 @@ impl ControlPlane for ResourceService {
                 r.tenant = t.clone();
             }
         }
-        let sm_request = batch_command(&req).map_err(ApiError::from)?;
+        let sm_request = batch_command(&caller, &req).map_err(ApiError::from)?;
         req.request_id = sm_request.request_id.clone();
         self.controller.read(|d| {
             req.resources.iter().enumerate().try_for_each(|(i, r)| {
@@ -211,7 +242,12 @@ impl ControlPlane for ResourceService {
                 written: outcome
                     .batch
                     .iter()
-                    .map(|w| proto::Written { kind: w.kind.to_string(), name: w.name.clone(), resource_version: w.resource_version })
+                    .map(|w| proto::Written {
+                        kind: w.kind.to_string(),
+                        name: w.name.clone(),
+                        resource_version: w.resource_version,
+                        created: w.created,
+                    })
                     .collect(),
                 deduplicated: outcome.deduplicated,
             })),
@@ -235,7 +271,7 @@ impl ControlPlane for ResourceService {
         let mut req = request.into_inner();
         let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
         validate_name("name", &req.name).map_err(ApiError::from)?;
-        req.request_id = request_id(&req.request_id);
+        req.request_id = request_id(&caller, &req.request_id).map_err(ApiError::from)?;
         if !caller.is_admin() {
             let Principal::Tenant(t) = &caller else {
                 return Err(permission_denied("kind", format!("{caller} may not delete {kind} resources")));
@@ -285,6 +321,8 @@ impl ControlPlane for ResourceService {
         let caller = caller(&request)?;
         let req = request.into_inner();
         let kind = parse_kind("kind", &req.kind).map_err(ApiError::from)?;
+        // Before the name is echoed in any answer (100 KB of it ended in an HTTP/2 error).
+        validate_name("name", &req.name).map_err(ApiError::from)?;
         let visible = may_read_kind(&caller, kind)?;
         if !req.stale {
             if let Err(e) = self.controller.read_barrier().await {
@@ -378,17 +416,21 @@ mod tests {
     }
 
     fn refused(resources: Vec<proto::Resource>) -> String {
-        batch_command(&proto::PutManyRequest { resources, ..Default::default() }).unwrap_err().field
+        batch_command(&admin(), &proto::PutManyRequest { resources, ..Default::default() }).unwrap_err().field
     }
 
     #[test]
     fn a_batch_is_refused_at_its_bounds_before_any_state_is_read() {
         assert_eq!(refused(vec![]), "resources");
         assert_eq!(refused((0..=MAX_BATCH_PUTS).map(|i| valid(&format!("s{i}"))).collect()), "resources");
-        let ok = batch_command(&proto::PutManyRequest {
-            resources: (0..MAX_BATCH_PUTS).map(|i| valid(&format!("s{i}"))).collect(),
-            ..Default::default()
-        });
+    fn admin() -> Principal {
+        Principal::Admin("ops".into())
+    }
+
+        let ok = batch_command(
+            &admin(),
+            &proto::PutManyRequest { resources: (0..MAX_BATCH_PUTS).map(|i| valid(&format!("s{i}"))).collect(), ..Default::default() },
+        );
         assert!(matches!(ok.unwrap().command, Command::Batch { puts } if puts.len() == MAX_BATCH_PUTS));
         // Specs of MAX_BATCH_BYTES in all pass the bound (and fail later, as JSON); one byte more does not.
         let sized = |total: usize| vec![service("a", "x".repeat(total / 2)), service("b", "x".repeat(total - total / 2))];
@@ -402,3 +444,37 @@ mod tests {
         assert_eq!(refused(vec![valid("a"), valid("Not A Name")]), "puts[1].name");
     }
 }
+
+    #[test]
+    fn request_ids_are_scoped_by_principal_once_and_bounded() {
+        let acme = Principal::Tenant("acme".into());
+        let globex = Principal::Tenant("globex".into());
+        assert_eq!(request_id(&acme, "r1").unwrap(), "tenant:acme/r1");
+        assert_ne!(request_id(&acme, "r1").unwrap(), request_id(&globex, "r1").unwrap());
+        // A forwarded request keeps the id its first controller scoped.
+        assert_eq!(request_id(&acme, "tenant:acme/r1").unwrap(), "tenant:acme/r1");
+        // Another principal's scope is just part of the id.
+        assert_eq!(request_id(&acme, "tenant:globex/r1").unwrap(), "tenant:acme/tenant:globex/r1");
+        assert!(request_id(&acme, "").unwrap().starts_with("tenant:acme/"));
+        use crate::resources::limits::MAX_REQUEST_ID_LEN;
+        assert!(request_id(&acme, &"x".repeat(MAX_REQUEST_ID_LEN)).is_ok());
+        assert_eq!(request_id(&acme, &"x".repeat(MAX_REQUEST_ID_LEN + 1)).unwrap_err().field, "request_id");
+        assert_eq!(request_id(&acme, "a\nb").unwrap_err().field, "request_id");
+    }
+
+    #[test]
+    fn a_nodes_write_of_its_node_is_a_registration() {
+        let node = proto::Resource {
+            kind: "Node".into(),
+            name: "h1".into(),
+            spec_json: r#"{"address": "h1:9000", "instance_type": "a2"}"#.into(),
+            ..Default::default()
+        };
+        let put = proto::PutRequest { resource: Some(node), ..Default::default() };
+        let mode = |p: &Principal| match put_command(p, &put).unwrap().command {
+            Command::Put { mode, .. } => mode,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(mode(&Principal::Node("h1".into())), WriteMode::NodeRegistration);
+        assert_eq!(mode(&admin()), WriteMode::Upsert);
+    }

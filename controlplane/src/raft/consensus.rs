@@ -99,6 +99,19 @@ pub fn leader(raft: &Raft) -> Option<NodeId> {
     raft.server_metrics().borrow_watched().current_leader
 }
 
+/// Whether controller `id` is a member (voter or learner) of the membership this node
+/// knows, from the server metrics (no lock held); `None` while it knows none (a node not yet
+/// initialised or not yet reached by the leader).
+pub fn is_member(raft: &Raft, id: NodeId) -> Option<bool> {
+    let metrics = raft.server_metrics();
+    let m = metrics.borrow_watched();
+    let membership = m.membership_config.membership();
+    if membership.nodes().next().is_none() {
+        return None;
+    }
+    Some(membership.get_node(&id).is_some())
+}
+
 /// The leader, if known, and its address.
 pub fn leader_with_addr(raft: &Raft) -> Option<(NodeId, String)> {
     let metrics = raft.server_metrics();

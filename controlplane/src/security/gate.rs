@@ -36,21 +36,28 @@ pub fn caller<T>(request: &Request<T>) -> Result<Principal, Status> {
     request.extensions().get::<Caller>().map(|c| c.0.clone()).ok_or_else(|| Status::unauthenticated("no authenticated caller"))
 }
 
+/// Whether controller `id` is a member of the cluster as this node knows it: `None` while
+/// it knows no membership yet (a new node, before the leader's first entries reach it).
+pub type MemberCheck = Arc<dyn Fn(u64) -> Option<bool> + Send + Sync>;
+
 pub struct Gatekeeper {
     insecure: bool,
     tokens: Tokens,
     tenants: Limiter,
     nodes: Limiter,
+    members: MemberCheck,
 }
 
 impl Gatekeeper {
-    pub fn new(security: &Security) -> Arc<Self> {
+    /// `members` tells which controller ids a controller certificate may carry.
+    pub fn new(security: &Security, members: MemberCheck) -> Arc<Self> {
         let l = &security.limits;
         Arc::new(Self {
             insecure: security.is_insecure(),
             tokens: security.tokens.clone(),
             tenants: Limiter::new(l.tenant_rps, l.tenant_burst),
             nodes: Limiter::new(l.node_rps, l.node_burst),
+            members,
         })
     }
 
@@ -58,12 +65,32 @@ impl Gatekeeper {
         Gate { keeper: self.clone(), api }
     }
 
-    fn certificate_principal<T>(request: &Request<T>) -> Result<Option<Principal>, Status> {
+    /// The identity of the client certificate, if one was presented: refused when the CA
+    /// signed it but it is revoked (its serial is in the tokens file's
+    /// `revoked_certificates`), when it names a tenant (tenants present tokens, which the
+    /// tokens file lists and can withdraw), or when it names a controller id that is not a
+    /// member (`controller/0`, or a member since removed).
+    fn certificate_principal<T>(&self, request: &Request<T>) -> Result<Option<Principal>, Status> {
         let Some(certs) = request.peer_certs() else { return Ok(None) };
         let Some(leaf) = certs.first() else { return Ok(None) };
-        Principal::from_certificate(leaf)
-            .map(Some)
-            .ok_or_else(|| Status::unauthenticated("the client certificate names no gpuplane identity (spiffe://gpuplane/<role>/<name>)"))
+        let identity = Principal::from_certificate(leaf).ok_or_else(|| {
+            Status::unauthenticated("the client certificate names no gpuplane identity (spiffe://gpuplane/<role>/<name>)")
+        })?;
+        if self.tokens.is_revoked(&identity.serial) {
+            return Err(Status::unauthenticated(format!(
+                "the client certificate of {} (serial {}) is revoked",
+                identity.principal, identity.serial
+            )));
+        }
+        match identity.principal {
+            Principal::Tenant(t) => Err(Status::unauthenticated(format!(
+                "the client certificate names tenant {t:?}: tenants authenticate with a bearer token, not a certificate"
+            ))),
+            Principal::Controller(id) if (self.members)(id) == Some(false) => Err(Status::permission_denied(format!(
+                "the client certificate names controller {id}, which is not a member of this cluster"
+            ))),
+            p => Ok(Some(p)),
+        }
     }
 
     fn token_principal<T>(&self, request: &Request<T>) -> Result<Option<Principal>, Status> {
@@ -80,7 +107,7 @@ impl Gatekeeper {
     /// The caller's principal, and whether it came forwarded by a controller (already
     /// rate limited at the controller that received it).
     fn authenticate<T>(&self, request: &Request<T>, api: Api) -> Result<(Principal, bool), Status> {
-        let from_cert = Self::certificate_principal(request)?;
+        let from_cert = self.certificate_principal(request)?;
         if let Some(Principal::Controller(_)) = &from_cert {
             // Only a controller may speak for another caller.
             if let Some(forwarded) = request.metadata().get(proto::meta::PRINCIPAL) {

@@ -64,15 +64,31 @@ impl Principal {
         }
     }
 
-    /// The identity in a DER certificate's URI SANs, if it names one.
-    pub fn from_certificate(der: &[u8]) -> Option<Self> {
+    /// The identity in a DER certificate's URI SANs, if it names one, with the
+    /// certificate's serial number.
+    pub fn from_certificate(der: &[u8]) -> Option<CertificateIdentity> {
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
         let san = cert.subject_alternative_name().ok()??;
-        san.value.general_names.iter().find_map(|name| match name {
+        let principal = san.value.general_names.iter().find_map(|name| match name {
             x509_parser::extensions::GeneralName::URI(uri) => Self::from_spiffe_uri(uri),
             _ => None,
-        })
+        })?;
+        Some(CertificateIdentity { principal, serial: serial_hex(cert.raw_serial()) })
     }
+}
+
+/// Who a client certificate says it is, and its serial number (lower-case hex, no leading
+/// zero bytes: `openssl x509 -noout -serial` prints the same digits in upper case).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateIdentity {
+    pub principal: Principal,
+    pub serial: String,
+}
+
+/// A certificate serial as lower-case hex without leading zero bytes.
+pub fn serial_hex(raw: &[u8]) -> String {
+    let start = raw.iter().position(|&b| b != 0).unwrap_or(raw.len().saturating_sub(1));
+    raw[start..].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl fmt::Display for Principal {

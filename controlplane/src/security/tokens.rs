@@ -18,9 +18,15 @@ use super::Principal;
 /// [admins]
 /// ops = "<sha256 hex of the ops token>"
 /// ```
+///
+/// and, at the top, `revoked_certificates = ["<serial hex>", ...]`: client certificates
+/// the CA signed that are no longer accepted (a node taken out of the fleet, a leaked
+/// admin key). A token is withdrawn by removing its line. Read at start.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokensFile {
+    #[serde(default)]
+    revoked_certificates: Vec<String>,
     #[serde(default)]
     tenants: BTreeMap<String, String>,
     #[serde(default)]
@@ -30,6 +36,26 @@ struct TokensFile {
 #[derive(Clone, Debug, Default)]
 pub struct Tokens {
     by_digest: HashMap<[u8; 32], Principal>,
+    /// Serials of revoked client certificates, as `identity::serial_hex` spells them.
+    revoked: std::collections::HashSet<String>,
+}
+
+/// A serial as written in the tokens file (hex, any case, optional `0x`, `:` separators
+/// and leading zeros) in `identity::serial_hex`'s spelling; `None` if it is no hex.
+fn normalise_serial(text: &str) -> Option<String> {
+    let hex: String = text.trim().trim_start_matches("0x").chars().filter(|c| *c != ':').collect::<String>().to_ascii_lowercase();
+    if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let digits = hex.trim_start_matches('0');
+    // Whole bytes, as the DER integer holds them.
+    Some(if digits.is_empty() {
+        "00".into()
+    } else if digits.len() % 2 == 1 {
+        format!("0{digits}")
+    } else {
+        digits.to_string()
+    })
 }
 
 /// Lower-case hex SHA-256 of a token, as written in the tokens file.
@@ -59,6 +85,11 @@ impl Tokens {
     pub fn parse(text: &str) -> anyhow::Result<Self> {
         let file: TokensFile = toml::from_str(text)?;
         let mut tokens = Tokens::default();
+        for (i, serial) in file.revoked_certificates.iter().enumerate() {
+            let normal = normalise_serial(serial)
+                .with_context(|| format!("revoked_certificates[{i}]: {serial:?} is not a certificate serial in hex"))?;
+            tokens.revoked.insert(normal);
+        }
         let entries = file
             .tenants
             .iter()
@@ -81,6 +112,17 @@ impl Tokens {
     pub fn lookup(&self, token: &str) -> Option<&Principal> {
         self.by_digest.get(&<[u8; 32]>::from(Sha256::digest(token.as_bytes())))
     }
+
+    /// Whether the certificate of this serial (`identity::serial_hex`) is revoked.
+    pub fn is_revoked(&self, serial: &str) -> bool {
+        !self.revoked.is_empty() && self.revoked.contains(serial)
+    }
+
+    /// Revokes a certificate by serial (tests and in-process clusters).
+    pub fn revoking(mut self, serial: &str) -> Self {
+        self.revoked.insert(normalise_serial(serial).expect("a hex serial"));
+        self
+    }
 }
 
 #[cfg(test)]
@@ -97,5 +139,17 @@ mod tests {
         let err = Tokens::parse("[tenants]\nacme = \"abc\"\n").unwrap_err();
         assert!(err.to_string().contains("tenants.acme"), "{err}");
         assert!(Tokens::parse("[tenant]\n").is_err());
+    }
+
+    #[test]
+    fn revoked_serials_are_read_in_any_usual_spelling() {
+        let tokens = Tokens::parse("revoked_certificates = [\"0A:1B\", \"0x00ff\", \"abc\"]\n").unwrap();
+        for serial in ["0a1b", "ff", "0abc"] {
+            assert!(tokens.is_revoked(serial), "{serial}");
+        }
+        assert!(!tokens.is_revoked("0a1c"));
+        assert_eq!(super::super::identity::serial_hex(&[0, 0x0a, 0x1b]), "0a1b");
+        let err = Tokens::parse("revoked_certificates = [\"xyz\"]\n").unwrap_err();
+        assert!(format!("{err:#}").contains("revoked_certificates[0]"), "{err:#}");
     }
 }

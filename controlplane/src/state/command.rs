@@ -130,6 +130,11 @@ pub enum WriteMode {
     Upsert,
     Create,
     Update,
+    /// A node agent's registration of its own Node: create, or update an existing one
+    /// whose address and instance type stay as first registered (only an admin's write
+    /// changes them). Without it a node could point its address, and so the endpoints it
+    /// reports, at another host, or claim a larger instance type.
+    NodeRegistration,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -218,6 +223,9 @@ pub struct BatchItem {
     pub kind: Kind,
     pub name: String,
     pub resource_version: u64,
+    /// Whether the batch created it (absent in outcomes recorded before this field).
+    #[serde(default)]
+    pub created: bool,
 }
 
 pub type CommandResult = Result<CommandOutcome, FieldError>;

@@ -5,10 +5,12 @@
 mod admission;
 mod command;
 mod desired_index;
+mod gpu_owners;
 mod references;
 
 pub use command::{BatchItem, ChangeEvent, ChangeType, Command, CommandOutcome, CommandResult, Proposal, Request, StatusPut, WriteMode};
 pub use desired_index::DesiredIndex;
+pub use gpu_owners::GpuOwners;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,6 +75,8 @@ pub struct ClusterState {
     revision: u64,
     /// What each node is to run, and since which index (see `desired_index`).
     desired: DesiredIndex,
+    /// Which Node registered each GPU uuid (derived from the Nodes, see `gpu_owners`).
+    gpu_owners: GpuOwners,
 }
 
 /// [`ClusterState`] as stored in snapshots: the derived parts of the desired-state index
@@ -109,12 +113,18 @@ impl From<PersistedState> for ClusterState {
     fn from(p: PersistedState) -> Self {
         let plans = p.resources.get(&Kind::Plan).into_iter().flat_map(|m| m.values()).map(Arc::as_ref);
         let desired = DesiredIndex::rebuild(p.desired, plans);
+        let nodes = p.resources.get(&Kind::Node).into_iter().flat_map(|m| m.values()).filter_map(|r| match &r.spec {
+            Spec::Node(n) => Some((r.name.as_str(), n)),
+            _ => None,
+        });
+        let gpu_owners = GpuOwners::rebuild(nodes);
         ClusterState {
             resources: p.resources,
             applied_requests: p.applied_requests,
             applied_order: p.applied_order,
             revision: p.revision,
             desired,
+            gpu_owners,
         }
     }
 }
@@ -185,6 +195,11 @@ impl ClusterState {
     /// What the committed Plans place on each node, and each node's desired version.
     pub fn desired(&self) -> &DesiredIndex {
         &self.desired
+    }
+
+    /// Which Node registered each GPU uuid.
+    pub fn gpu_owners(&self) -> &GpuOwners {
+        &self.gpu_owners
     }
 
     /// The nodes whose desired state changed since the last call (to wake their watchers).
@@ -272,7 +287,12 @@ impl ClusterState {
         if puts.is_empty() || puts.len() > MAX_BATCH_PUTS {
             return Err(FieldError::invalid("puts", format!("{} puts; a batch holds 1 to {MAX_BATCH_PUTS}", puts.len())));
         }
-        let mut trial = ClusterState { resources: self.resources.clone(), revision: self.revision, ..ClusterState::default() };
+        let mut trial = ClusterState {
+            resources: self.resources.clone(),
+            revision: self.revision,
+            gpu_owners: self.gpu_owners.clone(),
+            ..ClusterState::default()
+        };
         let mut changes = Vec::with_capacity(puts.len());
         for (i, put) in puts.iter().enumerate() {
             let in_batch = |e: FieldError| FieldError { field: format!("puts[{i}].{}", e.field), ..e };
@@ -326,7 +346,8 @@ impl ClusterState {
         for change in changes {
             let (_, event) = self.commit_change(index, change);
             let r = &event.resource;
-            batch.push(BatchItem { kind: r.kind(), name: r.name.clone(), resource_version: r.resource_version });
+            let created = r.create_revision == index;
+            batch.push(BatchItem { kind: r.kind(), name: r.name.clone(), resource_version: r.resource_version, created });
             events.push(event);
         }
         let resource = events.last().expect("plan_batch refuses an empty batch").resource.clone();
@@ -362,11 +383,18 @@ impl ClusterState {
                 self.check_tenant(kind, tenant)?;
                 references::check_references(self, name, tenant, spec)?;
                 admission::check_limits(self, name, tenant, spec)?;
+                if let Spec::Node(node) = spec {
+                    self.gpu_owners.check_claim(name, node)?;
+                }
                 let existing = self.get(kind, name);
                 match (existing, mode) {
                     (Some(_), WriteMode::Create) => {
                         return Err(FieldError::new(ErrorCode::AlreadyExists, "name", format!("{kind} {name:?} already exists")));
                     }
+                    (_, WriteMode::NodeRegistration) if kind != Kind::Node => {
+                        return Err(FieldError::invalid("mode", format!("a node registration writes a Node, not a {kind}")));
+                    }
+                    (Some(current), WriteMode::NodeRegistration) => admission::check_registration(current, spec)?,
                     (None, WriteMode::Update) => return Err(not_found(kind, name)),
                     (None, _) if *expected_version != 0 => return Err(not_found(kind, name)),
                     _ => {}
@@ -435,22 +463,31 @@ impl ClusterState {
                     Some(shared) => {
                         let existing = Arc::make_mut(shared);
                         let old = std::mem::replace(&mut existing.spec, spec);
-                        existing.resource_version += 1;
+                        existing.resource_version = index;
                         existing.mod_revision = index;
                         self.desired.spec_changed(index, &name, Some(&old), Some(&existing.spec));
+                        if let (Spec::Node(old), Spec::Node(new)) = (&old, &existing.spec) {
+                            self.gpu_owners.node_changed(&name, Some(old), Some(new));
+                        }
                         (shared.clone(), ChangeType::Modified)
                     }
                     None => {
                         let created = StoredResource {
                             name: name.clone(),
                             tenant,
-                            resource_version: 1,
+                            // The log index, as every change's version: a resource deleted
+                            // and created again never repeats a version an old
+                            // compare-and-set could name (no ABA).
+                            resource_version: index,
                             spec,
                             status: Default::default(),
                             create_revision: index,
                             mod_revision: index,
                         };
                         self.desired.spec_changed(index, &name, None, Some(&created.spec));
+                        if let Spec::Node(new) = &created.spec {
+                            self.gpu_owners.node_changed(&name, None, Some(new));
+                        }
                         let created = Arc::new(created);
                         map.insert(Arc::from(name), created.clone());
                         (created, ChangeType::Added)
@@ -461,7 +498,7 @@ impl ClusterState {
                 let shared = self.resources.get_mut(&kind).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
                 let existing = Arc::make_mut(shared);
                 existing.status = status;
-                existing.resource_version += 1;
+                existing.resource_version = index;
                 existing.mod_revision = index;
                 (shared.clone(), ChangeType::Modified)
             }
@@ -470,7 +507,7 @@ impl ClusterState {
                 let existing = Arc::make_mut(shared);
                 let Spec::Plan(plan) = &mut existing.spec else { unreachable!("checked by plan_change") };
                 plan.apply_patch(&patch);
-                existing.resource_version += 1;
+                existing.resource_version = index;
                 existing.mod_revision = index;
                 self.desired.plan_patched(index, &name, plan, &patch);
                 (shared.clone(), ChangeType::Modified)
@@ -478,6 +515,9 @@ impl ClusterState {
             PlannedChange::Delete { kind, name } => {
                 let removed = self.resources.get_mut(&kind).and_then(|m| m.remove(name.as_str())).expect("checked by plan_change");
                 self.desired.spec_changed(index, &name, Some(&removed.spec), None);
+                if let Spec::Node(old) = &removed.spec {
+                    self.gpu_owners.node_changed(&name, Some(old), None);
+                }
                 (removed, ChangeType::Deleted)
             }
         };

@@ -30,6 +30,16 @@ pub(super) fn check_references(state: &ClusterState, _name: &str, _tenant: &str,
         }
         Spec::Node(n) => {
             must_exist(state, "spec.instance_type", Kind::InstanceType, &n.instance_type)?;
+            // A node has at most the GPUs of its instance type: a host that declared 64 on a
+            // 1-GPU type would be planned 64 GPUs of other tenants' workloads.
+            if let Some(Spec::InstanceType(it)) = state.get(Kind::InstanceType, &n.instance_type).map(|r| &r.spec) {
+                if n.gpus.len() > it.gpu_count as usize {
+                    return Err(FieldError::invalid(
+                        "spec.gpus",
+                        format!("lists {} GPUs; instance type {:?} has {}", n.gpus.len(), n.instance_type, it.gpu_count),
+                    ));
+                }
+            }
             for (i, gpu) in n.gpus.iter().enumerate() {
                 must_exist(state, &format!("spec.gpus[{i}].model"), Kind::GpuModel, &gpu.model)?;
             }

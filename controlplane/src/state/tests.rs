@@ -70,24 +70,43 @@ pub(crate) fn seeded() -> (ClusterState, u64) {
 fn create_update_delete_bump_versions_and_revisions() {
     let (mut s, _) = seeded();
     let created = s.apply(10, &put("a", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
-    assert_eq!(created.resource.resource_version, 1);
+    // A version is the log index of the change: unique across deletes and creates.
+    assert_eq!(created.resource.resource_version, 10);
     assert_eq!(created.resource.create_revision, 10);
-    let updated = s.apply(11, &put("b", "svc1", "acme", service("resnet50", 40.0), WriteMode::Update, 1)).0.unwrap();
-    assert_eq!(updated.resource.resource_version, 2);
+    let updated = s.apply(11, &put("b", "svc1", "acme", service("resnet50", 40.0), WriteMode::Update, 10)).0.unwrap();
+    assert_eq!(updated.resource.resource_version, 11);
     assert_eq!(updated.resource.mod_revision, 11);
     assert_eq!(updated.resource.create_revision, 10);
     let (deleted, events) = s.apply(
         12,
         &Request {
             request_id: "c".into(),
-            command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 2 },
+            command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 11 },
             trace_parent: None,
         },
     );
-    assert_eq!(deleted.unwrap().resource.resource_version, 2);
+    assert_eq!(deleted.unwrap().resource.resource_version, 11);
     assert_eq!(events.iter().map(|e| e.change_type).collect::<Vec<_>>(), [ChangeType::Deleted]);
     assert!(s.get(Kind::Service, "svc1").is_none());
     assert_eq!(s.revision(), 12);
+}
+
+#[test]
+fn a_stale_compare_and_set_never_matches_a_resource_deleted_and_created_again() {
+    let (mut s, _) = seeded();
+    let first = s.apply(10, &put("a", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    let del = Request {
+        request_id: "b".into(),
+        command: Command::Delete { kind: Kind::Service, name: "svc1".into(), expected_version: 0 },
+        trace_parent: None,
+    };
+    s.apply(11, &del).0.unwrap();
+    let again = s.apply(12, &put("c", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    assert_ne!(again.resource.resource_version, first.resource.resource_version);
+    // A writer that read the first svc1 is refused on the second (ABA).
+    let stale = put("d", "svc1", "acme", service("resnet50", 10.0), WriteMode::Update, first.resource.resource_version);
+    let err = s.apply(13, &stale).0.unwrap_err();
+    assert_eq!((err.code, err.field.as_str()), (ErrorCode::FailedPrecondition, "resource_version"));
 }
 
 #[test]
@@ -100,8 +119,8 @@ fn retried_request_id_applies_once() {
     assert!(ev2.is_empty(), "a duplicate must not produce a change");
     let (first, second) = (first.unwrap(), second.unwrap());
     assert!(!first.deduplicated && second.deduplicated);
-    assert_eq!(second.resource.resource_version, 1, "applied once");
-    assert_eq!(s.get(Kind::Service, "svc1").unwrap().resource_version, 1);
+    assert_eq!(second.resource.resource_version, 10, "applied once");
+    assert_eq!(s.get(Kind::Service, "svc1").unwrap().resource_version, 10);
     // A refused request is remembered too: the retry gets the same refusal.
     let bad = put("bad-id", "svc2", "acme", service("unknown-model", 50.0), WriteMode::Create, 0);
     let e1 = s.apply(12, &bad).0.unwrap_err();
@@ -113,9 +132,9 @@ fn retried_request_id_applies_once() {
 fn stale_version_is_refused_and_changes_nothing() {
     let (mut s, _) = seeded();
     s.apply(10, &put("a", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
-    s.apply(11, &put("b", "svc1", "acme", service("resnet50", 45.0), WriteMode::Update, 1)).0.unwrap();
+    s.apply(11, &put("b", "svc1", "acme", service("resnet50", 45.0), WriteMode::Update, 10)).0.unwrap();
     let before = s.clone();
-    let err = s.apply(12, &put("c", "svc1", "acme", service("resnet50", 30.0), WriteMode::Update, 1)).0.unwrap_err();
+    let err = s.apply(12, &put("c", "svc1", "acme", service("resnet50", 30.0), WriteMode::Update, 10)).0.unwrap_err();
     assert_eq!(err.code, ErrorCode::FailedPrecondition);
     assert_eq!(err.field, "resource_version");
     assert_eq!(s.get(Kind::Service, "svc1"), before.get(Kind::Service, "svc1"));
@@ -174,18 +193,19 @@ fn referenced_resources_cannot_be_deleted() {
 #[test]
 fn status_update_keeps_spec() {
     let (mut s, _) = seeded();
+    let version = s.get(Kind::GpuModel, "A100-80GB").unwrap().resource_version;
     let req = Request {
         request_id: "st".into(),
         command: Command::PutStatus {
             kind: Kind::GpuModel,
             name: "A100-80GB".into(),
             status: serde_json::json!({"seen": 3}).into(),
-            expected_version: 1,
+            expected_version: version,
         },
         trace_parent: None,
     };
     let out = s.apply(10, &req).0.unwrap();
-    assert_eq!(out.resource.resource_version, 2);
+    assert_eq!(out.resource.resource_version, 10);
     assert_eq!(out.resource.spec, gpu_model());
     assert_eq!(out.resource.status.field("seen"), Some(serde_json::json!(3)));
 }
@@ -202,13 +222,12 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
         },
         trace_parent: None,
     };
-    let before = s.get(Kind::Tenant, "acme").unwrap().resource_version;
     let (out, events) = s.apply(10, &statuses(&["gone", "acme"]));
     let out = out.unwrap();
     assert_eq!(out.batch.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), vec!["acme"], "the missing one is skipped");
     assert_eq!(events.len(), 1);
     let acme = s.get(Kind::Tenant, "acme").unwrap();
-    assert_eq!((acme.status.field("seen"), acme.resource_version, acme.mod_revision), (Some(serde_json::json!("acme")), before + 1, 10));
+    assert_eq!((acme.status.field("seen"), acme.resource_version, acme.mod_revision), (Some(serde_json::json!("acme")), 10, 10));
 
     let none = s.apply(11, &statuses(&["gone", "also-gone"])).0.unwrap_err();
     assert_eq!((none.code, none.field.as_str()), (ErrorCode::NotFound, "statuses"));
@@ -219,7 +238,7 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
         assert!(err.reason.contains(&format!("{} statuses", names.len())), "{}", err.reason);
         assert!(s.apply(12, &request).0.is_err());
     }
-    assert_eq!(s.get(Kind::Tenant, "acme").unwrap().resource_version, before + 1, "refused entries change nothing");
+    assert_eq!(s.get(Kind::Tenant, "acme").unwrap().resource_version, 10, "refused entries change nothing");
     // At the bound: accepted.
     let full = statuses(&vec!["acme"; MAX_STATUSES_PER_ENTRY]);
     assert!(s.check(&full).is_ok());
@@ -394,13 +413,13 @@ fn a_plan_patch_changes_only_what_it_names_and_only_on_the_version_it_was_comput
     next.normalise();
     let patch = current.diff(&next);
     assert_eq!(patch.set_gpus.len(), 1);
-    // Computed from version 1: refused once the plan has moved on, and nothing changes.
+    // Computed from a version the plan is not at (7): refused, and nothing changes.
     let stale = s.apply(21, &patch_request("q0", patch.clone(), 7)).0.unwrap_err();
     assert_eq!((stale.code, stale.field.as_str()), (ErrorCode::FailedPrecondition, "resource_version"));
-    let patched = s.apply(22, &patch_request("q1", patch, 1)).0.unwrap().resource;
+    let patched = s.apply(22, &patch_request("q1", patch, 20)).0.unwrap().resource;
     let Spec::Plan(now) = &patched.spec else { panic!("a plan") };
     assert_eq!(*now, next);
-    assert_eq!(patched.resource_version, 2);
+    assert_eq!(patched.resource_version, 22);
     assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n2"]);
     assert_eq!(versions(&s, &["n1", "n2", "n3"]), vec![20, 22, 20]);
 
@@ -460,13 +479,14 @@ fn a_batch_applies_every_put_in_order_as_one_entry() {
     let puts = vec![
         put("", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0),
         // Sees the put before it: an update of the service the batch just created.
-        put("", "svc1", "acme", service("resnet50", 40.0), WriteMode::Update, 1),
+        put("", "svc1", "acme", service("resnet50", 40.0), WriteMode::Update, 11),
         put("", "svc2", "beta", service("resnet50", 30.0), WriteMode::Upsert, 0),
     ];
     let (outcome, events) = s.apply(11, &batch("b1", puts));
     let outcome = outcome.unwrap();
     let written: Vec<_> = outcome.batch.iter().map(|b| (b.name.as_str(), b.resource_version)).collect();
-    assert_eq!(written, [("svc1", 1), ("svc1", 2), ("svc2", 1)]);
+    // One entry, one version: the batch is applied whole, so no one saw svc1 between.
+    assert_eq!(written, [("svc1", 11), ("svc1", 11), ("svc2", 11)]);
     assert_eq!(outcome.resource.name, "svc2");
     assert_eq!(
         events.iter().map(|e| (e.change_type, e.revision)).collect::<Vec<_>>(),
@@ -564,11 +584,11 @@ fn a_second_write_of_one_resource_in_an_entry_is_refused_and_its_retry_applies()
     assert_eq!(e.code, ErrorCode::FailedPrecondition);
     assert!(e.reason.contains(r#"Service "svc1" was written by an earlier request of the same log entry"#), "{e}");
     assert!(events.is_empty());
-    assert_eq!(s.get(Kind::Service, "svc1").unwrap().resource_version, 1, "unchanged");
+    assert_eq!(s.get(Kind::Service, "svc1").unwrap().resource_version, 30, "unchanged");
     // Not remembered: the same request in an entry of its own is applied.
     assert!(s.applied_outcome("w2").is_none());
     let (retried, _) = s.apply(31, &again);
-    assert_eq!(retried.unwrap().resource.resource_version, 2);
+    assert_eq!(retried.unwrap().resource.resource_version, 31);
 }
 
 #[test]
@@ -637,4 +657,114 @@ fn the_catalogue_holds_what_planning_a_service_alone_reads_and_no_services() {
     let what_if = catalogue.resources_with("svc2", "acme", service("resnet50", 40.0));
     assert_eq!(what_if.list(Kind::Service).map(|r| r.name.as_str()).collect::<Vec<_>>(), ["svc2"]);
     assert!(s.get(Kind::Service, "svc2").is_none(), "the state is not changed");
+}
+
+fn node(address: &str, instance_type: &str, uuids: &[&str]) -> Spec {
+    Spec::Node(NodeSpec {
+        address: address.into(),
+        instance_type: instance_type.into(),
+        gpus: uuids.iter().map(|u| NodeGpu { uuid: u.to_string(), model: "A100-80GB".into(), mig_enabled: true }).collect(),
+        labels: Default::default(),
+    })
+}
+
+/// `seeded` with instance types of 8 and 1 GPUs, and Node h1 owning GPUs u1 and u2.
+fn with_node() -> ClusterState {
+    let (mut s, i) = seeded();
+    s.apply(i + 1, &put("it8", "p4d", "", instance_type("A100-80GB"), WriteMode::Create, 0)).0.unwrap();
+    let Spec::InstanceType(mut one) = instance_type("A100-80GB") else { unreachable!() };
+    one.gpu_count = 1;
+    s.apply(i + 2, &put("it1", "g1", "", Spec::InstanceType(one), WriteMode::Create, 0)).0.unwrap();
+    s.apply(i + 3, &put("h1", "h1", "", node("h1:9000", "p4d", &["u1", "u2"]), WriteMode::NodeRegistration, 0)).0.unwrap();
+    s
+}
+
+#[test]
+fn a_gpu_belongs_to_the_first_node_that_registers_it() {
+    let mut s = with_node();
+    let before = s.clone();
+    // Another node claiming u2: refused, whoever writes it, and nothing changes.
+    for (i, mode) in [WriteMode::NodeRegistration, WriteMode::Upsert].into_iter().enumerate() {
+        let claim = put(&format!("h2-{i}"), "h2", "", node("h2:9000", "p4d", &["u3", "u2"]), mode, 0);
+        assert!(s.check(&claim).is_err());
+        let err = s.apply(20 + i as u64, &claim).0.unwrap_err();
+        assert_eq!((err.code, err.field.as_str()), (ErrorCode::AlreadyExists, "spec.gpus[1].uuid"), "{err}");
+        assert!(!err.reason.contains("h1"), "names the owner: {err}");
+    }
+    assert_eq!(s.get(Kind::Node, "h2"), None);
+    assert_eq!(s.resources, before.resources);
+    // In a batch too.
+    let batch = batch("b", vec![put("", "h2", "", node("h2:9000", "p4d", &["u2"]), WriteMode::Upsert, 0)]);
+    assert_eq!(s.apply(30, &batch).0.unwrap_err().field, "puts[0].spec.gpus[0].uuid");
+    // The owner may list it again, and drop it; then it is free.
+    s.apply(31, &put("h1b", "h1", "", node("h1:9000", "p4d", &["u1", "u2"]), WriteMode::NodeRegistration, 0)).0.unwrap();
+    s.apply(32, &put("h1c", "h1", "", node("h1:9000", "p4d", &["u1"]), WriteMode::NodeRegistration, 0)).0.unwrap();
+    s.apply(33, &put("h2", "h2", "", node("h2:9000", "p4d", &["u2"]), WriteMode::NodeRegistration, 0)).0.unwrap();
+    assert_eq!(s.gpu_owners().owner("u2"), Some("h2"));
+    // A deleted node frees its GPUs.
+    let del = Request {
+        request_id: "d".into(),
+        command: Command::Delete { kind: Kind::Node, name: "h1".into(), expected_version: 0 },
+        trace_parent: None,
+    };
+    s.apply(34, &del).0.unwrap();
+    assert_eq!(s.gpu_owners().owner("u1"), None);
+    // The index is rebuilt from a snapshot as it was.
+    let restored: ClusterState = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    assert_eq!(restored.gpu_owners(), s.gpu_owners());
+}
+
+#[test]
+fn a_nodes_registration_keeps_its_address_and_instance_type_and_its_gpus_fit_the_type() {
+    let mut s = with_node();
+    for (id, spec, field) in
+        [("moved", node("victim:9000", "p4d", &["u1"]), "spec.address"), ("bigger", node("h1:9000", "g1", &["u1"]), "spec.instance_type")]
+    {
+        let err = s.apply(20, &put(id, "h1", "", spec, WriteMode::NodeRegistration, 0)).0.unwrap_err();
+        assert_eq!((err.code, err.field.as_str()), (ErrorCode::FailedPrecondition, field), "{err}");
+    }
+    // An admin's write may move it.
+    s.apply(21, &put("admin", "h1", "", node("h1-new:9000", "p4d", &["u1"]), WriteMode::Upsert, 0)).0.unwrap();
+    // No more GPUs than the instance type has, at registration or by an admin.
+    let many: Vec<String> = (0..9).map(|i| format!("m{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    for mode in [WriteMode::NodeRegistration, WriteMode::Upsert] {
+        let err = s.apply(22, &put("many", "h3", "", node("h3:9000", "p4d", &many), mode, 0)).0.unwrap_err();
+        assert_eq!(err.field, "spec.gpus", "{err}");
+        assert!(err.reason.contains("lists 9 GPUs; instance type \"p4d\" has 8"), "{err}");
+    }
+    let err = s.apply(23, &put("two", "h4", "", node("h4:9000", "g1", &["a", "b"]), WriteMode::NodeRegistration, 0)).0.unwrap_err();
+    assert_eq!(err.field, "spec.gpus");
+    // A registration mode is for Nodes only.
+    let err = s.apply(24, &put("svc", "svc1", "acme", service("resnet50", 50.0), WriteMode::NodeRegistration, 0)).0.unwrap_err();
+    assert_eq!(err.field, "mode");
+}
+
+#[test]
+fn a_service_may_not_take_another_tenants_name_or_a_look_alike() {
+    let (mut s, i) = seeded();
+    s.apply(i + 1, &put("t-globex", "globex", "", Spec::Tenant(Default::default()), WriteMode::Create, 0)).0.unwrap();
+    let before = s.clone();
+    for name in ["globex-web", "Globex-Web", "gIobex-web", "gl0bex.web", "globex"] {
+        let err = s.apply(20, &put(name, name, "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap_err();
+        assert_eq!((err.code, err.field.as_str()), (ErrorCode::InvalidArgument, "name"), "{name}: {err}");
+        assert!(!err.reason.contains("tenant \"globex\""), "{err}");
+    }
+    assert_eq!(s.resources, before.resources);
+    // The owner takes its own; a prefix that only starts alike is no one's.
+    s.apply(21, &put("own", "globex-web", "globex", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(22, &put("other", "globexy-web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(23, &put("mine", "acme-web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    // Look-alikes of an existing service are refused, in its tenant and outside it.
+    for (name, tenant) in [("acme-Web", "acme"), ("acme_web", "acme"), ("globexy-weB", "globex")] {
+        let err = s.apply(24, &put(name, name, tenant, service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap_err();
+        assert_eq!((err.code, err.field.as_str()), (ErrorCode::AlreadyExists, "name"), "{name}: {err}");
+    }
+    assert!(!s
+        .apply(25, &put("x", "globexy-weB", "globex", service("resnet50", 50.0), WriteMode::Create, 0))
+        .0
+        .unwrap_err()
+        .reason
+        .contains("\"globexy-web\""));
+    assert_eq!(super::admission::name_skeleton("gIobex-Web"), super::admission::name_skeleton("globex_web"));
 }

@@ -76,6 +76,7 @@ struct Inner {
     loop_pass_seconds: HistogramFamily,
     loop_failures: Family<Labels, Counter>,
     reports_refused: Family<Labels, Counter>,
+    gpu_claims_refused: Counter,
     /// Failed passes in a row per loop (0 after a good pass), for `/readyz`.
     loop_failure_streaks: Mutex<std::collections::BTreeMap<&'static str, u32>>,
     plan_cost: FloatGauge,
@@ -129,6 +130,7 @@ impl Default for ControllerMetrics {
             service_failed: Family::default(),
             tenant_gpus: Family::default(),
             tenant_cost: Family::default(),
+            gpu_claims_refused: Counter::default(),
             service_gpus: Family::default(),
             service_cost: Family::default(),
             slo_windows: Family::default(),
@@ -211,6 +213,11 @@ impl Default for ControllerMetrics {
         r.register("service_failed", "Failed requests in a service's latest window on a node (leader only)", inner.service_failed.clone());
         r.register(
             "tenant_gpus",
+        r.register(
+            "gpu_claims_refused",
+            "Node writes refused at this controller because they list a GPU uuid another Node registered",
+            inner.gpu_claims_refused.clone(),
+        );
             "GPUs-worth the committed plan gives a tenant (MIG instance GPCs/7 plus MPS shares with the shadows' reserve)",
             inner.tenant_gpus.clone(),
         );
@@ -393,6 +400,10 @@ mod tests {
 
     fn value(text: &str, series: &str) -> Option<f64> {
         text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    pub fn observe_gpu_claim_refused(&self) {
+        self.inner.gpu_claims_refused.inc();
+    }
+
     }
 
     #[test]
