@@ -86,6 +86,17 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, placed: &Pla
         }
     }
 
+    // Each entry is bounded above, their product is not: 64 GPUs of 256 workloads made a
+    // 3.9 MB Node status, and the log grew by it at every change.
+    let observed: usize = report.gpus.iter().map(prost::Message::encoded_len).sum();
+    if observed > MAX_REPORTED_OBSERVED_BYTES {
+        return Err(FieldError::invalid(
+            "gpus",
+            format!("the observed state is {observed} bytes encoded; a report holds at most {MAX_REPORTED_OBSERVED_BYTES}"),
+        )
+        .into());
+    }
+
     bounded_list("metrics", report.metrics.len(), MAX_REPORTED_SERVICES)?;
     let mut seen = BTreeSet::new();
     for (i, m) in report.metrics.iter().enumerate() {
@@ -283,6 +294,31 @@ mod tests {
         assert_eq!(field(check_report(&report(many), &node(), &placed(&["web"]))), ("metrics".into(), "invalid"));
         let twice = report(vec![metrics("web", ""), metrics("web", "")]);
         assert_eq!(field(check_report(&twice, &node(), &placed(&["web"]))), ("metrics[1].service".into(), "invalid"));
+    }
+
+    #[test]
+    fn an_observed_state_past_its_bytes_is_invalid_though_each_list_is_within_bounds() {
+        let mut big = node();
+        big.gpus = (0..MAX_GPUS_PER_NODE).map(|g| NodeGpu { uuid: format!("GPU-{g}"), model: "A100-80GB".into(), mig_enabled: true }).collect();
+        let workload = |j: usize| proto::ObservedWorkload {
+            service: format!("svc-{j}"),
+            process: "p".repeat(MAX_NAME_LEN * 2),
+            state: "running".into(),
+            ..Default::default()
+        };
+        let gpu = |g: usize, workloads: usize| proto::ObservedGpu {
+            gpu_uuid: format!("GPU-{g}"),
+            workloads: (0..workloads).map(workload).collect(),
+            ..Default::default()
+        };
+        let mut r = report(vec![]);
+        // The attack: every GPU at the per-GPU bound, 3.9 MB in all.
+        r.gpus = (0..MAX_GPUS_PER_NODE).map(|g| gpu(g, MAX_REPORTED_WORKLOADS_PER_GPU)).collect();
+        assert_eq!(field(check_report(&r, &big, &placed(&[]))), ("gpus".into(), "invalid"));
+        // A large honest host: 8 GPUs of 7 instances with a shadow each.
+        r.gpus = (0..8).map(|g| gpu(g, 14)).collect();
+        assert!(r.gpus.iter().map(prost::Message::encoded_len).sum::<usize>() < MAX_REPORTED_OBSERVED_BYTES);
+        assert_eq!(check_report(&r, &big, &placed(&[])), Ok(vec![]));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! leader-only loop that runs them is in `crate::loops`.
 
 mod assign;
+pub mod budget;
 mod input;
 pub mod kept;
 pub mod offline;

@@ -13,6 +13,7 @@ use planner::policy::fair_share::{fair_share, Claim};
 use serde::Serialize;
 
 use super::{plan_pools, plan_pools_from, planning_input, service_rules, MigStrategy, PoolPlans, Previous, ServiceRules};
+use crate::resources::limits::DEFAULT_TENANT_MAX_GPUS;
 use crate::resources::{ErrorCode, FieldError, TenantSpec};
 use crate::state::ClusterState;
 
@@ -42,9 +43,11 @@ impl Usage {
 const SLACK: f64 = 1e-9;
 
 impl Quota {
-    /// The quota a Tenant's spec declares.
+    /// The quota a Tenant's spec declares, with [`DEFAULT_TENANT_MAX_GPUS`] for a tenant
+    /// that sets no `max_gpus`: no tenant's demand is unbounded by default (one without a
+    /// quota could make every pass plan 2,000-GPU services by the hundred).
     pub fn of(spec: &TenantSpec) -> Quota {
-        Quota { max_gpus: spec.max_gpus, max_cost_per_hour: spec.max_cost_per_hour }
+        Quota { max_gpus: Some(spec.max_gpus.unwrap_or(DEFAULT_TENANT_MAX_GPUS)), max_cost_per_hour: spec.max_cost_per_hour }
     }
 
     pub fn is_limited(&self) -> bool {
@@ -131,8 +134,21 @@ pub fn plan_within_limits(
     stop: &dyn Fn() -> bool,
     capacity: Option<&Capacity>,
 ) -> Option<(Plan, PoolPlans)> {
+    // What the quotas and the plan's budget refuse by lower bounds, before any strategy
+    // runs (`budget`): the passes below plan at most that much.
+    let mut refused = super::budget::over_budget(input, rules);
+    let budgeted;
+    let (input, previous) = if refused.is_empty() {
+        (input, previous)
+    } else {
+        let out: BTreeSet<&str> = refused.iter().map(|r| r.service.as_str()).collect();
+        budgeted = PlanningInput {
+            services: input.services.iter().filter(|s| !out.contains(s.name.as_str())).cloned().collect(),
+            ..input.clone()
+        };
+        (&budgeted, None)
+    };
     let (mut plan, mut pools) = plan_pools_from(input, rules, strategy, previous, stop)?;
-    let mut refused: Vec<Infeasible> = Vec::new();
     let mut share_rounds = 0;
     loop {
         let mut over = over_quota(&plan, input, rules);
