@@ -123,6 +123,8 @@ pub enum InfeasibleReason {
     OverQuota { detail: String },
     /// The fleet cannot grow and its tenant's weighted fair share of it is used.
     FleetFull { detail: String },
+    /// The model is profiled, but not with what the strategy needs (the detail says what).
+    ProfileIncomplete { detail: String },
 }
 
 impl fmt::Display for InfeasibleReason {
@@ -138,6 +140,7 @@ impl fmt::Display for InfeasibleReason {
             InfeasibleReason::PlannerFailure { detail } => write!(f, "the planner failed on this service: {detail}"),
             InfeasibleReason::OverQuota { detail } => write!(f, "over quota: {detail}"),
             InfeasibleReason::FleetFull { detail } => write!(f, "fleet full: {detail}"),
+            InfeasibleReason::ProfileIncomplete { detail } => write!(f, "incomplete profile: {detail}"),
         }
     }
 }

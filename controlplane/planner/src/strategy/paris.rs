@@ -464,14 +464,24 @@ fn configure_on(
     budget_ms: f64,
 ) -> Option<Result<Vec<SizeDemand>, InfeasibleReason>> {
     let table = input.profiles.table(&t.name, model)?;
-    let curve = input.profiles.utilisation_curve(&t.name, model)?;
+    // A profile without what PARIS sizes by is named as such, not as no profile at all.
+    let incomplete = |detail: String| Some(Err(InfeasibleReason::ProfileIncomplete { detail }));
+    let Some(curve) = input.profiles.utilisation_curve(&t.name, model) else {
+        return incomplete(format!(
+            "model `{model}`'s profile on {} has no utilisation figures (its points' `utilisation`), which PARIS finds each partition's knee by (Sec. IV-A, Alg. 1)",
+            t.name
+        ));
+    };
     let mut sizes: Vec<u8> = cfg.sizes.iter().copied().filter(|s| SIZES.contains(s)).collect();
     sizes.sort_unstable();
     sizes.dedup();
     let profiles: Vec<PartitionProfile> =
         sizes.iter().filter_map(|&s| PartitionProfile::from_table(table, curve, s, cfg.knee_utilisation)).collect();
     if profiles.is_empty() {
-        return None;
+        return incomplete(format!(
+            "model `{model}`'s profile on {} has no point with both throughput and utilisation at the partition sizes {sizes:?} (GPCs)",
+            t.name
+        ));
     }
     Some(size_service(&profiles, dist, rate, budget_ms))
 }
@@ -789,11 +799,13 @@ mod tests {
         let plan = super::plan(&inp, &cfg());
         check_invariants(&plan, &inp).unwrap();
         assert!(plan.infeasible.iter().filter(|f| matches!(f.reason, InfeasibleReason::NoGpuType { .. })).count() >= 3);
-        // The utilisation curve is required (Step A).
+        // The utilisation curve is required (Step A), and its absence named as such: the
+        // model is profiled, so "no profile" would send its owner looking for the wrong thing.
         let mut inp = fig8_input(100.0, 1000.0);
         inp.profiles.utilisation.clear();
         let plan = super::plan(&inp, &cfg());
-        assert_eq!(plan.infeasible[0].reason, InfeasibleReason::NoProfile { model: "m".into() });
+        let InfeasibleReason::ProfileIncomplete { detail } = &plan.infeasible[0].reason else { panic!("{:?}", plan.infeasible) };
+        assert!(detail.contains("no utilisation figures"), "{detail}");
     }
 
     /// Exhaustive minimum number of GPUs for (n1, n2, n3, n4) over every sub-layout of

@@ -198,6 +198,7 @@ impl Row {
                 InfeasibleReason::PlannerFailure { .. } => "planner failure",
                 InfeasibleReason::OverQuota { .. } => "over quota",
                 InfeasibleReason::FleetFull { .. } => "fleet full",
+                InfeasibleReason::ProfileIncomplete { .. } => "incomplete profile",
             };
             *reasons.entry(kind).or_default() += 1;
         }
