@@ -3,6 +3,7 @@
 //! reason, and changes nothing on the node.
 
 use planner::isolation::{check_gpu, Boundary, Isolation};
+use crate::router::admission::{parse_digest, Callers};
 use planner::mig::{parse_profile, validate, GpuModel, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -56,6 +57,8 @@ pub struct GpuDesired {
 pub struct NodeDesired {
     pub version: u64,
     pub gpus: BTreeMap<String, GpuDesired>,
+    /// Per service placed here, who may call its endpoint (its `inference_tokens`).
+    pub callers: BTreeMap<String, Callers>,
     /// The trace of the write that committed the newest plan in it (empty when traces are
     /// not exported): the reconcile that applies it continues that trace.
     pub trace_parent: String,
@@ -79,6 +82,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
         return Err(refuse("node".into(), format!("addressed to {:?}, this agent is {node:?}", state.node)));
     }
     let mut gpus = BTreeMap::new();
+    let mut callers = BTreeMap::new();
     for (gi, g) in state.gpus.iter().enumerate() {
         let field = |f: &str| format!("gpus[{gi}].{f}");
         let model = *models.get(&g.gpu_uuid).ok_or_else(|| refuse(field("gpu_uuid"), format!("no GPU {:?} on this node", g.gpu_uuid)))?;
@@ -125,6 +129,13 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
                     .ok_or_else(|| refuse(wf("isolation"), format!("{:?} is not shared, mig or dedicated", w.isolation)))?;
                 boundaries.push((slot, Boundary { tenant: w.tenant.clone(), isolation }));
             }
+            if w.inference_tokens.len() > model::limits::MAX_INFERENCE_TOKENS {
+                return Err(refuse(wf("inference_tokens"), format!("{} tokens; at most {}", w.inference_tokens.len(), model::limits::MAX_INFERENCE_TOKENS)));
+            }
+            if let Some(i) = w.inference_tokens.iter().position(|d| parse_digest(d).is_none()) {
+                return Err(refuse(wf(&format!("inference_tokens[{i}]")), "not a SHA-256 as 64 hex digits"));
+            }
+            callers.entry(w.service.clone()).or_insert_with(|| Callers::from_hex(w.inference_tokens.iter().map(String::as_str)));
             *share.entry(slot).or_default() += w.mps_percent * f64::from(w.processes);
             workloads.push(WorkloadSpec {
                 service: w.service.clone(),
@@ -150,7 +161,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
         .map_err(|e| refuse(field("workloads"), e))?;
         gpus.insert(g.gpu_uuid.clone(), GpuDesired { layout, workloads });
     }
-    Ok(NodeDesired { version: state.version, gpus, trace_parent: state.trace_parent.clone() })
+    Ok(NodeDesired { version: state.version, gpus, callers, trace_parent: state.trace_parent.clone() })
 }
 
 #[cfg(test)]

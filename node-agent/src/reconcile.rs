@@ -189,7 +189,12 @@ mod tests {
     }
 
     fn one_gpu(layout: Vec<Placement>, workloads: Vec<WorkloadSpec>) -> NodeDesired {
-        NodeDesired { version: 1, gpus: [("GPU-0".to_string(), GpuDesired { layout, workloads })].into(), trace_parent: String::new() }
+        NodeDesired {
+            version: 1,
+            gpus: [("GPU-0".to_string(), GpuDesired { layout, workloads })].into(),
+            callers: Default::default(),
+            trace_parent: String::new(),
+        }
     }
 
     fn observed(layout: Vec<Placement>, running: Vec<Running>) -> NodeObserved {

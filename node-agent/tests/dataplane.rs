@@ -175,3 +175,74 @@ async fn sim_infer_drains_in_flight_requests_and_refuses_new_ones() {
     }
     stopping.await.unwrap().unwrap();
 }
+
+fn token_digest(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn with_token(req: InferRequest, token: Option<&str>) -> tonic::Request<InferRequest> {
+    let mut r = tonic::Request::new(req);
+    if let Some(t) = token {
+        r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+/// Concurrent senders with `token` until `stop`: the codes of their answers.
+fn flood(client: &InferenceClient<Channel>, senders: u64, token: Option<&'static str>, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<Vec<Code>>> {
+    (0..senders)
+        .map(|c| {
+            let (mut client, stop) = (client.clone(), Arc::clone(stop));
+            tokio::spawn(async move {
+                let mut codes = Vec::new();
+                while !stop.load(SeqCst) {
+                    let code = match client.infer(with_token(request(c, 1), token)).await {
+                        Ok(_) => Code::Ok,
+                        Err(s) => s.code(),
+                    };
+                    codes.push(code);
+                }
+                codes
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn listed_tokens_are_served_their_share_under_a_flood_and_anonymous_callers_are_refused() {
+    // resnet50 on 1g, × 5: about 40 ms a batch of 8, so a flood fills the router.
+    let sim = start_sim("s", "resnet50", 1, 5.0).await;
+    let r = router("resnet50", 1000.0, 1000, 5.0, vec![backend("s", sim.addr, 1)]);
+    r.set_callers(node_agent::router::Callers::from_hex([token_digest("victim").as_str(), token_digest("noisy").as_str()]));
+    let mut client = serve_router(&r).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    // 64 anonymous senders and 64 with a listed token, against a bound of 4 batches of 8.
+    let anonymous = flood(&client, 64, None, &stop);
+    let noisy = flood(&client, 64, Some("noisy"), &stop);
+    let wrong = flood(&client, 4, Some("not-listed"), &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The victim, one request at a time meanwhile: every one served.
+    for id in 0..20 {
+        let answer = client.infer(with_token(request(1_000 + id, 1), Some("victim"))).await;
+        assert!(answer.is_ok(), "the victim's request {id}: {answer:?}");
+    }
+    stop.store(true, SeqCst);
+    let codes = |tasks: Vec<JoinHandle<Vec<Code>>>| async move {
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all
+    };
+    let anonymous = codes(anonymous).await;
+    assert!(!anonymous.is_empty() && anonymous.iter().all(|c| *c == Code::Unauthenticated), "{anonymous:?}");
+    let wrong = codes(wrong).await;
+    assert!(!wrong.is_empty() && wrong.iter().all(|c| *c == Code::Unauthenticated));
+    let noisy = codes(noisy).await;
+    assert!(noisy.contains(&Code::Ok), "the noisy token is served its share");
+    assert!(noisy.contains(&Code::ResourceExhausted), "and shed past it");
+    assert!(noisy.iter().all(|c| matches!(c, Code::Ok | Code::ResourceExhausted)), "{noisy:?}");
+    assert_eq!(r.in_flight(), 0);
+    sim.drain_and_stop().await.unwrap();
+}

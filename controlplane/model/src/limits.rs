@@ -22,6 +22,9 @@ pub const MIN_REQUEST_RATE: f64 = 0.001;
 /// Longest client request id (the idempotency key of a write), bytes: every controller
 /// remembers the last 100,000 of them (the state machine's de-duplication window).
 pub const MAX_REQUEST_ID_LEN: usize = 128;
+/// Bearer tokens a Service's endpoints accept (`spec.inference_tokens`): each gets an equal
+/// share of a router's requests in flight, so more would leave each too little.
+pub const MAX_INFERENCE_TOKENS: usize = 16;
 /// Encoded bytes of the observed state (GPUs, MIG instances, workloads) of one agent
 /// report, and so of a Node's status: an 8-GPU host running 7 instances with a shadow each
 /// reports about 17 KB.
@@ -172,6 +175,7 @@ pub fn limits() -> Vec<Limit> {
             "a tenant's `max_gpus` when its spec sets none: no tenant is unlimited by default",
         ),
         row("MAX_TENANT_COST_PER_HOUR", MAX_TENANT_COST_PER_HOUR, "a tenant's `max_cost_per_hour` quota"),
+        row("MAX_INFERENCE_TOKENS", MAX_INFERENCE_TOKENS, "bearer tokens a Service's endpoints accept, each with an equal share of a router"),
         row("MAX_SPEC_BYTES", MAX_SPEC_BYTES, "encoded spec of a resource other than a Plan"),
         row("MAX_PLAN_GPUS", MAX_PLAN_GPUS, "GPUs of one Plan"),
         row("MAX_WORKLOADS_PER_GPU", MAX_WORKLOADS_PER_GPU, "workloads and MIG instances on one planned GPU"),

@@ -275,6 +275,12 @@ pub struct ServiceSpec {
     /// 0, so a Service without one encodes as before it existed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: u32,
+    /// SHA-256 digests (64 lower-case hex digits, as `gpuctl token` prints them) of the
+    /// bearer tokens its endpoints accept (`authorization: Bearer <token>`); each token gets
+    /// an equal share of the router's requests in flight. Empty (the default): the
+    /// endpoints are open to anyone who can reach them. At most `MAX_INFERENCE_TOKENS`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inference_tokens: Vec<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -384,6 +384,20 @@ fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
         (None, None) => return Err(FieldError::invalid("spec.slo.request_rate", "required (or set spec.slo.autoscaling)")),
     }
     int_within("spec.priority", u64::from(s.priority), 0, u64::from(MAX_SERVICE_PRIORITY))?;
+    bounded_list("spec.inference_tokens", s.inference_tokens.len(), MAX_INFERENCE_TOKENS)?;
+    let mut tokens = BTreeSet::new();
+    for (i, digest) in s.inference_tokens.iter().enumerate() {
+        let field = format!("spec.inference_tokens[{i}]");
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(FieldError::invalid(
+                field,
+                "must be the SHA-256 of a token as 64 lower-case hex digits (gpuctl token prints it), not the token itself",
+            ));
+        }
+        if !tokens.insert(digest) {
+            return Err(FieldError::invalid(field, "is listed twice"));
+        }
+    }
     unique_names("spec.allowed_gpu_models", &s.allowed_gpu_models, MAX_ALLOWED_GPU_MODELS)?;
     unique_names("spec.allowed_instance_types", &s.allowed_instance_types, MAX_ALLOWED_INSTANCE_TYPES)?;
     if let Some(BatchDistribution::LogNormal { mu, sigma, max_batch }) = &s.batch_distribution {
@@ -502,6 +516,7 @@ mod tests {
             strategy: None,
             batch_distribution: None,
             priority: 0,
+            inference_tokens: vec![],
         })
     }
 
@@ -522,6 +537,24 @@ mod tests {
             assert_eq!(err.field, field, "{rate:?} {latency}: {err}");
             assert_eq!(err.code, ErrorCode::InvalidArgument);
         }
+    }
+
+    #[test]
+    fn inference_tokens_are_digests_bounded_and_listed_once() {
+        let with = |tokens: Vec<String>| {
+            let Spec::Service(mut s) = service(Some(10.0), 50.0) else { unreachable!() };
+            s.inference_tokens = tokens;
+            validate_spec(&Spec::Service(s))
+        };
+        let digest = |i: usize| format!("{i:064x}");
+        assert!(with((0..MAX_INFERENCE_TOKENS).map(digest).collect()).is_ok());
+        assert_eq!(with((0..=MAX_INFERENCE_TOKENS).map(digest).collect()).unwrap_err().field, "spec.inference_tokens");
+        for bad in ["a-plain-token", &"A".repeat(64), &"0".repeat(63)] {
+            let err = with(vec![digest(1), bad.to_string()]).unwrap_err();
+            assert_eq!(err.field, "spec.inference_tokens[1]", "{bad}");
+            assert!(err.reason.contains("not the token itself"), "{err}");
+        }
+        assert_eq!(with(vec![digest(1), digest(1)]).unwrap_err().field, "spec.inference_tokens[1]");
     }
 
     #[test]

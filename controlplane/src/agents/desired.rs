@@ -28,8 +28,8 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
             .workloads
             .iter()
             .map(|w| {
-                let (model, slo_ms) =
-                    service_spec(cluster, &w.service).map_or((String::new(), 0.0), |s| (s.model.clone(), s.slo.latency_ms));
+                let (model, slo_ms, inference_tokens) = service_spec(cluster, &w.service)
+                    .map_or((String::new(), 0.0, Vec::new()), |s| (s.model.clone(), s.slo.latency_ms, s.inference_tokens.clone()));
                 proto::AgentWorkload {
                     service: w.service.clone(),
                     model,
@@ -42,6 +42,7 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
                     tenant: w.tenant.clone(),
                     isolation: if w.tenant.is_empty() { String::new() } else { w.isolation.as_str().to_string() },
                     batch_ms: w.batch_ms,
+                    inference_tokens,
                 }
             })
             .collect();

@@ -44,6 +44,7 @@ pub(crate) fn service(model: &str, latency_ms: f64) -> Spec {
         strategy: None,
         batch_distribution: None,
         priority: 0,
+        inference_tokens: vec![],
     })
 }
 

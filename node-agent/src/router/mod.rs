@@ -3,6 +3,7 @@
 //! per-second p99 / throughput / arrival-rate windows, and an atomic active-set switch;
 //! [`Routers`] holds the node's routers for the executor.
 
+pub mod admission;
 pub mod backend;
 pub mod planned_times;
 pub mod queue;
@@ -10,6 +11,7 @@ pub mod routers;
 pub mod service;
 pub mod window;
 
+pub use admission::{Admission, Callers};
 pub use backend::{Backend, BackendAddrError, BackendSpec};
 pub use planned_times::PlannedServiceTimes;
 pub use routers::{ActiveProcess, Routers, RoutingError};

@@ -4,7 +4,7 @@
 //! first taken out of the set and drained, so no request reaches a stopped process.
 
 use super::planned_times::PlannedBatch;
-use super::{serve, Backend, BackendSpec, PlannedServiceTimes, Router, RouterConfig, WindowStats};
+use super::{serve, Backend, BackendSpec, Callers, PlannedServiceTimes, Router, RouterConfig, WindowStats};
 use planner::policy::elsa::ElsaConfig;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -59,6 +59,9 @@ pub struct Routers {
     ports_file: PathBuf,
     runtime: Handle,
     routers: Mutex<BTreeMap<String, ServiceRouter>>,
+    /// Who may call each service, from the latest desired state (a router started later
+    /// starts with its service's).
+    callers: Mutex<BTreeMap<String, Callers>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +83,22 @@ impl Routers {
             ports_file: state_dir.join("router-ports.json"),
             runtime,
             routers: Mutex::new(BTreeMap::new()),
+            callers: Mutex::default(),
+        }
+    }
+
+    /// Who may call each service from now on (a service absent: open).
+    pub fn set_callers(&self, callers: &BTreeMap<String, Callers>) {
+        {
+            // Not held with the routers' lock, which `sync` holds when it takes this one.
+            let mut kept = self.callers.lock().expect("callers lock");
+            if *kept == *callers {
+                return;
+            }
+            kept.clone_from(callers);
+        }
+        for (service, r) in self.routers.lock().expect("routers lock").iter() {
+            r.router.set_callers(callers.get(service).cloned().unwrap_or_default());
         }
     }
 
@@ -167,6 +186,7 @@ impl Routers {
         let config = RouterConfig { service: service.into(), slo_ms, elsa: ElsaConfig::default(), window_ms: 1000 };
         let router = Router::new(config, times.clone(), Vec::new())
             .map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
+        router.set_callers(self.callers.lock().expect("callers lock").get(service).cloned().unwrap_or_default());
         let latest = Arc::new(Mutex::new(None));
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = router.clone();

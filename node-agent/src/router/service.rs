@@ -5,6 +5,7 @@
 //! either the old set or the new one, never a mix. Requests already sent to a backend that
 //! leaves the set complete there; [`Backend::drained`] tells when the last one has.
 
+use super::admission::{Admission, Callers, IN_FLIGHT_BATCHES_PER_BACKEND};
 use super::backend::Backend;
 use super::window::{Window, WindowStats};
 use crate::inflight::InFlightGuard;
@@ -91,6 +92,10 @@ struct Inner {
     epoch: Instant,
     window: Mutex<Window>,
     windows: broadcast::Sender<WindowStats>,
+    /// Who may call (the Service's `inference_tokens`), replaced when the desired state
+    /// changes it.
+    callers: ArcSwap<Callers>,
+    admission: Arc<Admission>,
 }
 
 /// One service's router; clones share state.
@@ -132,6 +137,8 @@ impl Router {
                 epoch: Instant::now(),
                 window: Mutex::new(window),
                 windows,
+                callers: ArcSwap::from_pointee(Callers::default()),
+                admission: Arc::default(),
             }),
         })
     }
@@ -142,6 +149,26 @@ impl Router {
 
     pub fn active(&self) -> Arc<ActiveSet> {
         self.inner.active.load_full()
+    }
+
+    /// Who may call this endpoint from now on (requests in flight are not re-checked).
+    pub fn set_callers(&self, callers: Callers) {
+        if **self.inner.callers.load() != callers {
+            self.inner.callers.store(Arc::new(callers));
+        }
+    }
+
+    /// Requests in flight through the router now.
+    pub fn in_flight(&self) -> u32 {
+        self.inner.admission.in_flight()
+    }
+
+    /// Requests the router holds in flight at most: [`IN_FLIGHT_BATCHES_PER_BACKEND`]
+    /// batches of each active backend's max batch.
+    fn in_flight_bound(&self) -> u32 {
+        let set = self.inner.active.load();
+        let batches: u32 = set.backends.iter().map(|b| b.spec().max_batch.max(1)).fold(0u32, u32::saturating_add);
+        batches.saturating_mul(IN_FLIGHT_BATCHES_PER_BACKEND)
     }
 
     /// Makes `backends` the active set: one pointer store.
@@ -240,8 +267,22 @@ impl Router {
 #[tonic::async_trait]
 impl Inference for Router {
     async fn infer(&self, request: Request<InferRequest>) -> Result<Response<InferResponse>, Status> {
-        let req = request.into_inner();
         let service = &self.inner.config.service;
+        // Before anything is counted or queued: a caller without a listed token is no
+        // traffic of the service's, and one past its share is shed at once.
+        let admitted = match self.inner.admission.admit(service, &self.inner.callers.load(), self.in_flight_bound(), request.metadata()) {
+            Ok(a) => a,
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                self.record(|w, now| {
+                    let mut closed = w.arrival(now);
+                    closed.extend(w.failed(now));
+                    closed
+                });
+                return Err(status);
+            }
+            Err(status) => return Err(status),
+        };
+        let req = request.into_inner();
         if req.service != *service {
             return Err(Status::not_found(format!("service `{}` is not served here (this endpoint serves `{service}`)", req.service)));
         }
@@ -257,6 +298,7 @@ impl Inference for Router {
         };
         let result = dispatched.backend.client().infer(req).await;
         drop(dispatched);
+        drop(admitted);
         match result {
             Ok(response) => {
                 let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);

@@ -49,6 +49,10 @@ fn reconcile_once(
     telemetry: &AgentMetrics,
 ) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
+    // Before any request reaches a router this round: who may call each service now.
+    if let Some(routers) = &executor.routers {
+        routers.set_callers(&desired.callers);
+    }
     // Observed once a round (on real GPUs each observation asks the driver about every GPU),
     // and again only when a failover changed what runs.
     let mut observed = executor.observe()?;
