@@ -410,6 +410,28 @@ heartbeat_interval_ms = 50
     }
 
     #[test]
+    fn connection_and_watch_bounds_are_set_under_limits_and_checked() {
+        let d = crate::security::RateLimits::default();
+        assert_eq!((d.connections_per_ip, d.exempt_loopback, d.max_connections), (1024, true, None));
+        assert_eq!((d.handshake_timeout_ms, d.idle_timeout_ms, d.streams_per_connection), (10_000, 300_000, 256));
+        assert_eq!((d.watches_per_principal, d.watch_queue_events, d.watch_queue_kib), (16, 1000, 4096));
+        let cfg: ControllerConfig = toml::from_str(
+            "[security]\ninsecure = true\n[limits]\nmax_connections = 5000\nconnections_per_ip = 8\nexempt_loopback = false\n\
+             handshake_timeout_ms = 500\nidle_timeout_ms = 60000\nstreams_per_connection = 64\nwatches_per_principal = 4\n\
+             watch_queue_events = 100\nwatch_queue_kib = 256\n",
+        )
+        .unwrap();
+        let limits = cfg.security().unwrap().limits;
+        assert_eq!((limits.max_connections, limits.connections_per_ip, limits.exempt_loopback), (Some(5000), 8, false));
+        assert_eq!((limits.handshake_timeout_ms, limits.idle_timeout_ms, limits.streams_per_connection), (500, 60_000, 64));
+        assert_eq!((limits.watches_per_principal, limits.watch_queue_events, limits.watch_queue_kib), (4, 100, 256));
+        let cfg: ControllerConfig = toml::from_str("[security]\ninsecure = true\n[limits]\nwatches_per_principal = 0\n").unwrap();
+        assert!(cfg.security().unwrap_err().to_string().contains("limits.watches_per_principal: must be at least 1"));
+        let cfg: ControllerConfig = toml::from_str("[security]\ninsecure = true\n[limits]\nhandshake_timeout_ms = 0\n").unwrap();
+        assert!(cfg.security().unwrap_err().to_string().contains("limits.handshake_timeout_ms"));
+    }
+
+    #[test]
     fn the_tuner_is_on_by_default_and_configured_under_loops() {
         let d = loops("").unwrap();
         assert!(d.tuner);

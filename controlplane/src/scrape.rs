@@ -10,20 +10,27 @@ use std::sync::Arc;
 use crate::controller::Controller;
 use crate::resources::TenantStatus;
 use crate::resources::{Kind, Spec};
+use crate::server::Connections;
 use crate::state::ClusterState;
 use crate::telemetry::{readiness, serve, RaftFigures, Response, ServiceSample, Snapshot, UNREADY_AFTER_LOOP_FAILURES};
 
-/// Serves `/metrics`, `/healthz` and `/readyz` for `controller` on `listener` until aborted.
-pub async fn serve_controller(listener: tokio::net::TcpListener, controller: Controller) {
+/// Serves `/metrics`, `/healthz` and `/readyz` for `controller` on `listener` until aborted;
+/// `api`: the connections of its API's listener, whose accept errors and connection cap
+/// `/readyz` answers 503 for (none in the simulation).
+pub async fn serve_controller(listener: tokio::net::TcpListener, controller: Controller, api: Option<Arc<Connections>>) {
     serve(
         listener,
         Arc::new(move |path: &str| match path {
             "/metrics" => Response::metrics(controller.telemetry.render(&snapshot(&controller))),
             "/healthz" => Response::text(200, "ok\n"),
-            "/readyz" => match readiness(&snapshot(&controller).raft, &controller.telemetry.failing_loops(UNREADY_AFTER_LOOP_FAILURES)) {
-                Ok(()) => Response::text(200, "ready\n"),
-                Err(reason) => Response::text(503, format!("not ready: {reason}\n")),
-            },
+            "/readyz" => {
+                let (accept_failing, refusing_at) = api.as_ref().map(|a| a.unready()).unwrap_or_default();
+                let loops = controller.telemetry.failing_loops(UNREADY_AFTER_LOOP_FAILURES);
+                match readiness(&snapshot(&controller).raft, &loops, accept_failing.as_deref(), refusing_at) {
+                    Ok(()) => Response::text(200, "ready\n"),
+                    Err(reason) => Response::text(503, format!("not ready: {reason}\n")),
+                }
+            }
             _ => Response::text(404, "not found (try /metrics, /healthz, /readyz)\n"),
         }),
     )

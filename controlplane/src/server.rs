@@ -24,6 +24,14 @@ use crate::security::{Api, Gatekeeper, Security};
 use crate::storage::{open_data_dir, MemBackend, Watermark};
 use crate::telemetry::ControllerMetrics;
 
+mod connections;
+mod watch_slots;
+
+pub use connections::{Bounds, Connections};
+use connections::{Incoming, RequestLayer};
+pub use connections::{MAX_PEER_CONNECTIONS, UNREADY_FOR};
+pub use watch_slots::{WatchBounds, WatchSlot, WatchSlots};
+
 /// Where a node keeps its state.
 #[derive(Clone, Debug)]
 pub enum StorageChoice {
@@ -174,12 +182,16 @@ pub async fn start_node(opts: NodeOptions) -> anyhow::Result<RunningNode> {
         None => None,
     };
     let channels = PeerChannels::with_tls(opts.security.tls.as_ref().map(|t| t.client_config()));
-    // No Nagle on accepted connections: with it, a small answer written after a large
-    // request (a follower's AppendEntries answer, a client's write answer) waited for the
-    // peer's delayed ACK, 40 ms, and a new leader re-sending its log tail to a follower
-    // took 40 ms per 512 KiB batch (the clients' and peers' own ends already set it).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let listeners = Listeners { metrics: metrics_listener, peers: peer_listener };
+    // No Nagle on accepted connections (`Incoming` sets it): with it, a small answer written
+    // after a large request (a follower's AppendEntries answer, a client's write answer)
+    // waited for the peer's delayed ACK, 40 ms, and a new leader re-sending its log tail to a
+    // follower took 40 ms per 512 KiB batch (the clients' and peers' own ends already set it).
+    // The connections are bounded (`[limits]`: in all, per client address, a handshake and an
+    // idle deadline; `server::connections`).
+    let telemetry = ControllerMetrics::default();
+    let api = Connections::new("api", Bounds::api(&opts.security.limits), telemetry.clone());
+    let incoming = Incoming::new(listener, api.clone());
+    let listeners = Listeners { metrics: metrics_listener, peers: peer_listener, api: Some(api), telemetry: Some(telemetry) };
     match opts.storage.clone() {
         StorageChoice::DataDir(dir) => {
             let backend = Arc::new(open_data_dir(&dir, opts.id)?);
@@ -224,24 +236,32 @@ async fn warn_if_peers_look_elsewhere(raft: raft::Raft, id: NodeId, serving_at: 
     }
 }
 
-/// The listeners a node has besides its API's.
+/// The listeners a node has besides its API's, and what `start_node` bounds the API's
+/// connections with (none in the simulation, whose connections are its own).
 #[derive(Default)]
 struct Listeners {
     /// `/metrics`, `/healthz` and `/readyz`.
     metrics: Option<TcpListener>,
     /// Raft's peer RPCs (`NodeOptions::peer_listen`).
     peers: Option<std::net::TcpListener>,
+    /// The API's connections (`/readyz` reads what its listener saw).
+    api: Option<Arc<Connections>>,
+    /// The series `api` counts in, the controller's.
+    telemetry: Option<ControllerMetrics>,
 }
 
 /// gRPC server settings shared by the API's server and the peers'. HTTP/2 pings on idle
 /// connections: a host that dies without closing its connection (power, kernel, network)
 /// ends its agent's stream within 3 s, which the failure detector takes as the host's end
 /// (`agents::watch_ends`); without them the connection would linger until TCP gives up,
-/// minutes later.
+/// minutes later. At most `[limits] streams_per_connection` streams per connection
+/// (SETTINGS_MAX_CONCURRENT_STREAMS: a client past it waits for one of its own to end), so
+/// that one connection cannot hold requests and their answers without bound.
 fn server_builder(security: &Security) -> anyhow::Result<tonic::transport::Server> {
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .max_concurrent_streams(security.limits.streams_per_connection);
     if let Some(tls) = &security.tls {
         builder = builder.tls_config(tls.server_config()?)?;
     }
@@ -261,17 +281,23 @@ fn raft_peer_server(
 }
 
 /// Serves Raft's peer RPCs alone over `listener`, on `runtime` (Raft's own when it has
-/// one). No Nagle, as on the API's listener (see `start_node`).
+/// one), within `conns`' bounds. No Nagle, as on the API's listener (see `start_node`).
 fn serve_peers(
     listener: std::net::TcpListener,
     runtime: &tokio::runtime::Handle,
     service: InterceptedService<RaftServiceServer<RaftPeerService>, crate::security::Gate>,
     builder: tonic::transport::Server,
+    conns: Arc<Connections>,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
     let _in_runtime = runtime.enter();
-    let listener = TcpListener::from_std(listener)?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    Ok(runtime.spawn(builder.layer(crate::telemetry::tracing::TraceContextLayer).add_service(service).serve_with_incoming(incoming)))
+    let incoming = Incoming::new(TcpListener::from_std(listener)?, conns.clone());
+    Ok(runtime.spawn(
+        builder
+            .layer(crate::telemetry::tracing::TraceContextLayer)
+            .layer(RequestLayer::new(Some(conns), None))
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    ))
 }
 
 /// Starts Raft over `backend` and serves the gRPC services over `incoming`.
@@ -319,7 +345,7 @@ where
         status_writer: crate::agents::StatusWriter::new(crate::agents::StatusPace::new(opts.loops.status_write_kib_per_s)),
         planned_demand: Default::default(),
         report_pace: opts.loops.report_pace(),
-        telemetry: ControllerMetrics::default(),
+        telemetry: listeners.telemetry.clone().unwrap_or_default(),
         proposer: handle.proposer.clone(),
         elections: handle.elections.clone(),
     };
@@ -330,7 +356,8 @@ where
         Some(listener) => {
             let bound = listener.local_addr()?;
             let runtime = raft_runtime.as_ref().map_or_else(tokio::runtime::Handle::current, |r| r.handle().clone());
-            let server = serve_peers(listener, &runtime, raft_peer_server(&handle.raft, &gates), server_builder(&opts.security)?)?;
+            let conns = Connections::new("peer", Bounds::peers(&opts.security.limits), controller.telemetry.clone());
+            let server = serve_peers(listener, &runtime, raft_peer_server(&handle.raft, &gates), server_builder(&opts.security)?, conns)?;
             (Some(server), Some(bound))
         }
         None => (None, None),
@@ -338,9 +365,12 @@ where
     // Where peers reach this node's peer listener, if it has one.
     let peer_advertise = peer_bound.map(|bound| opts.peer_advertise.clone().unwrap_or_else(|| bound.to_string()));
     // The API's listener serves Raft's RPCs too: for members without a peer address, and
-    // for peers whose membership does not have this node's yet.
+    // for peers whose membership does not have this node's yet. Every request carries the
+    // controller's Watch slots (`[limits] watches_per_principal`), for `ResourceService::watch`.
+    let watch_slots = WatchSlots::new(WatchBounds::of(&opts.security.limits), controller.telemetry.clone());
     let router = server_builder(&opts.security)?
         .layer(crate::telemetry::tracing::TraceContextLayer)
+        .layer(RequestLayer::new(listeners.api.clone(), Some(watch_slots)))
         .add_service(raft_peer_server(&handle.raft, &gates))
         .add_service(InterceptedService::new(
             ControlPlaneServer::new(ResourceService::new(controller.clone(), opts.loops.clone())),
@@ -363,7 +393,7 @@ where
         }
     }
     let metrics_addr = listeners.metrics.as_ref().map(TcpListener::local_addr).transpose()?;
-    let metrics = listeners.metrics.map(|l| tokio::spawn(serve_controller(l, controller.clone())));
+    let metrics = listeners.metrics.map(|l| tokio::spawn(serve_controller(l, controller.clone(), listeners.api.clone())));
     let loops = loops::spawn(controller.clone(), opts.loops.clone());
     let mut relays = vec![
         tokio::spawn(crate::agents::watch_ends::relay(controller.clone())),

@@ -394,12 +394,20 @@ impl ControlPlane for ResourceService {
 
     async fn watch(&self, request: Request<proto::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let caller = caller(&request)?;
+        // This controller's count of streams per principal (`[limits] watches_per_principal`),
+        // which the server puts in every request.
+        let slots = crate::server::WatchSlots::of(&request);
         let req = request.into_inner();
         if !req.kind.is_empty() {
             may_read_kind(&caller, parse_kind("kind", &req.kind).map_err(ApiError::from)?)?;
         }
-        let filter = watch::Filter::from_request(&req).map_err(ApiError::from)?.visible_to(caller);
-        Ok(Response::new(watch::start(self.controller.sm.clone(), filter, req.from_revision)))
+        let filter = watch::Filter::from_request(&req).map_err(ApiError::from)?;
+        let (bounds, slot) = match &slots {
+            Some(slots) => (slots.bounds(), Some(slots.take(&caller)?)),
+            None => (Default::default(), None),
+        };
+        let metrics = self.controller.telemetry.clone();
+        Ok(Response::new(watch::start(self.controller.sm.clone(), filter.visible_to(caller), req.from_revision, bounds, metrics, slot)))
     }
 }
 

@@ -90,6 +90,14 @@ struct Inner {
     service_cost: Family<Labels, FloatGauge>,
     slo_windows: Family<Labels, Counter>,
     slo_windows_met: Family<Labels, Counter>,
+    /// Open connections per listener (`api`, `peer`).
+    connections: Family<Labels, Gauge>,
+    connections_refused: Family<Labels, Counter>,
+    connections_closed: Family<Labels, Counter>,
+    accept_errors: Family<Labels, Counter>,
+    watch_streams: Gauge,
+    watches_refused: Counter,
+    watches_cut_off: Counter,
     /// Setting the state figures and encoding them is one step: two scrapes never mix.
     render: Mutex<()>,
 }
@@ -122,6 +130,7 @@ impl Default for ControllerMetrics {
             loop_pass_seconds: Family::new_with_constructor(seconds_buckets),
             loop_failures: Family::default(),
             reports_refused: Family::default(),
+            gpu_claims_refused: Counter::default(),
             loop_failure_streaks: Mutex::default(),
             plan_cost: FloatGauge::default(),
             service_p99_ms: Family::default(),
@@ -130,11 +139,17 @@ impl Default for ControllerMetrics {
             service_failed: Family::default(),
             tenant_gpus: Family::default(),
             tenant_cost: Family::default(),
-            gpu_claims_refused: Counter::default(),
             service_gpus: Family::default(),
             service_cost: Family::default(),
             slo_windows: Family::default(),
             slo_windows_met: Family::default(),
+            connections: Family::default(),
+            connections_refused: Family::default(),
+            connections_closed: Family::default(),
+            accept_errors: Family::default(),
+            watch_streams: Gauge::default(),
+            watches_refused: Counter::default(),
+            watches_cut_off: Counter::default(),
             render: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -198,6 +213,11 @@ impl Default for ControllerMetrics {
             "Agent reports refused: for what is not the node's (not_the_nodes) or malformed and out of bounds (invalid)",
             inner.reports_refused.clone(),
         );
+        r.register(
+            "gpu_claims_refused",
+            "Node writes refused at this controller because they list a GPU uuid another Node registered",
+            inner.gpu_claims_refused.clone(),
+        );
         r.register("plan_cost_per_hour", "Whole-GPU cost per hour of the committed plan", inner.plan_cost.clone());
         r.register("service_p99_ms", "p99 latency of a service's latest window on a node (leader only)", inner.service_p99_ms.clone());
         r.register(
@@ -213,11 +233,6 @@ impl Default for ControllerMetrics {
         r.register("service_failed", "Failed requests in a service's latest window on a node (leader only)", inner.service_failed.clone());
         r.register(
             "tenant_gpus",
-        r.register(
-            "gpu_claims_refused",
-            "Node writes refused at this controller because they list a GPU uuid another Node registered",
-            inner.gpu_claims_refused.clone(),
-        );
             "GPUs-worth the committed plan gives a tenant (MIG instance GPCs/7 plus MPS shares with the shadows' reserve)",
             inner.tenant_gpus.clone(),
         );
@@ -246,6 +261,37 @@ impl Default for ControllerMetrics {
             "Of those windows, the ones whose p99 met the service's SLO without a failed request",
             inner.slo_windows_met.clone(),
         );
+        r.register(
+            "connections",
+            "Connections open on a listener of this controller (api, peer), handshakes in progress included",
+            inner.connections.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed as soon as they were accepted: past [limits] connections_per_ip of one client address (per_ip), or past max_connections (max_connections)",
+            inner.connections_refused.clone(),
+        );
+        r.register(
+            "connections_closed",
+            "Connections closed by this controller: no TLS handshake and first request within [limits] handshake_timeout_ms (handshake_timeout), or no request in flight for idle_timeout_ms (idle)",
+            inner.connections_closed.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accepts on a listener other than a connection that was gone already (e.g. EMFILE: out of open files); the listener retries after a pause and /readyz answers 503 meanwhile",
+            inner.accept_errors.clone(),
+        );
+        r.register("watch_streams", "Watch streams open on this controller", inner.watch_streams.clone());
+        r.register(
+            "watches_refused",
+            "Watch requests refused because their principal had [limits] watches_per_principal streams open on this controller",
+            inner.watches_refused.clone(),
+        );
+        r.register(
+            "watches_cut_off",
+            "Watch streams ended with Aborted because they fell behind ([limits] watch_queue_events / watch_queue_kib, or too many changes while the state was being sent)",
+            inner.watches_cut_off.clone(),
+        );
         ControllerMetrics { inner: Arc::new(Inner { registry: r, ..inner }) }
     }
 }
@@ -264,6 +310,38 @@ impl Drop for LoopPassTimer {
 }
 
 impl ControllerMetrics {
+    /// The gauge of open connections on `listener` (shared: the listener moves it).
+    pub fn open_connections(&self, listener: &str) -> Gauge {
+        self.inner.connections.get_or_create(&labels(&[("listener", listener)])).clone()
+    }
+
+    /// A connection closed at accept; `reason` is `per_ip` or `max_connections`.
+    pub fn observe_connection_refused(&self, listener: &str, reason: &str) {
+        self.inner.connections_refused.get_or_create(&labels(&[("listener", listener), ("reason", reason)])).inc();
+    }
+
+    /// A connection closed by its deadline; `reason` is `handshake_timeout` or `idle`.
+    pub fn observe_connection_closed(&self, listener: &str, reason: &str) {
+        self.inner.connections_closed.get_or_create(&labels(&[("listener", listener), ("reason", reason)])).inc();
+    }
+
+    pub fn observe_accept_error(&self, listener: &str) {
+        self.inner.accept_errors.get_or_create(&labels(&[("listener", listener)])).inc();
+    }
+
+    /// The gauge of open Watch streams (shared: each stream's slot moves it).
+    pub fn watch_streams(&self) -> Gauge {
+        self.inner.watch_streams.clone()
+    }
+
+    pub fn observe_watch_refused(&self) {
+        self.inner.watches_refused.inc();
+    }
+
+    pub fn observe_watch_cut_off(&self) {
+        self.inner.watches_cut_off.inc();
+    }
+
     /// Records one proposal; `result` is `ok`, `refused` or `failed`.
     pub fn observe_proposal(&self, elapsed: Duration, result: &str) {
         self.inner.proposal_seconds.observe(elapsed.as_secs_f64());
@@ -322,6 +400,10 @@ impl ControllerMetrics {
     }
 
     /// Counts an agent report refused for `reason` (see `agents::report_check`).
+    pub fn observe_gpu_claim_refused(&self) {
+        self.inner.gpu_claims_refused.inc();
+    }
+
     pub fn observe_report_refused(&self, reason: &str) {
         self.inner.reports_refused.get_or_create(&labels(&[("reason", reason)])).inc();
     }
@@ -400,10 +482,6 @@ mod tests {
 
     fn value(text: &str, series: &str) -> Option<f64> {
         text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
-    pub fn observe_gpu_claim_refused(&self) {
-        self.inner.gpu_claims_refused.inc();
-    }
-
     }
 
     #[test]
