@@ -109,6 +109,14 @@ pub async fn attack(
     record("tenant", "a tenant writing the catalogue", expected(Code::PermissionDenied, "kind"), got);
     let got = outcome(tenant.put(service(HOG, "slowmodel", 10_000_000.0, json!({})), proto::WriteMode::Create).await);
     record("tenant", "a valid service no plan can size (admitted, then refused by name)", "accepted".into(), got);
+    // Another tenant's names are that tenant's: the victim's tenant is acme.
+    for name in ["acme-web", "Acme-Web", "acrne-web", "AcmE.web"] {
+        let got = outcome(tenant.put(service(name, "resnet50", 5.0, json!({})), proto::WriteMode::Create).await);
+        record("tenant", "another tenant's service name, or a look-alike of it", expected(Code::InvalidArgument, "name"), got);
+    }
+    let long_id = "r".repeat(10_000);
+    let got = outcome(tenant.put_with_id(service("mallory-id", "resnet50", 5.0, json!({})), proto::WriteMode::Create, &long_id).await);
+    record("tenant", "a request id of 10 KB (every controller remembers ids)", expected(Code::InvalidArgument, "request_id"), got);
     for name in ["mallory-2", "mallory-3"] {
         let got = outcome(tenant.put(service(name, "resnet50", 5.0, json!({})), proto::WriteMode::Create).await);
         record("tenant", "services within max_services", "accepted".into(), got);
@@ -166,6 +174,28 @@ pub async fn attack(
     let forged = metrics("x\"} 1\ngpuplane_raft_is_leader{a=\"", "", 1.0);
     let got = outcome(compromised.report(report(node, vec![forged])).await);
     record("node", "a service name that would forge a metric series", expected(Code::InvalidArgument, "metrics[0].service"), got);
+
+    // The compromised node re-registering its own Node: with another node's GPU, at another
+    // host's address, or with more GPUs than its instance type has.
+    let spec_of = |r: proto::Resource| serde_json::from_str::<Value>(&r.spec_json).map_err(|e| format!("a Node's spec: {e}"));
+    let own = spec_of(admin.get("Node", node, false).await.map_err(|e| format!("reading Node {node}: {e}"))?)?;
+    let theirs = spec_of(admin.get("Node", other_node, false).await.map_err(|e| format!("reading Node {other_node}: {e}"))?)?;
+    let register = |spec: Value| resource("Node", node, "", spec);
+    let mut stolen = own.clone();
+    if let (Some(gpus), Some(victim_gpu)) = (stolen["gpus"].as_array_mut(), theirs["gpus"].get(0).cloned()) {
+        gpus.push(victim_gpu);
+    }
+    let claimed = stolen["gpus"].as_array().map_or(0, Vec::len).saturating_sub(1);
+    let got = outcome(compromised.put(register(stolen), proto::WriteMode::Unspecified).await);
+    record("node", "another node's GPU uuid in its own Node", expected(Code::AlreadyExists, &format!("spec.gpus[{claimed}].uuid")), got);
+    let mut moved = own.clone();
+    moved["address"] = json!("10.66.66.66:7000");
+    let got = outcome(compromised.put(register(moved), proto::WriteMode::Unspecified).await);
+    record("node", "its address moved to another host", expected(Code::FailedPrecondition, "spec.address"), got);
+    let mut many = own;
+    many["gpus"] = (0..64).map(|g| json!({"uuid": format!("GPU-fake-{g}"), "model": "A100-80GB", "mig_enabled": true})).collect();
+    let got = outcome(compromised.put(register(many), proto::WriteMode::Unspecified).await);
+    record("node", "64 GPUs on a 1-GPU instance type", expected(Code::InvalidArgument, "spec.gpus"), got);
     Ok(out)
 }
 
@@ -188,9 +218,11 @@ pub async fn check_aftermath(cluster: &Cluster, admin: &Client, victim: &str, ag
         None => problems.push(format!("no plan named {HOG} within {within:?}")),
         Some(plan) => {
             let reason = |s: &str| plan.services.iter().find(|p| p.service == s).map(|p| p.infeasible_reason.clone());
+            // Its least need is past the tenant's quota (the default): refused before any
+            // strategy plans it.
             match reason(HOG) {
-                Some(Some(r)) if r.contains("too large") => {}
-                other => problems.push(format!("{HOG} should be refused as too large, the plan says {other:?}")),
+                Some(Some(r)) if r.contains("over quota") && r.contains("refused before planning") => {}
+                other => problems.push(format!("{HOG} should be refused over quota before planning, the plan says {other:?}")),
             }
             if reason(victim) != Some(None) {
                 problems.push(format!("{victim} is no longer planned: {:?}", reason(victim)));

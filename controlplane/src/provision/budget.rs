@@ -20,7 +20,7 @@ use super::pools::ServiceRules;
 use crate::resources::limits::MAX_PLAN_GPUS;
 
 /// GPUs-worth `service` needs at least: its request rate over the highest throughput per
-/// GPU-worth (a MIG instance of `g` GPCs is `g/7` of a GPU) that any profile point of its
+/// GPU-worth (a MIG instance of `g` GPCs is `g/7` of a GPU, a point of 0 GPCs a whole GPU) that any profile point of its
 /// model on any GPU type shows, at any batch and latency. 0 when no table profiles its model
 /// (iGniter-only and unprofiled services are bounded by the per-service bound alone).
 /// `best` caches the best throughput per model.
@@ -31,7 +31,8 @@ pub fn lower_bound_gpus(input: &PlanningInput, service: &ServiceDemand, best: &m
             .iter()
             .filter_map(|t| input.profiles.table(&t.name, &service.model))
             .flat_map(|table| &table.points)
-            .map(|p| p.segment_throughput() * 7.0 / f64::from(p.gpcs.clamp(1, 7)))
+            // A point of 0 GPCs is a whole GPU without MIG.
+            .map(|p| p.segment_throughput() * if p.gpcs == 0 { 1.0 } else { 7.0 / f64::from(p.gpcs.min(7)) })
             .filter(|tp| tp.is_finite() && *tp > 0.0)
             .fold(0.0, f64::max)
     });

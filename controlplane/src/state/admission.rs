@@ -61,17 +61,19 @@ pub(super) fn check_registration(current: &StoredResource, spec: &Spec) -> Resul
 }
 
 /// What a name looks like to a reader: ASCII letters that look alike in common fonts
-/// (`I`/`l`/`1`/`L`, `O`/`0`), case and the separators `.`, `_`, `-` made one. Two names
-/// with one skeleton are look-alikes (`Globex-Web`, `gIobex-web` and `globex-web`).
+/// (`I`/`l`/`1`/`L`, `O`/`0`, `rn`/`m`), case and the separators `.`, `_`, `-` made one.
+/// Two names with one skeleton are look-alikes (`Globex-Web`, `gIobex-web`, `acrne-web`).
 pub fn name_skeleton(name: &str) -> String {
-    name.chars()
+    let mapped: String = name
+        .chars()
         .map(|c| match c {
             'I' | 'L' | '1' | '|' => 'l',
             'O' | '0' => 'o',
             '.' | '_' => '-',
             c => c.to_ascii_lowercase(),
         })
-        .collect()
+        .collect();
+    mapped.replace("rn", "m")
 }
 
 /// A new Service's name may not begin with another tenant's name (or a look-alike of it)

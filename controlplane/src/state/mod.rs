@@ -381,11 +381,13 @@ impl ClusterState {
                 validate_name("name", name)?;
                 validate_spec(spec)?;
                 self.check_tenant(kind, tenant)?;
-                references::check_references(self, name, tenant, spec)?;
-                admission::check_limits(self, name, tenant, spec)?;
+                // Before the count against the instance type: a claim of another node's
+                // GPU is named as such.
                 if let Spec::Node(node) = spec {
                     self.gpu_owners.check_claim(name, node)?;
                 }
+                references::check_references(self, name, tenant, spec)?;
+                admission::check_limits(self, name, tenant, spec)?;
                 let existing = self.get(kind, name);
                 match (existing, mode) {
                     (Some(_), WriteMode::Create) => {

@@ -768,4 +768,5 @@ fn a_service_may_not_take_another_tenants_name_or_a_look_alike() {
         .reason
         .contains("\"globexy-web\""));
     assert_eq!(super::admission::name_skeleton("gIobex-Web"), super::admission::name_skeleton("globex_web"));
+    assert_eq!(super::admission::name_skeleton("acrne-web"), super::admission::name_skeleton("acme-web"));
 }
