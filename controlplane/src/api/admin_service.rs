@@ -50,7 +50,14 @@ fn member_of(prefix: &str, address: &str, peer_address: &str) -> Result<Node, Fi
 
 #[tonic::async_trait]
 impl Admin for AdminService {
-    async fn cluster_status(&self, _: Request<proto::ClusterStatusRequest>) -> Result<Response<proto::ClusterStatusResponse>, Status> {
+    /// Members, their addresses and log positions: for admins and controllers (a controller
+    /// probes a node being added with it), not for tenants or node agents (README,
+    /// "Security"). Agents never call it: they report to any controller, which relays.
+    async fn cluster_status(
+        &self,
+        request: Request<proto::ClusterStatusRequest>,
+    ) -> Result<Response<proto::ClusterStatusResponse>, Status> {
+        require_admin(&caller(&request)?, "ClusterStatus")?;
         Ok(Response::new(self.controller.status()))
     }
 
@@ -104,6 +111,27 @@ impl Admin for AdminService {
         let caller = caller(&request)?;
         require_admin(&caller, "RemoveMember")?;
         let req = request.into_inner();
+        // Removing a node that is not a member changed nothing and answered OK. The leader's
+        // membership decides (a follower's may be behind); others forward to it.
+        if req.node_id == 0 {
+            return Err(ApiError::from(FieldError::invalid("node_id", "0 is not a node id (node ids start at 1)")).into());
+        }
+        if self.controller.is_leader() {
+            let members = self.controller.raft_status().members;
+            if !members.contains_key(&req.node_id) {
+                let ids: Vec<String> = members.keys().map(u64::to_string).collect();
+                return Err(ApiError::from(FieldError::new(
+                    ErrorCode::NotFound,
+                    "node_id",
+                    format!(
+                        "node {} is not a member of the cluster (its members are {}); nothing was changed",
+                        req.node_id,
+                        ids.join(", ")
+                    ),
+                ))
+                .into());
+            }
+        }
         match self.controller.remove_member(req.node_id).await {
             Ok(()) => Ok(self.membership_response()),
             Err(ApiError::NotLeader { leader }) => {
