@@ -4,6 +4,7 @@
 
 use super::{planning_input, service_rules, MigStrategy};
 use crate::api::spec_from_proto;
+use crate::resources::limits::MAX_PLAN_GPUS;
 use crate::resources::validate_spec;
 use crate::state::{ClusterState, Command, Request, WriteMode};
 use planner::input::PlanningInput;
@@ -35,11 +36,32 @@ pub fn put_resource(state: &mut ClusterState, revision: u64, r: &proto::Resource
 }
 
 /// Runs `strategy` on the state's services and GPU models (the fleet's nodes are not
-/// needed: the plan says how many GPUs of each model it takes).
+/// needed: the plan says how many GPUs of each model it takes). `gpuctl plan` takes it
+/// through [`plan_offline_bounded`].
 pub fn plan_offline(state: &ClusterState, strategy: MigStrategy) -> (Plan, PlanningInput) {
     let input = planning_input(state);
     let plan = super::quota::plan_within_limits(&input, &service_rules(state), strategy, None, &|| false, None).expect("never stopped").0;
     (plan, input)
+}
+
+/// [`plan_offline`], refusing a plan the controllers would not write ([`check_plan_size`]).
+pub fn plan_offline_bounded(state: &ClusterState, strategy: MigStrategy) -> Result<(Plan, PlanningInput), String> {
+    let (plan, input) = plan_offline(state, strategy);
+    check_plan_size(&plan)?;
+    Ok((plan, input))
+}
+
+/// Refuses a plan of more GPUs than one Plan may hold ([`MAX_PLAN_GPUS`], the bound the
+/// controllers check on every Plan and patch they write), before it is shown: offline, 300
+/// services of ~2,000 GPUs each printed a 543,772-GPU plan.
+pub fn check_plan_size(plan: &Plan) -> Result<(), String> {
+    let gpus = plan.gpus.len();
+    if gpus > MAX_PLAN_GPUS {
+        return Err(format!(
+            "the plan takes {gpus} GPUs, more than one Plan may hold (MAX_PLAN_GPUS = {MAX_PLAN_GPUS}): the controllers would not write it, so it is not shown"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -169,6 +191,21 @@ spec: {model: resnet50, slo: {latency_ms: 100, request_rate: 500}}
         ));
         let err = state_from_resources(&all).unwrap_err();
         assert!(err.contains("Service \"bomb\": spec.batch_distribution.max_batch: must be 1-1024 (got 4000000000)"), "{err}");
+    }
+
+    #[test]
+    fn a_plan_larger_than_a_plan_may_hold_is_refused_not_shown() {
+        let state = state_from_resources(&resources(FLEET)).unwrap();
+        let (mut plan, _) = plan_offline_bounded(&state, MigStrategy::Parvagpu).unwrap();
+        let gpu = plan.gpus[0].clone();
+        plan.gpus = vec![gpu; MAX_PLAN_GPUS];
+        assert_eq!(check_plan_size(&plan), Ok(()));
+        plan.gpus.push(plan.gpus[0].clone());
+        let err = check_plan_size(&plan).unwrap_err();
+        assert_eq!(
+            err,
+            format!("the plan takes {} GPUs, more than one Plan may hold (MAX_PLAN_GPUS = {MAX_PLAN_GPUS}): the controllers would not write it, so it is not shown", MAX_PLAN_GPUS + 1)
+        );
     }
 
     #[test]
