@@ -6,9 +6,56 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use controlplane::client::Client;
 use controlplane::manifest::{self, Format};
-use controlplane::provision::offline::{plan_offline, state_from_resources};
+use controlplane::provision::offline::{plan_offline_bounded, state_from_resources};
 use controlplane::provision::MigStrategy;
 use controlplane::resources::Kind;
+
+/// Why a command did not finish: an error to print, or the reader of its output went away
+/// (`gpuctl get services | head -1`), when it stops quietly and exits 0, as `head`'s writer
+/// expects. `println!` panicked there ("failed printing to stdout: Broken pipe").
+#[derive(Debug)]
+enum Failure {
+    Error(String),
+    OutputClosed,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::Error(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Self {
+        Failure::Error(message.to_string())
+    }
+}
+
+/// Writes to stdout; a closed pipe is [`Failure::OutputClosed`].
+fn write_out(args: std::fmt::Arguments) -> Result<(), Failure> {
+    use std::io::Write;
+    std::io::stdout().lock().write_fmt(args).map_err(|e| match e.kind() {
+        std::io::ErrorKind::BrokenPipe => Failure::OutputClosed,
+        _ => Failure::Error(format!("writing the output: {e}")),
+    })
+}
+
+/// `print!` that returns [`Failure`] from the function instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        write_out(format_args!($($arg)*))?
+    };
+}
+
+/// `println!` that returns [`Failure`] from the function instead of panicking.
+macro_rules! outln {
+    () => {
+        write_out(format_args!("\n"))?
+    };
+    ($($arg:tt)*) => {
+        write_out(format_args!("{}\n", format_args!($($arg)*)))?
+    };
+}
 
 #[derive(Parser, Debug)]
 #[command(name = "gpuctl", version, about = "Command-line client of the gpuplane controllers")]
@@ -186,19 +233,25 @@ async fn main() -> ExitCode {
     let endpoint = controlplane::telemetry::tracing::otlp_endpoint(None);
     let _tracing = match endpoint.as_deref().map(|e| controlplane::telemetry::tracing::init("gpuctl", "warn", Some(e))) {
         Some(Err(e)) => {
-            eprintln!("error: {e}");
+            report_error(&e.to_string());
             return ExitCode::FAILURE;
         }
         guard => guard,
     };
     let span = tracing::info_span!("gpuctl");
     match tracing::Instrument::instrument(run(args), span).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("error: {message}");
+        Ok(()) | Err(Failure::OutputClosed) => ExitCode::SUCCESS,
+        Err(Failure::Error(message)) => {
+            report_error(&message);
             ExitCode::FAILURE
         }
     }
+}
+
+/// `error: ...` on stderr (not `eprintln!`, which panics when stderr is a closed pipe too).
+fn report_error(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "error: {message}");
 }
 
 /// One line: the gRPC code, the message, and the field when the server named one.
@@ -216,7 +269,7 @@ fn parse_kind(kind: &str) -> Result<Kind, String> {
     kind.parse()
 }
 
-async fn run(args: Args) -> Result<(), String> {
+async fn run(args: Args) -> Result<(), Failure> {
     let servers: Vec<String> = args.servers.iter().filter(|s| !s.is_empty()).cloned().collect();
     // Only commands that talk to a controller need one (`plan` runs offline).
     let connect = || {
@@ -238,7 +291,7 @@ async fn run(args: Args) -> Result<(), String> {
             let plan = controlplane::security::certs::CertPlan { controllers, nodes, admins: admin, hosts, force };
             let written = controlplane::security::certs::generate(&out, &plan).map_err(|e| format!("{e:#}"))?;
             for path in written {
-                println!("{}", path.display());
+                outln!("{}", path.display());
             }
             Ok(())
         }
@@ -246,12 +299,12 @@ async fn run(args: Args) -> Result<(), String> {
             let (role, name) = match controlplane::security::Principal::from_meta(&principal) {
                 Some(controlplane::security::Principal::Tenant(n)) => ("tenants", n),
                 Some(controlplane::security::Principal::Admin(n)) => ("admins", n),
-                _ => return Err(format!("principal: expected tenant:NAME or admin:NAME, got {principal:?}")),
+                _ => return Err(format!("principal: expected tenant:NAME or admin:NAME, got {principal:?}").into()),
             };
             let bytes: [u8; 32] = rand::random();
             let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            println!("token: {token}");
-            println!("tokens file, under [{role}]: {name} = \"{}\"", controlplane::security::hash_token(&token));
+            outln!("token: {token}");
+            outln!("tokens file, under [{role}]: {name} = \"{}\"", controlplane::security::hash_token(&token));
             Ok(())
         }
         Command::Apply { files } => {
@@ -259,7 +312,9 @@ async fn run(args: Args) -> Result<(), String> {
             // Every file is parsed and checked before anything is sent.
             let all = read_manifests(&files)?;
             // In batches (each one Raft entry, applied whole or not at all), so a manifest of
-            // thousands of Services costs a few writes and one provisioning pass.
+            // thousands of Services costs a few writes and one provisioning pass. A reader of
+            // the output that goes away does not stop the batches after it.
+            let mut closed = false;
             for batch in controlplane::client::batches(all) {
                 let (written, deduplicated) = client.put_batch(&batch).await.map_err(|refused| {
                     let which = refused.which.map(|i| format!("{} {:?}: ", batch[i].kind, batch[i].name)).unwrap_or_default();
@@ -275,7 +330,12 @@ async fn run(args: Args) -> Result<(), String> {
                     } else {
                         "configured"
                     };
-                    println!("{}/{} {verb} (version {})", w.kind, w.name, w.resource_version);
+                    if !closed {
+                        match write_out(format_args!("{}/{} {verb} (version {})\n", w.kind, w.name, w.resource_version)) {
+                            Err(Failure::OutputClosed) => closed = true,
+                            written => written?,
+                        }
+                    }
                 }
             }
             Ok(())
@@ -316,20 +376,20 @@ async fn run(args: Args) -> Result<(), String> {
             let client = connect()?;
             let kind = parse_kind(&kind)?;
             client.delete(kind.as_str(), &name, version).await.map_err(describe_status)?;
-            println!("{kind}/{name} deleted");
+            outln!("{kind}/{name} deleted");
             Ok(())
         }
         Command::Demo { strategy, keep_running, dir, steady_seconds, report_json, print_manifest } => {
             if print_manifest {
-                print!("{}", devcluster::demo::scenario::manifest_yaml());
+                out!("{}", devcluster::demo::scenario::manifest_yaml());
                 return Ok(());
             }
             let opts = devcluster::demo::run::DemoOptions { strategy, keep_running, dir, steady_s: steady_seconds, report_json };
-            devcluster::demo::run::run(opts).await.map(|_| ())
+            devcluster::demo::run::run(opts).await.map(|_| ()).map_err(Failure::from)
         }
         Command::Plan { files, strategy } => {
             let state = state_from_resources(&read_manifests(&files)?)?;
-            let (plan, input) = plan_offline(&state, strategy);
+            let (plan, input) = plan_offline_bounded(&state, strategy)?;
             print_plan(&plan, &input, args.output)
         }
         Command::Cluster { command } => cluster(&connect()?, &servers, command, args.output).await,
@@ -338,7 +398,7 @@ async fn run(args: Args) -> Result<(), String> {
 
 /// Per service, the router endpoints of the healthy nodes that serve it (from the Nodes'
 /// reported status).
-fn print_endpoints(nodes: &[proto::Resource], service: Option<&str>, output: Output) -> Result<(), String> {
+fn print_endpoints(nodes: &[proto::Resource], service: Option<&str>, output: Output) -> Result<(), Failure> {
     let rows: Vec<(String, String, String)> =
         controlplane::agents::endpoints::service_endpoints(nodes).into_iter().filter(|(s, _, _)| service.is_none_or(|x| x == s)).collect();
     if output != Output::Table {
@@ -346,16 +406,16 @@ fn print_endpoints(nodes: &[proto::Resource], service: Option<&str>, output: Out
             rows.iter().map(|(s, n, a)| serde_json::json!({"service": s, "node": n, "endpoint": a})).collect();
         return print_structured(&serde_json::Value::from(value), output);
     }
-    println!("{:<24} {:<16} ENDPOINT", "SERVICE", "NODE");
+    outln!("{:<24} {:<16} ENDPOINT", "SERVICE", "NODE");
     for (s, n, a) in rows {
-        println!("{s:<24} {n:<16} {a}");
+        outln!("{s:<24} {n:<16} {a}");
     }
     Ok(())
 }
 
 /// One node's share of the plan, as its agent receives it (readable at any fleet size, where
 /// the whole Plan is one large resource).
-fn print_desired(d: &proto::DesiredState, output: Output) -> Result<(), String> {
+fn print_desired(d: &proto::DesiredState, output: Output) -> Result<(), Failure> {
     let gpus: Vec<serde_json::Value> = d
         .gpus
         .iter()
@@ -375,40 +435,46 @@ fn print_desired(d: &proto::DesiredState, output: Output) -> Result<(), String> 
     if output != Output::Table {
         return print_structured(&serde_json::json!({"node": d.node, "version": d.version, "gpus": gpus}), output);
     }
-    println!("node {} desired version {}", d.node, d.version);
-    println!("{:<28} {:<22} WORKLOADS", "GPU", "MIG LAYOUT");
+    outln!("node {} desired version {}", d.node, d.version);
+    outln!("{:<28} {:<22} WORKLOADS", "GPU", "MIG LAYOUT");
     for g in &d.gpus {
         let layout: Vec<String> = g.mig_layout.iter().map(|m| format!("{}@{}", m.profile, m.start)).collect();
         let workloads: Vec<String> = g.workloads.iter().map(|w| format!("{}(batch {}, {}%)", w.service, w.batch, w.mps_percent)).collect();
-        println!("{:<28} {:<22} {}", g.gpu_uuid, layout.join(","), workloads.join(" "));
+        outln!("{:<28} {:<22} {}", g.gpu_uuid, layout.join(","), workloads.join(" "));
     }
     Ok(())
 }
 
-/// The resources of manifest files (`-` = stdin), all parsed before any is used.
+/// The resources of manifest files (`-` = stdin), all parsed before any is used. Each is
+/// read up to one byte past `manifest::MAX_MANIFEST_BYTES` (which `manifest::parse` then
+/// refuses), never to its end.
 fn read_manifests(files: &[String]) -> Result<Vec<proto::Resource>, String> {
     let mut all = Vec::new();
     for file in files {
+        let read = |from: &mut dyn Read, name: &str| {
+            let mut bytes = Vec::new();
+            from.take(manifest::MAX_MANIFEST_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(|e| format!("{name}: {e}"))?;
+            String::from_utf8(bytes).map_err(|e| format!("{name}: not UTF-8 text: {}", e.utf8_error()))
+        };
         let (name, text) = if file == "-" {
-            let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text).map_err(|e| format!("stdin: {e}"))?;
-            ("stdin".to_string(), text)
+            ("stdin".to_string(), read(&mut std::io::stdin().lock(), "stdin")?)
         } else {
-            (file.clone(), std::fs::read_to_string(file).map_err(|e| format!("{file}: {e}"))?)
+            let mut f = std::fs::File::open(file).map_err(|e| format!("{file}: {e}"))?;
+            (file.clone(), read(&mut f, file)?)
         };
         all.extend(manifest::parse(&name, &text, Format::from_path(&name)).map_err(|e| e.to_string())?);
     }
     Ok(all)
 }
 
-fn print_plan(plan: &planner::plan::Plan, input: &planner::input::PlanningInput, output: Output) -> Result<(), String> {
+fn print_plan(plan: &planner::plan::Plan, input: &planner::input::PlanningInput, output: Output) -> Result<(), Failure> {
     use planner::plan::Sharing;
     let cost = plan.cost_per_hour(&input.gpu_types);
     if output != Output::Table {
         let value = serde_json::json!({"plan": plan, "cost_per_hour": cost});
         return print_structured(&value, output);
     }
-    println!("{:<6} {:<12} {:<28} WORKLOADS", "GPU", "TYPE", "MIG LAYOUT");
+    outln!("{:<6} {:<12} {:<28} WORKLOADS", "GPU", "TYPE", "MIG LAYOUT");
     for g in &plan.gpus {
         let layout = match &g.sharing {
             Sharing::Mig { instances } => instances.iter().map(|i| format!("{}@{}", i.profile, i.start)).collect::<Vec<_>>().join(" "),
@@ -422,18 +488,18 @@ fn print_plan(plan: &planner::plan::Plan, input: &planner::input::PlanningInput,
                 format!("{}{at} {}%x{} b{}", w.service, w.mps_percent.round(), w.processes, w.batch_size)
             })
             .collect();
-        println!("{:<6} {:<12} {:<28} {}", g.slot, g.gpu_type, layout, workloads.join(", "));
+        outln!("{:<6} {:<12} {:<28} {}", g.slot, g.gpu_type, layout, workloads.join(", "));
     }
-    println!();
-    println!("{:<20} {:>10} {:>12} {:>10} {:>12}", "SERVICE", "RATE", "CAPACITY", "SLO MS", "LATENCY MS");
+    outln!();
+    outln!("{:<20} {:>10} {:>12} {:>10} {:>12}", "SERVICE", "RATE", "CAPACITY", "SLO MS", "LATENCY MS");
     for p in &plan.predictions {
-        println!("{:<20} {:>10.1} {:>12.1} {:>10.1} {:>12.2}", p.service, p.request_rate, p.capacity_rps, p.slo_ms, p.latency_ms);
+        outln!("{:<20} {:>10.1} {:>12.1} {:>10.1} {:>12.2}", p.service, p.request_rate, p.capacity_rps, p.slo_ms, p.latency_ms);
     }
     for i in &plan.infeasible {
-        println!("{:<20} infeasible: {}", i.service, i.reason);
+        outln!("{:<20} infeasible: {}", i.service, i.reason);
     }
-    println!();
-    println!("strategy {}: {} GPUs, {} GPCs, {cost:.2} per hour", plan.strategy, plan.gpus_used(), plan.gpcs_used());
+    outln!();
+    outln!("strategy {}: {} GPUs, {} GPCs, {cost:.2} per hour", plan.strategy, plan.gpus_used(), plan.gpcs_used());
     Ok(())
 }
 
@@ -458,15 +524,15 @@ fn to_document(r: &proto::Resource) -> serde_json::Value {
     doc
 }
 
-fn print_structured(value: &serde_json::Value, output: Output) -> Result<(), String> {
+fn print_structured(value: &serde_json::Value, output: Output) -> Result<(), Failure> {
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(value).map_err(|e| e.to_string())?),
-        _ => print!("{}", serde_yaml_ng::to_string(value).map_err(|e| e.to_string())?),
+        Output::Json => outln!("{}", serde_json::to_string_pretty(value).map_err(|e| e.to_string())?),
+        _ => out!("{}", serde_yaml_ng::to_string(value).map_err(|e| e.to_string())?),
     }
     Ok(())
 }
 
-fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) -> Result<(), String> {
+fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) -> Result<(), Failure> {
     if output != Output::Table {
         let docs: Vec<_> = resources.iter().map(to_document).collect();
         let value = if docs.len() == 1 { docs[0].clone() } else { serde_json::Value::Array(docs) };
@@ -483,7 +549,7 @@ fn print_resources(kind: Kind, resources: &[proto::Resource], output: Output) ->
             summary(kind, &spec, &status),
         ]);
     }
-    print_table(&rows);
+    print_table(&rows)?;
     Ok(())
 }
 
@@ -542,25 +608,33 @@ fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> 
     }
 }
 
-fn print_table(rows: &[Vec<String>]) {
+fn print_table(rows: &[Vec<String>]) -> Result<(), Failure> {
     let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
     for row in rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        println!("{}", line.join("  ").trim_end());
+        outln!("{}", line.join("  ").trim_end());
     }
+    Ok(())
 }
 
-async fn cluster(client: &Client, servers: &[String], command: ClusterCommand, output: Output) -> Result<(), String> {
+async fn cluster(client: &Client, servers: &[String], command: ClusterCommand, output: Output) -> Result<(), Failure> {
     let status = match command {
         ClusterCommand::Status => {
             let mut views = Vec::new();
             let mut addrs: Vec<String> = servers.to_vec();
-            if let Ok(s) = client.cluster_status().await {
-                for m in &s.members {
-                    if !addrs.contains(&m.address) {
-                        addrs.push(m.address.clone());
+            match client.cluster_status().await {
+                Ok(s) => {
+                    for m in &s.members {
+                        if !addrs.contains(&m.address) {
+                            addrs.push(m.address.clone());
+                        }
                     }
                 }
+                // A tenant's token or a node's certificate may not read the membership.
+                Err(e) if matches!(e.code(), tonic::Code::PermissionDenied | tonic::Code::Unauthenticated) => {
+                    return Err(describe_status(e).into())
+                }
+                Err(_) => {}
             }
             for addr in &addrs {
                 views.push((addr.clone(), client.node_status(addr).await));
@@ -612,7 +686,7 @@ async fn cluster(client: &Client, servers: &[String], command: ClusterCommand, o
                     ]),
                 }
             }
-            print_table(&rows);
+            print_table(&rows)?;
             if reachable == 0 {
                 return Err("no controller reachable".into());
             }
@@ -638,16 +712,20 @@ async fn cluster(client: &Client, servers: &[String], command: ClusterCommand, o
             if output != Output::Table {
                 return print_structured(&value, output);
             }
-            println!(
+            outln!(
                 "ok: controller {} snapshot at index {} ({} bytes, {:.2} s), log purged up to {}",
-                c.node_id, c.snapshot_index, c.snapshot_bytes, c.build_seconds, c.purged_index
+                c.node_id,
+                c.snapshot_index,
+                c.snapshot_bytes,
+                c.build_seconds,
+                c.purged_index
             );
             return Ok(());
         }
     };
     let s = status.status.unwrap_or_default();
     if output == Output::Table {
-        println!(
+        outln!(
             "ok: leader {} term {}, members {:?}",
             s.leader_id,
             s.term,

@@ -81,3 +81,72 @@ fn commands_that_need_a_controller_say_how_to_reach_one() {
     let err = one_error_line(&out);
     assert!(err.contains("--ca") && err.contains("--insecure"), "{err}");
 }
+
+/// `sample-cluster.yaml` and `n` more services: a plan whose output is far larger than a
+/// pipe's buffer.
+fn many_services(dir: &Path, n: usize) -> String {
+    let mut text = std::fs::read_to_string(sample()).unwrap();
+    for i in 0..n {
+        text.push_str(&format!(
+            "---\nkind: Service\nname: svc-{i}\ntenant: globex\nspec:\n  model: resnet50\n  slo: {{latency_ms: 80, request_rate: 20}}\n"
+        ));
+    }
+    let path = dir.join("many.yaml");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn output_into_a_pipe_closed_early_ends_quietly() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = many_services(dir.path(), 2500);
+    for output in ["table", "json", "yaml"] {
+        let args = ["plan", "-f", &manifest, "-o", output];
+        let whole = gpuctl(&args);
+        assert!(whole.status.success(), "{}", String::from_utf8_lossy(&whole.stderr));
+        assert!(whole.stdout.len() > 128 * 1024, "-o {output}: {} bytes do not outgrow a pipe", whole.stdout.len());
+
+        // As `gpuctl plan ... | head -1`: the reader takes one line and goes away while
+        // gpuctl is still writing. println! panicked here ("failed printing to stdout").
+        let mut child =
+            Command::new(env!("CARGO_BIN_EXE_gpuctl")).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        assert!(!first.is_empty());
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        let status = child.wait().unwrap();
+        assert!(!err.contains("panicked") && err.is_empty(), "-o {output}: {err}");
+        assert!(status.success(), "-o {output}: {status:?}");
+    }
+
+    // As `gpuctl --help | true`: the reader is gone before anything is written.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuctl")).arg("--help").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_deep_or_nan_manifest_is_refused_in_one_line_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    // 20-24 s of CPU before (libyaml is quadratic in the depth).
+    for (name, deep) in [("flow.yaml", "[".repeat(100_000)), ("map.yaml", "{a: ".repeat(100_000)), ("block.yaml", "- ".repeat(100_000))] {
+        let path = write(name, &format!("kind: Tenant\nname: acme\nspec:\n  {deep}\n"));
+        let started = std::time::Instant::now();
+        let err = one_error_line(&gpuctl(&["plan", "-f", &path]));
+        assert!(err.contains(&format!("{name}: document 1, line 4: nested more than 64 levels deep")), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{name}: {:?}", started.elapsed());
+    }
+    // `.nan` was a null: no quota.
+    let path = write("nan.yaml", "kind: Tenant\nname: acme\nspec: {max_gpus: .nan}\n");
+    let err = one_error_line(&gpuctl(&["plan", "-f", &path]));
+    assert!(err.contains("document 1 (Tenant \"acme\"): spec.max_gpus: must be a finite number (got .nan)"), "{err}");
+}
