@@ -227,7 +227,12 @@ async fn a_connection_that_never_finishes_its_tls_handshake_is_closed_at_the_dea
     )
     .unwrap();
     seed(&admin).await;
+    // Past the handshake deadline, the connection that sent requests is not closed as one
+    // that never did: only the two above count.
+    tokio::time::sleep(Duration::from_millis(900)).await;
     assert_eq!(admin.get("Tenant", "acme", false).await.unwrap().name, "acme");
+    let text = metrics_of(&cluster, 1).await;
+    assert_eq!(value(&text, "gpuplane_connections_closed_total{listener=\"api\",reason=\"handshake_timeout\"}"), 2.0, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -81,18 +81,16 @@ impl Filter {
             && self.caller.as_ref().is_none_or(|c| Visibility::of(c, r.kind()).allows(r))
     }
 
-    /// Where in `kind` the matches can be, so that sending the state looks up one resource
-    /// instead of scanning a kind when it can.
-    fn scan(&self, kind: Kind, visibility: &'_ Option<Visibility>) -> Scan<'_> {
+    /// Where in `kind` the matches can be (`visibility`: the caller's of `kind`), so that
+    /// sending the state looks up one resource instead of scanning a kind when it can.
+    fn scan<'a>(&'a self, kind: Kind, visibility: &'a Option<Visibility>) -> Scan<'a> {
         if self.kind.is_some_and(|k| k != kind) {
             return Scan::None;
         }
-        if let Some(n) = &self.name {
-            return Scan::One(n);
-        }
-        match visibility {
-            Some(Visibility::Nothing) => Scan::None,
-            _ => Scan::All,
+        match (&self.name, visibility) {
+            (_, Some(Visibility::Nothing)) => Scan::None,
+            (Some(n), _) | (None, Some(Visibility::Named(n))) => Scan::One(n),
+            (None, _) => Scan::All,
         }
     }
 }
