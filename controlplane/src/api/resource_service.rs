@@ -423,6 +423,10 @@ mod tests {
         service(name, r#"{"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": 10.0}}"#.into())
     }
 
+    fn admin() -> Principal {
+        Principal::Admin("ops".into())
+    }
+
     fn refused(resources: Vec<proto::Resource>) -> String {
         batch_command(&admin(), &proto::PutManyRequest { resources, ..Default::default() }).unwrap_err().field
     }
@@ -431,10 +435,6 @@ mod tests {
     fn a_batch_is_refused_at_its_bounds_before_any_state_is_read() {
         assert_eq!(refused(vec![]), "resources");
         assert_eq!(refused((0..=MAX_BATCH_PUTS).map(|i| valid(&format!("s{i}"))).collect()), "resources");
-    fn admin() -> Principal {
-        Principal::Admin("ops".into())
-    }
-
         let ok = batch_command(
             &admin(),
             &proto::PutManyRequest { resources: (0..MAX_BATCH_PUTS).map(|i| valid(&format!("s{i}"))).collect(), ..Default::default() },
@@ -451,7 +451,6 @@ mod tests {
         assert_eq!(refused(vec![valid("a"), service("b", "{not json".into())]), "puts[1].spec");
         assert_eq!(refused(vec![valid("a"), valid("Not A Name")]), "puts[1].name");
     }
-}
 
     #[test]
     fn request_ids_are_scoped_by_principal_once_and_bounded() {
@@ -486,3 +485,4 @@ mod tests {
         assert_eq!(mode(&Principal::Node("h1".into())), WriteMode::NodeRegistration);
         assert_eq!(mode(&admin()), WriteMode::Upsert);
     }
+}

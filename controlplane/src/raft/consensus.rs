@@ -106,9 +106,7 @@ pub fn is_member(raft: &Raft, id: NodeId) -> Option<bool> {
     let metrics = raft.server_metrics();
     let m = metrics.borrow_watched();
     let membership = m.membership_config.membership();
-    if membership.nodes().next().is_none() {
-        return None;
-    }
+    membership.nodes().next()?;
     Some(membership.get_node(&id).is_some())
 }
 

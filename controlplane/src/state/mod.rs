@@ -465,8 +465,7 @@ impl ClusterState {
                     Some(shared) => {
                         let existing = Arc::make_mut(shared);
                         let old = std::mem::replace(&mut existing.spec, spec);
-                        existing.resource_version = index;
-                        existing.mod_revision = index;
+                        bump_version(existing, index);
                         self.desired.spec_changed(index, &name, Some(&old), Some(&existing.spec));
                         if let (Spec::Node(old), Spec::Node(new)) = (&old, &existing.spec) {
                             self.gpu_owners.node_changed(&name, Some(old), Some(new));
@@ -477,9 +476,9 @@ impl ClusterState {
                         let created = StoredResource {
                             name: name.clone(),
                             tenant,
-                            // The log index, as every change's version: a resource deleted
-                            // and created again never repeats a version an old
-                            // compare-and-set could name (no ABA).
+                            // Versions start at the creating entry's index (see
+                            // `bump_version`): a resource deleted and created again never
+                            // repeats a version an old compare-and-set could name (no ABA).
                             resource_version: index,
                             spec,
                             status: Default::default(),
@@ -500,17 +499,15 @@ impl ClusterState {
                 let shared = self.resources.get_mut(&kind).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
                 let existing = Arc::make_mut(shared);
                 existing.status = status;
-                existing.resource_version = index;
-                existing.mod_revision = index;
+                bump_version(existing, index);
                 (shared.clone(), ChangeType::Modified)
             }
             PlannedChange::PatchPlan { name, patch } => {
                 let shared = self.resources.get_mut(&Kind::Plan).and_then(|m| m.get_mut(name.as_str())).expect("checked by plan_change");
                 let existing = Arc::make_mut(shared);
+                bump_version(existing, index);
                 let Spec::Plan(plan) = &mut existing.spec else { unreachable!("checked by plan_change") };
                 plan.apply_patch(&patch);
-                existing.resource_version = index;
-                existing.mod_revision = index;
                 self.desired.plan_patched(index, &name, plan, &patch);
                 (shared.clone(), ChangeType::Modified)
             }
@@ -542,6 +539,19 @@ enum PlannedChange {
     Status { kind: Kind, name: String, status: crate::resources::StatusJson },
     Delete { kind: Kind, name: String },
     PatchPlan { name: String, patch: crate::resources::PlanPatch },
+}
+
+/// A change at log index `index`: the version goes up by one per entry that changes the
+/// resource (a batch that writes it twice bumps it once: no one saw the state between), so
+/// a writer can expect the version its own next write leaves (the provisioner's plan parts
+/// are in flight together on that), and every version of a resource is at most the index of
+/// its last change. Versions start at the index of the entry that created the resource, so
+/// one created again after a delete starts above every version of the one before.
+fn bump_version(resource: &mut StoredResource, index: u64) {
+    if resource.mod_revision != index {
+        resource.resource_version += 1;
+    }
+    resource.mod_revision = index;
 }
 
 fn not_found(kind: Kind, name: &str) -> FieldError {

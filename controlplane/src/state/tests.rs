@@ -71,7 +71,7 @@ pub(crate) fn seeded() -> (ClusterState, u64) {
 fn create_update_delete_bump_versions_and_revisions() {
     let (mut s, _) = seeded();
     let created = s.apply(10, &put("a", "svc1", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
-    // A version is the log index of the change: unique across deletes and creates.
+    // A version starts at the creating entry's index and counts the entries that change it.
     assert_eq!(created.resource.resource_version, 10);
     assert_eq!(created.resource.create_revision, 10);
     let updated = s.apply(11, &put("b", "svc1", "acme", service("resnet50", 40.0), WriteMode::Update, 10)).0.unwrap();
@@ -206,7 +206,7 @@ fn status_update_keeps_spec() {
         trace_parent: None,
     };
     let out = s.apply(10, &req).0.unwrap();
-    assert_eq!(out.resource.resource_version, 10);
+    assert_eq!(out.resource.resource_version, version + 1);
     assert_eq!(out.resource.spec, gpu_model());
     assert_eq!(out.resource.status.field("seen"), Some(serde_json::json!(3)));
 }
@@ -223,12 +223,13 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
         },
         trace_parent: None,
     };
+    let before = s.get(Kind::Tenant, "acme").unwrap().resource_version;
     let (out, events) = s.apply(10, &statuses(&["gone", "acme"]));
     let out = out.unwrap();
     assert_eq!(out.batch.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), vec!["acme"], "the missing one is skipped");
     assert_eq!(events.len(), 1);
     let acme = s.get(Kind::Tenant, "acme").unwrap();
-    assert_eq!((acme.status.field("seen"), acme.resource_version, acme.mod_revision), (Some(serde_json::json!("acme")), 10, 10));
+    assert_eq!((acme.status.field("seen"), acme.resource_version, acme.mod_revision), (Some(serde_json::json!("acme")), before + 1, 10));
 
     let none = s.apply(11, &statuses(&["gone", "also-gone"])).0.unwrap_err();
     assert_eq!((none.code, none.field.as_str()), (ErrorCode::NotFound, "statuses"));
@@ -239,7 +240,7 @@ fn put_statuses_writes_each_existing_resource_skips_the_missing_and_refuses_out_
         assert!(err.reason.contains(&format!("{} statuses", names.len())), "{}", err.reason);
         assert!(s.apply(12, &request).0.is_err());
     }
-    assert_eq!(s.get(Kind::Tenant, "acme").unwrap().resource_version, 10, "refused entries change nothing");
+    assert_eq!(s.get(Kind::Tenant, "acme").unwrap().resource_version, before + 1, "refused entries change nothing");
     // At the bound: accepted.
     let full = statuses(&vec!["acme"; MAX_STATUSES_PER_ENTRY]);
     assert!(s.check(&full).is_ok());
@@ -420,7 +421,7 @@ fn a_plan_patch_changes_only_what_it_names_and_only_on_the_version_it_was_comput
     let patched = s.apply(22, &patch_request("q1", patch, 20)).0.unwrap().resource;
     let Spec::Plan(now) = &patched.spec else { panic!("a plan") };
     assert_eq!(*now, next);
-    assert_eq!(patched.resource_version, 22);
+    assert_eq!(patched.resource_version, 21, "one entry, one version more");
     assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n2"]);
     assert_eq!(versions(&s, &["n1", "n2", "n3"]), vec![20, 22, 20]);
 
