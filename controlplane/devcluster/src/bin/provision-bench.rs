@@ -5,7 +5,12 @@
 //! against the change's minimal re-plan (consolidation). The phases are the provisioner's
 //! (`loops::provisioner`), called in its order through the same public functions.
 //!
-//!   provision-bench [--hosts N] [--runs R]
+//! With `--hostile N`, a second tenant that sets no quota (so has the default one) adds N of
+//! the hardest Services it may create (`HOSTILE_RATE` req/s of resnet50 each, about 700 GPUs
+//! at least, just under the planner's per-service bound): the first pass then shows what
+//! such a tenant costs a pass, and the table the process's peak memory.
+//!
+//!   provision-bench [--hosts N] [--runs R] [--hostile N]
 
 use std::time::Instant;
 
@@ -36,6 +41,33 @@ struct Args {
     /// Hosts per Service, as fleet-bench's default.
     #[arg(long, default_value_t = 4)]
     hosts_per_service: usize,
+    /// Services of a second tenant without a quota, each the hardest it may create.
+    #[arg(long, default_value_t = 0)]
+    hostile: usize,
+}
+
+/// The hostile tenant's Services' rate: resnet50 on A100-80GB needs about 700 GPUs for it
+/// at least, within the planner's bound of 14,000 instances a service.
+const HOSTILE_RATE: f64 = 9_000_000.0;
+
+/// The hostile tenant (no `max_gpus`: the default quota) and its `n` Services.
+fn hostile_resources(n: usize) -> Vec<proto::Resource> {
+    let tenant = proto::Resource { kind: "Tenant".into(), name: "mallory".into(), spec_json: "{}".into(), ..Default::default() };
+    let hog = |i: usize| proto::Resource {
+        kind: "Service".into(),
+        name: format!("mallory-{i:05}"),
+        tenant: "mallory".into(),
+        spec_json: serde_json::json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": HOSTILE_RATE}}).to_string(),
+        ..Default::default()
+    };
+    std::iter::once(tenant).chain((0..n).map(hog)).collect()
+}
+
+/// This process's peak resident memory so far (Linux's VmHWM), MiB.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 const PHASES: [&str; 7] =
@@ -88,6 +120,9 @@ struct Measured {
     consolidated: bool,
     gpus_planned: usize,
     gpus_moved: usize,
+    /// Services the first pass refused (the hostile tenant's, over its quota).
+    refused: usize,
+    peak_rss_mib: Option<f64>,
 }
 
 fn measure(hosts: usize, args: &Args) -> Measured {
@@ -95,6 +130,9 @@ fn measure(hosts: usize, args: &Args) -> Measured {
     let mut resources = base_resources();
     resources.extend((0..hosts).map(|i| node_resource(&node_name(i))));
     resources.extend((0..services).map(|i| service(i, args.rate)));
+    if args.hostile > 0 {
+        resources.extend(hostile_resources(args.hostile));
+    }
     let mut state = state_from_resources(&resources).unwrap_or_else(|e| panic!("the synthetic fleet: {e}"));
     let runs = args.runs.max(1);
     let mut firsts = Vec::new();
@@ -140,8 +178,10 @@ fn measure(hosts: usize, args: &Args) -> Measured {
         one_service: std::array::from_fn(|i| phase(&ones, i)),
         consolidation_s: median(weighs),
         consolidated,
+        refused: committed.services.iter().filter(|p| p.infeasible_reason.is_some()).count(),
         gpus_planned: committed.gpus.len(),
         gpus_moved: moved,
+        peak_rss_mib: peak_rss_mib(),
     }
 }
 
@@ -169,6 +209,16 @@ fn main() {
     print!("{:<34}", "planned GPUs / moved by the change");
     for r in &rows {
         print!("{:>14}", format!("{} / {}", r.gpus_planned, r.gpus_moved));
+    }
+    println!();
+    print!("{:<34}", "services refused by the first pass");
+    for r in &rows {
+        print!("{:>14}", r.refused);
+    }
+    println!();
+    print!("{:<34}", "peak memory so far (MiB)");
+    for r in &rows {
+        print!("{:>14}", r.peak_rss_mib.map_or("-".to_string(), |m| format!("{m:.0}")));
     }
     println!();
     print!("{:<34}", "periodic pass: weigh a full plan");
