@@ -111,17 +111,17 @@ fn big_node(i: usize) -> proto::Resource {
     let gpus: Vec<_> = (0..64).map(|g| json!({"uuid": format!("GPU-{i:03}-{g:02}-{}", "0".repeat(24)), "model": "A100-80GB"})).collect();
     let labels: serde_json::Map<String, serde_json::Value> =
         (0..64).map(|l| (format!("label-{l:02}-{}", "k".repeat(54)), json!("v".repeat(256)))).collect();
-    resource(
-        "Node",
-        &name,
-        "",
-        json!({"address": format!("{name}:7000"), "instance_type": "gpu-64", "gpus": gpus, "labels": labels}),
-    )
+    resource("Node", &name, "", json!({"address": format!("{name}:7000"), "instance_type": "gpu-64", "gpus": gpus, "labels": labels}))
 }
 
 /// An instance type of as many GPUs as a node may have, for `big_node`.
 fn sixty_four_gpus() -> proto::Resource {
-    resource("InstanceType", "gpu-64", "", json!({"gpu_model": "A100-80GB", "gpu_count": 64, "price_per_hour": 300, "launch_latency_s": 60}))
+    resource(
+        "InstanceType",
+        "gpu-64",
+        "",
+        json!({"gpu_model": "A100-80GB", "gpu_count": 64, "price_per_hour": 300, "launch_latency_s": 60}),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

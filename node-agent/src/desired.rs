@@ -2,8 +2,8 @@
 //! before anything is applied: an illegal plan is refused whole, with the field and the
 //! reason, and changes nothing on the node.
 
-use planner::isolation::{check_gpu, Boundary, Isolation};
 use crate::router::admission::{parse_digest, Callers};
+use planner::isolation::{check_gpu, Boundary, Isolation};
 use planner::mig::{parse_profile, validate, GpuModel, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -130,7 +130,10 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
                 boundaries.push((slot, Boundary { tenant: w.tenant.clone(), isolation }));
             }
             if w.inference_tokens.len() > model::limits::MAX_INFERENCE_TOKENS {
-                return Err(refuse(wf("inference_tokens"), format!("{} tokens; at most {}", w.inference_tokens.len(), model::limits::MAX_INFERENCE_TOKENS)));
+                return Err(refuse(
+                    wf("inference_tokens"),
+                    format!("{} tokens; at most {}", w.inference_tokens.len(), model::limits::MAX_INFERENCE_TOKENS),
+                ));
             }
             if let Some(i) = w.inference_tokens.iter().position(|d| parse_digest(d).is_none()) {
                 return Err(refuse(wf(&format!("inference_tokens[{i}]")), "not a SHA-256 as 64 hex digits"));

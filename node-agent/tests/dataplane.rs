@@ -190,7 +190,12 @@ fn with_token(req: InferRequest, token: Option<&str>) -> tonic::Request<InferReq
 }
 
 /// Concurrent senders with `token` until `stop`: the codes of their answers.
-fn flood(client: &InferenceClient<Channel>, senders: u64, token: Option<&'static str>, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<Vec<Code>>> {
+fn flood(
+    client: &InferenceClient<Channel>,
+    senders: u64,
+    token: Option<&'static str>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<JoinHandle<Vec<Code>>> {
     (0..senders)
         .map(|c| {
             let (mut client, stop) = (client.clone(), Arc::clone(stop));

@@ -125,7 +125,11 @@ fn gpuctl_prints_one_clear_line_and_exits_non_zero_on_bad_input() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let cases = [
         ("malformed.yaml", "kind: Service\nname: [oops\n", "malformed YAML"),
-        ("negative.yaml", &service_manifest("neg").replace("request_rate: 100", "request_rate: -1"), "spec.slo.request_rate: must be in [0.001, 10000000] (got -1)"),
+        (
+            "negative.yaml",
+            &service_manifest("neg").replace("request_rate: 100", "request_rate: -1"),
+            "spec.slo.request_rate: must be in [0.001, 10000000] (got -1)",
+        ),
         ("unknown.yaml", &service_manifest("unk").replace("model: resnet50", "model: nope"), "NotFound: spec.model"),
         ("field.json", r#"{"kind":"Tenant","name":"x","spec":{"colour":"red"}}"#, "unknown field `colour`"),
     ];

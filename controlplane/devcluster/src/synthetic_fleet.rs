@@ -45,7 +45,8 @@ pub fn base_resources() -> Vec<proto::Resource> {
         kind: "Tenant".into(),
         name: TENANT.into(),
         // The whole fleet: a tenant without max_gpus gets the default quota.
-        spec_json: json!({"display_name": "Acme", "max_services": 10_000, "max_gpus": controlplane::resources::limits::MAX_TENANT_GPUS}).to_string(),
+        spec_json: json!({"display_name": "Acme", "max_services": 10_000, "max_gpus": controlplane::resources::limits::MAX_TENANT_GPUS})
+            .to_string(),
         ..Default::default()
     });
     resources

@@ -237,10 +237,7 @@ pub fn host_of(address: &str) -> Option<&str> {
 /// (that would be a malformed IPv4 address).
 fn is_dns_name(host: &str) -> bool {
     let label_ok = |l: &str| {
-        (1..=63).contains(&l.len())
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
+        (1..=63).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') && !l.starts_with('-') && !l.ends_with('-')
     };
     (1..=253).contains(&host.len())
         && host.split('.').all(label_ok)
@@ -568,8 +565,23 @@ mod tests {
             assert!(host_of(good).is_some(), "{good}");
         }
         for bad in [
-            "::::80", "x:0", "a b c:80", "host", ":80", "host:", "host:65536", "host:+80", "[::1:80", "::1:80", "[nonsense]:80",
-            "-host:80", "host-:80", "ho_st:80", "10.0.0.256:80", "a..b:80", "1.2.3:80",
+            "::::80",
+            "x:0",
+            "a b c:80",
+            "host",
+            ":80",
+            "host:",
+            "host:65536",
+            "host:+80",
+            "[::1:80",
+            "::1:80",
+            "[nonsense]:80",
+            "-host:80",
+            "host-:80",
+            "ho_st:80",
+            "10.0.0.256:80",
+            "a..b:80",
+            "1.2.3:80",
         ] {
             assert_eq!(host_of(bad), None, "{bad}");
         }

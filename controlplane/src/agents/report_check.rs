@@ -299,7 +299,8 @@ mod tests {
     #[test]
     fn an_observed_state_past_its_bytes_is_invalid_though_each_list_is_within_bounds() {
         let mut big = node();
-        big.gpus = (0..MAX_GPUS_PER_NODE).map(|g| NodeGpu { uuid: format!("GPU-{g}"), model: "A100-80GB".into(), mig_enabled: true }).collect();
+        big.gpus =
+            (0..MAX_GPUS_PER_NODE).map(|g| NodeGpu { uuid: format!("GPU-{g}"), model: "A100-80GB".into(), mig_enabled: true }).collect();
         let workload = |j: usize| proto::ObservedWorkload {
             service: format!("svc-{j}"),
             process: "p".repeat(MAX_NAME_LEN * 2),
