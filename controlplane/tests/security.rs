@@ -196,8 +196,9 @@ async fn a_tenants_batch_is_checked_put_by_put_and_applied_whole_or_not_at_all()
         .unwrap();
     let got: Vec<_> = written.written.iter().map(|w| (w.name.as_str(), w.created)).collect();
     assert_eq!(got, [("acme-b1", true), ("acme-b2", true), ("acme-web", false)]);
-    // One entry: one version, above acme-web's before.
-    assert!(written.written.iter().all(|w| w.resource_version == written.written[0].resource_version));
+    // One entry: the two created start at its index, the one updated goes up by one.
+    assert_eq!(written.written[0].resource_version, written.written[1].resource_version);
+    assert!(written.written[2].resource_version < written.written[0].resource_version);
     assert_eq!(admin.get("Service", "acme-b2", false).await.unwrap().tenant, "acme");
 }
 
