@@ -37,6 +37,20 @@ pub fn service(i: usize, rate: f64) -> proto::Resource {
 /// The tenant of every Service.
 pub const TENANT: &str = "acme";
 
+/// A second tenant that sets no quota (so has the default one), for the benchmarks'
+/// `--hostile N`, and its `n` Services of `rate` req/s of resnet50 each.
+pub fn hostile_resources(n: usize, rate: f64) -> Vec<proto::Resource> {
+    let tenant = proto::Resource { kind: "Tenant".into(), name: "mallory".into(), spec_json: "{}".into(), ..Default::default() };
+    let hog = move |i: usize| proto::Resource {
+        kind: "Service".into(),
+        name: format!("mallory-{i:05}"),
+        tenant: "mallory".into(),
+        spec_json: json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": rate}}).to_string(),
+        ..Default::default()
+    };
+    std::iter::once(tenant).chain((0..n).map(hog)).collect()
+}
+
 /// What the Services and Nodes refer to: the demo's GPU models, instance types and
 /// profiles, and the tenant (room for 10,000 Services).
 pub fn base_resources() -> Vec<proto::Resource> {

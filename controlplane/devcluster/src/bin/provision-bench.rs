@@ -47,21 +47,10 @@ struct Args {
 }
 
 /// The hostile tenant's Services' rate: resnet50 on A100-80GB needs about 700 GPUs for it
-/// at least, within the planner's bound of 14,000 instances a service.
+/// at least (1,141 planned), within the planner's bound of 14,000 instances a service. (The
+/// API's admission would refuse it, one alone being past the default quota: fleet-bench's
+/// `--hostile` uses the largest rate it admits.)
 const HOSTILE_RATE: f64 = 9_000_000.0;
-
-/// The hostile tenant (no `max_gpus`: the default quota) and its `n` Services.
-fn hostile_resources(n: usize) -> Vec<proto::Resource> {
-    let tenant = proto::Resource { kind: "Tenant".into(), name: "mallory".into(), spec_json: "{}".into(), ..Default::default() };
-    let hog = |i: usize| proto::Resource {
-        kind: "Service".into(),
-        name: format!("mallory-{i:05}"),
-        tenant: "mallory".into(),
-        spec_json: serde_json::json!({"model": "resnet50", "slo": {"latency_ms": 50.0, "request_rate": HOSTILE_RATE}}).to_string(),
-        ..Default::default()
-    };
-    std::iter::once(tenant).chain((0..n).map(hog)).collect()
-}
 
 /// This process's peak resident memory so far (Linux's VmHWM), MiB.
 fn peak_rss_mib() -> Option<f64> {
@@ -131,7 +120,7 @@ fn measure(hosts: usize, args: &Args) -> Measured {
     resources.extend((0..hosts).map(|i| node_resource(&node_name(i))));
     resources.extend((0..services).map(|i| service(i, args.rate)));
     if args.hostile > 0 {
-        resources.extend(hostile_resources(args.hostile));
+        resources.extend(devcluster::synthetic_fleet::hostile_resources(args.hostile, HOSTILE_RATE));
     }
     let mut state = state_from_resources(&resources).unwrap_or_else(|e| panic!("the synthetic fleet: {e}"));
     let runs = args.runs.max(1);

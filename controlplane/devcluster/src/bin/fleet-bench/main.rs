@@ -71,7 +71,17 @@ struct Args {
     /// lower priority for the controllers can only make their own figures worse.
     #[arg(long, default_value_t = 8)]
     controllers_nice: i32,
+    /// Before the one-Service change, a second tenant without a quota (the default one)
+    /// applies this many of the hardest Services the API admits for it
+    /// (`HOSTILE_RATE` req/s of resnet50 each, about 950 GPUs): the passes, the leader's
+    /// memory and the other tenant's change after it show what such a tenant costs.
+    #[arg(long, default_value_t = 0)]
+    hostile: usize,
 }
+
+/// The largest rate of resnet50 the admission check lets a tenant with the default quota
+/// (1,000 GPUs-worth) create: one such Service planned alone needs about 950 GPUs.
+const HOSTILE_RATE: f64 = 7_500_000.0;
 
 fn main() {
     let args = Args::parse();
@@ -208,6 +218,11 @@ async fn run(n: usize, args: &Args, bins: Binaries) -> Row {
     let apply = measure::fan_out(&observed, applied, args.quiet_s, timeout, true).await;
     let with_work = observed.held.lock().unwrap().values().filter(|h| h.has_work).count();
     eprintln!("[{:>6.1} s] applied: {with_work} agents with work, last after {:?} s", started.elapsed().as_secs_f64(), apply.last_s);
+
+    if args.hostile > 0 {
+        let (_, put_s) = put_all(&admin, devcluster::synthetic_fleet::hostile_resources(args.hostile, HOSTILE_RATE)).await;
+        eprintln!("[{:>6.1} s] a hostile tenant applied {} services in {put_s:.1} s", started.elapsed().as_secs_f64(), args.hostile);
+    }
 
     // 3. One Service +25%, once the agents' status writes after the apply are through.
     let settled_one = probe.settle(SETTLED_BYTES_PER_S, timeout).await;
