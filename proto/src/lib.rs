@@ -29,4 +29,10 @@ pub mod meta {
     pub const RETRY_AFTER_MS: &str = "retry-after-ms";
     /// Bearer tokens of tenants and admins: `authorization: Bearer <token>`.
     pub const AUTHORIZATION: &str = "authorization";
+
+    /// The token of an `authorization` value, `Bearer <token>`; `None` for another scheme or
+    /// a value that is not text. The one parser of the controllers' and the routers'.
+    pub fn bearer_token(value: &tonic::metadata::MetadataValue<tonic::metadata::Ascii>) -> Option<&str> {
+        value.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+    }
 }

@@ -95,12 +95,8 @@ impl Gatekeeper {
 
     fn token_principal<T>(&self, request: &Request<T>) -> Result<Option<Principal>, Status> {
         let Some(value) = request.metadata().get(proto::meta::AUTHORIZATION) else { return Ok(None) };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or_else(|| Status::unauthenticated("authorization: expected \"Bearer <token>\""))?;
+        let token =
+            proto::meta::bearer_token(value).ok_or_else(|| Status::unauthenticated("authorization: expected \"Bearer <token>\""))?;
         self.tokens.lookup(token).cloned().map(Some).ok_or_else(|| Status::unauthenticated("authorization: unknown token"))
     }
 

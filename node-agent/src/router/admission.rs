@@ -47,15 +47,11 @@ impl Callers {
         if self.is_open() {
             return Ok(None);
         }
-        let Some(value) = metadata.get("authorization") else {
+        let Some(value) = metadata.get(proto::meta::AUTHORIZATION) else {
             return Err(Status::unauthenticated(format!("service `{service}` needs `authorization: Bearer <token>`")));
         };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or_else(|| Status::unauthenticated("authorization: expected \"Bearer <token>\""))?;
+        let token =
+            proto::meta::bearer_token(value).ok_or_else(|| Status::unauthenticated("authorization: expected \"Bearer <token>\""))?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if !self.digests.contains(&digest) {
             return Err(Status::unauthenticated(format!("service `{service}` does not accept this token")));
