@@ -376,15 +376,13 @@ slo = { latency_ms = 50, request_rate = 200 }
             format!("kind: Tenant\nname: a\nspec:\n{}x\n", "- ".repeat(n)),
         ];
         for text in &deep {
-            let started = std::time::Instant::now();
             let e = parse("deep.yaml", text, Format::Yaml).unwrap_err().to_string();
             assert!(
                 e.starts_with("deep.yaml: document 1, line 3: nested more than 64 levels deep")
                     || e.starts_with("deep.yaml: document 1, line 4: nested more than 64 levels deep"),
                 "{e}"
             );
-            // libyaml took 20-24 s on each (quadratic in the depth).
-            assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+            // The pre-pass's refusal, before libyaml (20-24 s on each, quadratic in the depth).
         }
         // Block nesting by indentation, in a second document.
         let indented: String = (0..70).map(|i| format!("{}a:\n", "  ".repeat(i))).collect();

@@ -8,7 +8,6 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use common::*;
 use controlplane::client::{Client, RetryPolicy};
@@ -158,11 +157,9 @@ async fn a_spec_with_nan_infinity_or_deep_nesting_is_refused_as_malformed_json_a
     // `unbounded_depth`) bounds every parse, typed or not.
     let deep = "[".repeat(100_000);
     for spec in [deep.clone(), format!("{{\"max_gpus\": {deep}"), format!("{{\"display_name\": {deep}")] {
-        let started = Instant::now();
         let err = client.put(tenant(spec), proto::WriteMode::Create).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
         assert!(err.message().contains("invalid type: sequence") && err.message().contains("line 1 column"), "{}", err.message());
-        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     }
     let err = serde_json::from_str::<serde_json::Value>(&deep).unwrap_err();
     assert!(err.to_string().starts_with("recursion limit exceeded"), "{err}");

@@ -720,10 +720,9 @@ mod tests {
         let n = 100_000;
         let texts = ["[".repeat(n), "{a: ".repeat(n), "- ".repeat(n), "[a: ".repeat(n), format!("{}x{}", "[".repeat(n), "]".repeat(n))];
         for text in &texts {
-            let started = std::time::Instant::now();
+            // Refused by the pass itself, at the first line: libyaml never sees it (its cost
+            // is measured, not asserted here: speed belongs in benchmarks).
             assert!(matches!(check(text, 64, 10), Err(Refusal::TooDeep { document: 1, line: 1 })));
-            // Far below the parser's seconds even in a debug build on a slow machine.
-            assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
         }
     }
 
