@@ -9,15 +9,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use controlplane::client::Client;
 use controlplane::loops::LoopSettings;
-use controlplane::security::certs::{self, CertPlan};
-use controlplane::security::{ClientCredentials, Principal, RateLimits, Security, TlsMaterial};
+use controlplane::security::{ClientCredentials, Principal, RateLimits, Security};
 use proto::control_plane_client::ControlPlaneClient;
 use serde_json::json;
 use tokio::io::AsyncReadExt;
@@ -180,27 +178,9 @@ async fn a_principal_past_its_watch_streams_is_refused_until_one_of_them_ends() 
     assert!(again.message().await.unwrap().is_some());
 }
 
-fn make_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let plan = CertPlan {
-        controllers: vec![1],
-        nodes: vec![],
-        admins: vec!["ops".into()],
-        hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        force: false,
-    };
-    certs::generate(dir.path(), &plan).unwrap();
-    dir
-}
-
-fn tls_of(dir: &Path, principal: &Principal) -> TlsMaterial {
-    let (cert, key) = certs::leaf_files(dir, principal);
-    TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_connection_that_never_finishes_its_tls_handshake_is_closed_at_the_deadline() {
-    let pki = make_pki();
+    let pki = make_pki(&[1], &[]);
     let dir = pki.path().to_path_buf();
     let limits = RateLimits { handshake_timeout_ms: 300, ..RateLimits::default() };
     let security = Arc::new(move |id| Security {

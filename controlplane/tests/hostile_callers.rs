@@ -12,29 +12,11 @@ use std::sync::Arc;
 use common::*;
 use controlplane::client::{Client, RetryPolicy};
 use controlplane::loops::LoopSettings;
-use controlplane::security::certs::{self, CertPlan};
+use controlplane::security::certs;
 use controlplane::security::{ClientCredentials, Principal, RateLimits, Security, TlsMaterial, Tokens};
 use proto::admin_client::AdminClient;
 use tonic::transport::Endpoint;
 use tonic::Code;
-
-fn make_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let plan = CertPlan {
-        controllers: vec![1, 2, 3, 4],
-        nodes: vec!["node-a".into()],
-        admins: vec!["ops".into()],
-        hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        force: false,
-    };
-    certs::generate(dir.path(), &plan).unwrap();
-    dir
-}
-
-fn tls_of(dir: &Path, principal: &Principal) -> TlsMaterial {
-    let (cert, key) = certs::leaf_files(dir, principal);
-    TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).unwrap()
-}
 
 async fn secure_cluster(pki: &Path) -> TestCluster {
     let pki = pki.to_path_buf();
@@ -65,7 +47,7 @@ async fn members(admin: &Client) -> Vec<(u64, String, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_status_is_for_admins_and_controllers_and_a_new_member_is_still_probed() {
-    let pki = make_pki();
+    let pki = make_pki(&[1, 2, 3, 4], &["node-a"]);
     let mut cluster = secure_cluster(pki.path()).await;
     let ca = TlsMaterial::load(&pki.path().join(certs::CA_CERT), None, None).unwrap();
     let admin = client(cluster.endpoints(), tls_of(pki.path(), &Principal::Admin("ops".into())), None);

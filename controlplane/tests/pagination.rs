@@ -5,14 +5,13 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
 use controlplane::api::{DEFAULT_LIMIT, MAX_LIMIT, PAGE_BYTES};
 use controlplane::client::Client;
 use controlplane::loops::LoopSettings;
-use controlplane::security::certs::{self, CertPlan};
+use controlplane::security::certs;
 use controlplane::security::{ClientCredentials, Principal, RateLimits, Security, TlsMaterial, Tokens};
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
@@ -181,27 +180,9 @@ async fn bad_limits_and_continue_tokens_are_refused_naming_the_field() {
     assert_eq!(client.list_page("Tenant", "", false, 2, &token).await.unwrap().resources.len(), 2);
 }
 
-fn make_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let plan = CertPlan {
-        controllers: vec![1],
-        nodes: vec![],
-        admins: vec!["ops".into()],
-        hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        force: false,
-    };
-    certs::generate(dir.path(), &plan).unwrap();
-    dir
-}
-
-fn tls_of(dir: &Path, principal: &Principal) -> TlsMaterial {
-    let (cert, key) = certs::leaf_files(dir, principal);
-    TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_paging_services_sees_only_its_own() {
-    let pki = make_pki();
+    let pki = make_pki(&[1], &[]);
     let dir = pki.path().to_path_buf();
     let tokens =
         Tokens::default().with(Principal::Tenant("acme".into()), "token-acme").with(Principal::Tenant("globex".into()), "token-globex");

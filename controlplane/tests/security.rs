@@ -13,31 +13,13 @@ use std::time::Duration;
 use common::*;
 use controlplane::client::{Client, RetryPolicy};
 use controlplane::loops::LoopSettings;
-use controlplane::security::certs::{self, CertPlan};
+use controlplane::security::certs;
 use controlplane::security::{ClientCredentials, Principal, RateLimits, Security, TlsMaterial, Tokens};
 use proto::agent_client::AgentClient;
 use proto::raft_service_client::RaftServiceClient;
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
-
-fn make_pki() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let plan = CertPlan {
-        controllers: vec![1, 2, 3],
-        nodes: vec!["node-a".into(), "node-b".into()],
-        admins: vec!["ops".into()],
-        hosts: vec!["localhost".into(), "127.0.0.1".into()],
-        force: false,
-    };
-    certs::generate(dir.path(), &plan).unwrap();
-    dir
-}
-
-fn tls_of(dir: &Path, principal: &Principal) -> TlsMaterial {
-    let (cert, key) = certs::leaf_files(dir, principal);
-    TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).unwrap()
-}
 
 fn ca_only(dir: &Path) -> TlsMaterial {
     TlsMaterial::load(&dir.join(certs::CA_CERT), None, None).unwrap()
@@ -87,7 +69,7 @@ async fn seed_two_tenants(admin: &Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tenants_see_and_change_only_their_own_services_even_through_a_follower() {
-    let pki = make_pki();
+    let pki = make_pki(&[1, 2, 3], &["node-a", "node-b"]);
     let cluster = secure_cluster(pki.path(), RateLimits::default()).await;
     let admin = admin(&cluster, pki.path());
     seed_two_tenants(&admin).await;
@@ -158,7 +140,7 @@ async fn tenants_see_and_change_only_their_own_services_even_through_a_follower(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_batch_is_checked_put_by_put_and_applied_whole_or_not_at_all() {
-    let pki = make_pki();
+    let pki = make_pki(&[1, 2, 3], &["node-a", "node-b"]);
     let cluster = secure_cluster(pki.path(), RateLimits::default()).await;
     let admin = admin(&cluster, pki.path());
     seed_two_tenants(&admin).await;
@@ -204,7 +186,7 @@ async fn a_tenants_batch_is_checked_put_by_put_and_applied_whole_or_not_at_all()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_without_credentials_or_with_plaintext_are_refused() {
-    let pki = make_pki();
+    let pki = make_pki(&[1, 2, 3], &["node-a", "node-b"]);
     let cluster = secure_cluster(pki.path(), RateLimits::default()).await;
     let no_retry = RetryPolicy { attempts: 1, ..RetryPolicy::default() };
 
@@ -225,7 +207,7 @@ async fn callers_without_credentials_or_with_plaintext_are_refused() {
     assert!(!matches!(err.code(), Code::Ok | Code::PermissionDenied | Code::NotFound), "{err:?}");
 
     // A certificate from another CA does not get through the handshake.
-    let other = make_pki();
+    let other = make_pki(&[1, 2, 3], &["node-a", "node-b"]);
     let stranger = tls_of(other.path(), &Principal::Admin("ops".into()));
     let stranger = TlsMaterial { ca_pem: ca_only(pki.path()).ca_pem, identity: stranger.identity };
     let endpoint =
@@ -239,7 +221,7 @@ async fn callers_without_credentials_or_with_plaintext_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agents_act_only_for_their_own_node_and_raft_takes_controllers_only() {
-    let pki = make_pki();
+    let pki = make_pki(&[1, 2, 3], &["node-a", "node-b"]);
     let cluster = secure_cluster(pki.path(), RateLimits::default()).await;
     seed_two_tenants(&admin(&cluster, pki.path())).await;
     let addr = cluster.endpoints()[0].clone();
@@ -296,7 +278,7 @@ async fn agents_act_only_for_their_own_node_and_raft_takes_controllers_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_over_its_rate_is_refused_while_others_are_served() {
-    let pki = make_pki();
+    let pki = make_pki(&[1, 2, 3], &["node-a", "node-b"]);
     let limits = RateLimits { tenant_rps: 1, tenant_burst: 3, ..RateLimits::default() };
     let cluster = secure_cluster(pki.path(), limits).await;
     let admin = admin(&cluster, pki.path());

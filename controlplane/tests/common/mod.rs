@@ -270,3 +270,26 @@ pub async fn node_status_when(client: &Client, node: &str, ready: impl Fn(&serde
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// A development CA and leaf certificates (`gpuctl certs`) for these controllers and nodes,
+/// admin `ops`, and hosts localhost and 127.0.0.1.
+pub fn make_pki(controllers: &[u64], nodes: &[&str]) -> tempfile::TempDir {
+    use controlplane::security::certs::{self, CertPlan};
+    let dir = tempfile::tempdir().unwrap();
+    let plan = CertPlan {
+        controllers: controllers.to_vec(),
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        admins: vec!["ops".into()],
+        hosts: vec!["localhost".into(), "127.0.0.1".into()],
+        force: false,
+    };
+    certs::generate(dir.path(), &plan).unwrap();
+    dir
+}
+
+/// The CA of `dir` with `principal`'s certificate and key.
+pub fn tls_of(dir: &std::path::Path, principal: &controlplane::security::Principal) -> controlplane::security::TlsMaterial {
+    use controlplane::security::certs;
+    let (cert, key) = certs::leaf_files(dir, principal);
+    controlplane::security::TlsMaterial::load(&dir.join(certs::CA_CERT), Some(&cert), Some(&key)).unwrap()
+}
