@@ -131,10 +131,13 @@ impl DesiredIndex {
     }
 
     /// A Service changed: its nodes get a new version if what agents are told about it (the
-    /// model, the SLO) changed, or it was deleted.
+    /// model, the SLO, the callers its endpoints accept) changed, or it was deleted. Without
+    /// the callers, a token removed from a Service kept working until the plan next changed.
     pub fn service_changed(&mut self, index: u64, name: &str, old: Option<&ServiceSpec>, new: Option<&ServiceSpec>) {
         let same = match (old, new) {
-            (Some(a), Some(b)) => a.model == b.model && a.slo.latency_ms.to_bits() == b.slo.latency_ms.to_bits(),
+            (Some(a), Some(b)) => {
+                a.model == b.model && a.slo.latency_ms.to_bits() == b.slo.latency_ms.to_bits() && a.inference_tokens == b.inference_tokens
+            }
             _ => false,
         };
         if same {

@@ -347,6 +347,28 @@ fn a_plan_change_gives_a_new_desired_version_to_the_nodes_it_changes_and_no_othe
 }
 
 #[test]
+fn a_change_of_a_services_callers_reaches_its_nodes_and_only_them() {
+    let (mut s, _) = seeded();
+    s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(11, &put("s2", "api", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
+    s.apply(20, &put("p1", "current", "", plan(&[("n1", "G1", "web", 8), ("n2", "G2", "api", 8)]), WriteMode::Upsert, 0)).0.unwrap();
+    s.take_touched_nodes();
+    let with_tokens = |tokens: &[&str]| {
+        let Spec::Service(mut spec) = service("resnet50", 50.0) else { unreachable!() };
+        spec.inference_tokens = tokens.iter().map(|t| crate::security::hash_token(t)).collect();
+        Spec::Service(spec)
+    };
+    // Listing a caller, then revoking it: each is a new version of web's node, never api's.
+    s.apply(21, &put("t1", "web", "acme", with_tokens(&["a", "b"]), WriteMode::Update, 0)).0.unwrap();
+    assert_eq!(versions(&s, &["n1", "n2"]), vec![21, 20]);
+    s.apply(22, &put("t2", "web", "acme", with_tokens(&["a"]), WriteMode::Update, 0)).0.unwrap();
+    assert_eq!(versions(&s, &["n1", "n2"]), vec![22, 20]);
+    assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n1"]);
+    let desired = crate::agents::desired_state(&s, "n1");
+    assert_eq!(desired.gpus[0].workloads[0].inference_tokens, vec![crate::security::hash_token("a")]);
+}
+
+#[test]
 fn a_change_to_one_plan_keeps_what_another_plan_places_on_the_same_node() {
     let (mut s, _) = seeded();
     s.apply(10, &put("s1", "web", "acme", service("resnet50", 50.0), WriteMode::Create, 0)).0.unwrap();
