@@ -21,6 +21,8 @@ use super::net::{Host, Network};
 pub const CONTROLLER_PORT: u16 = 7400;
 /// Where each controller serves its peers (`--peer-listen`), on its namespace's address.
 pub const CONTROLLER_PEER_PORT: u16 = 7410;
+/// Where each controller serves `/metrics` (`--metrics-listen`), on its namespace's address.
+pub const CONTROLLER_METRICS_PORT: u16 = 7420;
 
 pub struct Agent {
     pub index: u8,
@@ -115,6 +117,8 @@ impl Cluster {
         let namespaces: BTreeMap<u64, String> =
             ids.iter().map(|&id| (id, net.namespace(Host::Controller(id)).expect("a controller's namespace"))).collect();
         let tls = certs.clone();
+        let metrics: BTreeMap<u64, String> =
+            ids.iter().map(|&id| (id, format!("{}:{CONTROLLER_METRICS_PORT}", net.ip(Host::Controller(id))))).collect();
         let peer_addrs = ids.iter().map(|&id| (id, format!("{}:{CONTROLLER_PEER_PORT}", net.ip(Host::Controller(id)))));
         let controllers = Controllers::new(&bins.controlplane, dir, members)
             .with_peer_addrs(peer_addrs)
@@ -132,6 +136,7 @@ impl Cluster {
                 ]
                 .iter()
                 .map(|p| p.display().to_string())
+                .chain(["--metrics-listen".to_string(), metrics[&id].clone()])
                 .collect()
             })
             .with_env("RUST_LOG", "info,openraft=warn")
@@ -190,6 +195,22 @@ impl Cluster {
     pub fn tenant_client(&self) -> Result<Client, String> {
         let tls = TlsMaterial::load(&self.certs.join(certs::CA_CERT), None, None).map_err(|e| format!("certificates: {e:#}"))?;
         Client::with_credentials(self.servers(), ClientCredentials { tls: Some(tls), token: Some(self.hostile_token.clone()) })
+    }
+
+    /// The hostile tenant's client of one controller only (`addr`).
+    pub fn tenant_client_at(&self, addr: &str) -> Result<Client, String> {
+        let tls = TlsMaterial::load(&self.certs.join(certs::CA_CERT), None, None).map_err(|e| format!("certificates: {e:#}"))?;
+        Client::with_credentials(vec![addr.to_string()], ClientCredentials { tls: Some(tls), token: Some(self.hostile_token.clone()) })
+    }
+
+    /// Where controller `id` serves `/metrics`.
+    pub fn metrics_addr(&self, id: u64) -> std::net::SocketAddr {
+        format!("{}:{CONTROLLER_METRICS_PORT}", self.net.ip(Host::Controller(id))).parse().expect("a socket address")
+    }
+
+    /// Where controller `id` serves the API.
+    pub fn api_addr(&self, id: u64) -> std::net::SocketAddr {
+        format!("{}:{CONTROLLER_PORT}", self.net.ip(Host::Controller(id))).parse().expect("a socket address")
     }
 
     /// A client holding agent `index`'s node certificate: a compromised node.

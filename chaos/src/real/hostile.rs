@@ -199,6 +199,42 @@ pub async fn attack(
     Ok(out)
 }
 
+/// The default quota of a tenant without `max_gpus` (the hostile tenant has none).
+const DEFAULT_QUOTA_GPUS: f64 = controlplane::resources::limits::DEFAULT_TENANT_MAX_GPUS;
+
+/// The tenant fills its quota with the hardest services it may create: its two services
+/// within `max_services` are changed to rates whose least need (the rate over the best
+/// throughput per GPU of any resnet50 profile point, the planning budget's bound) takes
+/// 45% of the default quota each, so the planner sizes them in full (on a fleet of two GPUs,
+/// infeasible after a whole pass) every pass. Their names.
+pub async fn fill_quota(cluster: &Cluster, admin: &Client) -> Result<Vec<String>, String> {
+    let profile = admin.get("ModelProfile", "resnet50-a100-80gb", false).await.map_err(|e| format!("reading resnet50's profile: {e}"))?;
+    let spec: Value = serde_json::from_str(&profile.spec_json).map_err(|e| format!("resnet50's profile: {e}"))?;
+    let per_gpu = spec["points"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let gpcs = p["gpcs"].as_f64().unwrap_or(0.0);
+            let segment = p["throughput_rps"].as_f64().unwrap_or(0.0) * p["processes"].as_f64().unwrap_or(1.0);
+            segment * if gpcs == 0.0 { 1.0 } else { 7.0 / gpcs.min(7.0) }
+        })
+        .fold(0.0, f64::max);
+    if per_gpu <= 0.0 {
+        return Err("resnet50's profile has no point with throughput".into());
+    }
+    let tenant = cluster.tenant_client()?;
+    let names = vec!["mallory-2".to_string(), "mallory-3".to_string()];
+    for name in &names {
+        let rate = (0.45 * DEFAULT_QUOTA_GPUS * per_gpu).floor();
+        tenant
+            .put(service(name, "resnet50", rate, json!({})), proto::WriteMode::Unspecified)
+            .await
+            .map_err(|e| format!("the tenant filling its quota ({name} at {rate} req/s): {e}"))?;
+    }
+    Ok(names)
+}
+
 /// After the attacks: the hog refused by name, the victim still planned and routed only to
 /// the real agents' hosts (`agent_hosts`), every controller answering. Problems, if any.
 pub async fn check_aftermath(cluster: &Cluster, admin: &Client, victim: &str, agent_hosts: &[String], within: Duration) -> Vec<String> {

@@ -9,7 +9,9 @@
 //! 32 MiB tmpfs filled up under controller 3), a truncated and an overwritten database on a
 //! stopped follower before its restart (it must refuse to start; the runner then removes
 //! it, wipes it and adds it back as an operator would), and the agents cut off from every
-//! controller while the plan changes. `kills` kills the leader N times. The [`report`]
+//! controller while the plan changes. `kills` kills the leader N times. `hostile` sends a
+//! tenant's, an operator's and a compromised node's attacks ([`hostile`]) and floods
+//! ([`floods`]: unread watches, idle connections, anonymous data-plane callers). The [`report`]
 //! gives operations attempted, acknowledged, failed, unknown and lost, the linearizability
 //! verdict, leader changes, unavailability, agent convergence and the storage outcomes;
 //! `chaos` exits 1 on any lost or non-linearizable operation or failed expectation.
@@ -19,6 +21,7 @@
 
 pub mod cluster;
 pub mod faults;
+pub mod floods;
 pub mod hostile;
 pub mod net;
 pub mod observe;

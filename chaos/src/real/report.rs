@@ -5,6 +5,7 @@ use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 use super::faults::{Injection, StorageOutcome};
+use super::floods::Figures;
 use super::hostile::Attempt;
 use super::workload::{Ack, Counts};
 use crate::history::Verdict;
@@ -32,6 +33,8 @@ pub struct Report {
     pub storage_faults: Vec<StorageOutcome>,
     /// The `hostile` scenario's attacks and what became of each.
     pub hostile: Vec<Attempt>,
+    /// The `hostile` scenario's floods and the leader under the tenant at its quota.
+    pub floods: Option<Figures>,
     /// Anything that fails the run besides lost or non-linearizable operations.
     pub problems: Vec<String>,
 }
@@ -82,6 +85,7 @@ pub struct Inputs<'a> {
     pub agent_convergence: Option<Duration>,
     pub storage_faults: Vec<StorageOutcome>,
     pub hostile: Vec<Attempt>,
+    pub floods: Option<Figures>,
     pub problems: Vec<String>,
 }
 
@@ -118,6 +122,7 @@ impl Report {
         }
         Report {
             hostile: i.hostile,
+            floods: i.floods,
             scenario: i.scenario.to_string(),
             seconds: (i.ended - i.started).as_secs_f64().round(),
             operations: i.counts,
@@ -186,6 +191,9 @@ impl Report {
             for a in &self.hostile {
                 let _ = writeln!(s, "  {:<8} {:<66} {}", a.who, a.what, a.got);
             }
+        }
+        for line in self.floods.iter().flat_map(Figures::lines) {
+            let _ = writeln!(s, "{line}");
         }
         for p in &self.problems {
             let _ = writeln!(s, "PROBLEM: {p}");

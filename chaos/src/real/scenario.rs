@@ -11,6 +11,8 @@ use serde_json::json;
 
 use super::cluster::Cluster;
 use super::faults::{self, Corruption, FaultKind, Injection, StorageOutcome};
+use super::floods::{self, Figures};
+use super::hostile::{self, Attempt};
 use super::net::Host;
 use super::observe::{self, LeaderWatch};
 use super::report::{Inputs, Report};
@@ -40,6 +42,9 @@ pub struct Options {
 }
 
 const PATIENCE: Duration = Duration::from_secs(60);
+/// Acme's service, which the agents serve and the hostile scenario attacks.
+const VICTIM: &str = "chaos-web";
+const VICTIM_SLO_MS: f64 = 80.0;
 /// The controller that gets the small disk in the `ci` scenario.
 const SMALL_DISK_NODE: u64 = 3;
 
@@ -63,7 +68,7 @@ fn fleet_resources() -> Vec<proto::Resource> {
         "",
         json!({"gpu_model": "A100-80GB", "gpu_count": 1, "price_per_hour": 4, "launch_latency_s": 60}),
     ));
-    out.push(service("chaos-web", "resnet50", 80.0, 100.0));
+    out.push(service(VICTIM, "resnet50", VICTIM_SLO_MS, 100.0));
     out
 }
 
@@ -205,10 +210,10 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     }
     let agents: Vec<String> = run.cluster.agents.iter().map(|a| a.name.clone()).collect();
     if ci || hostile {
-        wait_agents(&run.client, &agents, "chaos-web", PATIENCE).await?;
+        wait_agents(&run.client, &agents, VICTIM, PATIENCE).await?;
     }
     if hostile {
-        super::hostile::prepare(&run.client).await?;
+        hostile::prepare(&run.client).await?;
     }
 
     let history = History::new();
@@ -219,11 +224,13 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
     let mut problems = Vec::new();
     let mut convergence = None;
     let mut attempts = Vec::new();
+    let mut figures = None;
     let outcome = match opts.scenario {
         Scenario::Ci => ci_faults(&mut run, &workload, &agents).await,
         Scenario::Kills => kills(&mut run, &workload, opts.kills).await,
-        Scenario::Hostile => hostile_attacks(&mut run, &agents).await.map(|(a, p)| {
+        Scenario::Hostile => hostile_attacks(&mut run, &agents).await.map(|(a, f, p)| {
             attempts = a;
+            figures = f;
             problems.extend(p);
             None
         }),
@@ -259,6 +266,7 @@ pub async fn run(opts: &Options) -> Result<Report, String> {
         agent_convergence: convergence,
         storage_faults: run.storage,
         hostile: attempts,
+        floods: figures,
         problems,
     });
     if !report.passed() && opts.dir.is_none() {
@@ -313,24 +321,104 @@ async fn ci_faults(run: &mut Run, w: &Workload, agents: &[String]) -> Result<Opt
 }
 
 /// The hostile scenario: attacks against the node that serves `chaos-web` (acme's service),
-/// then the checks of what must have survived them.
-async fn hostile_attacks(run: &mut Run, agents: &[String]) -> Result<(Vec<super::hostile::Attempt>, Vec<String>), String> {
+/// the tenant at its quota, the floods, then the checks of what must have survived them.
+async fn hostile_attacks(run: &mut Run, agents: &[String]) -> Result<(Vec<Attempt>, Option<Figures>, Vec<String>), String> {
     run.pause_between().await;
     let plans = run.client.list("Plan", "", false).await.map_err(|e| format!("reading the plan: {e}"))?;
     let (plan, _) = devcluster::demo::show::plan_of(&plans.resources).ok_or("no plan before the attacks")?;
     let node = plan
         .gpus
         .iter()
-        .find(|g| g.workloads.iter().any(|w| w.service == "chaos-web"))
+        .find(|g| g.workloads.iter().any(|w| w.service == VICTIM))
         .map(|g| g.node.clone())
         .ok_or("chaos-web is not planned before the attacks")?;
     let index = run.cluster.agents.iter().find(|a| a.name == node).map(|a| a.index).ok_or(format!("{node} is no agent of the run"))?;
     let other = agents.iter().find(|a| **a != node).cloned().ok_or("the scenario needs two agents")?;
-    let attempts = super::hostile::attack(&run.cluster, &run.client, index, &node, &other, "chaos-web").await?;
+    let attempts = hostile::attack(&run.cluster, &run.client, index, &node, &other, VICTIM).await?;
+
+    // The tenant at its quota of the hardest services it may create, the leader watched.
+    let leader = run.leader().await?;
+    let pid = run.cluster.pid(leader).ok_or("the leader has no process")?;
+    let at_quota = hostile::fill_quota(&run.cluster, &run.client).await?;
+    let mut leader_load = floods::watch_leader(pid, run.cluster.metrics_addr(leader), Duration::from_secs(20)).await;
+    if let Some((plan, _)) = run.client.list("Plan", "", false).await.ok().and_then(|l| devcluster::demo::show::plan_of(&l.resources)) {
+        leader_load.outcomes = plan
+            .services
+            .iter()
+            .filter(|p| at_quota.contains(&p.service))
+            .map(|p| (p.service.clone(), p.infeasible_reason.clone().unwrap_or_default()))
+            .collect();
+    }
     let hosts: Vec<String> = run.cluster.agents.iter().map(|a| run.cluster.net.ip(Host::Agent(a.index)).to_string()).collect();
-    let problems = super::hostile::check_aftermath(&run.cluster, &run.client, "chaos-web", &hosts, PATIENCE).await;
+    let mut problems = hostile::check_aftermath(&run.cluster, &run.client, VICTIM, &hosts, PATIENCE).await;
+
+    // Unread watches and a connection flood on a follower.
+    let follower = run.follower(leader).await?;
+    let follower_addr = run.cluster.api_addr(follower);
+    let follower_pid = run.cluster.pid(follower).ok_or("the follower has no process")?;
+    let mallory = run.client.get("Service", "mallory-2", false).await.map_err(|e| format!("reading mallory-2: {e}"))?;
+    let mallory = resource("Service", &mallory.name, &mallory.tenant, serde_json::from_str(&mallory.spec_json).unwrap_or_default());
+    let watcher = run.cluster.tenant_client_at(&follower_addr.to_string())?;
+    let watches = floods::unread_watches(&watcher, &run.cluster.tenant_client()?, follower_pid, mallory, 120).await;
+    let flood_host = run.cluster.net.namespace(Host::Agent(index)).ok_or("an agent's namespace")?;
+    let admin = run.cluster.client();
+    let target = follower_addr.to_string();
+    let probe = || async move { tokio::time::timeout(Duration::from_secs(5), admin.node_status(&target)).await.is_ok_and(|r| r.is_ok()) };
+    let connections = floods::connection_flood(&flood_host, follower_addr, 3 * floods::CONNECTIONS_PER_IP, probe).await?;
+
+    // The victim's own callers, and an anonymous and a greedy flood at its endpoint.
+    let (victim_token, greedy_token) = (uuid::Uuid::new_v4().to_string(), uuid::Uuid::new_v4().to_string());
+    let endpoint = list_callers(&run.client, VICTIM, &[&victim_token, &greedy_token]).await?;
+    let data_plane = floods::data_plane_flood(floods::DataPlaneAttack {
+        endpoint: &endpoint,
+        service: VICTIM,
+        slo_ms: VICTIM_SLO_MS,
+        victim_token: &victim_token,
+        rate: 20.0,
+        greedy_token: &greedy_token,
+        callers: 32,
+        during: Duration::from_secs(15),
+    })
+    .await?;
+    let figures = Figures { leader: leader_load, watches, connections, data_plane };
+    problems.extend(floods::check(&figures.watches, &figures.connections, &figures.data_plane, &figures.leader));
     run.pause_between().await;
-    Ok((attempts, problems))
+    Ok((attempts, Some(figures), problems))
+}
+
+/// Lists `tokens` as the callers of acme's `service` and waits until its router refuses an
+/// anonymous request (the agents have the new callers); the endpoint it serves at.
+async fn list_callers(admin: &Client, service: &str, tokens: &[&str]) -> Result<String, String> {
+    let current = admin.get("Service", service, false).await.map_err(|e| format!("reading {service}: {e}"))?;
+    let mut spec: serde_json::Value = serde_json::from_str(&current.spec_json).map_err(|e| format!("{service}'s spec: {e}"))?;
+    spec["inference_tokens"] = tokens.iter().map(|t| controlplane::security::hash_token(t)).collect();
+    admin
+        .put(resource("Service", service, &current.tenant, spec), proto::WriteMode::Unspecified)
+        .await
+        .map_err(|e| format!("listing {service}'s callers: {e}"))?;
+    let started = Instant::now();
+    loop {
+        let nodes = admin.list("Node", "", false).await.map_err(|e| format!("listing nodes: {e}"))?;
+        let endpoint = controlplane::agents::endpoints::service_endpoints(&nodes.resources)
+            .into_iter()
+            .find(|(s, _, _)| s == service)
+            .map(|(_, _, addr)| addr);
+        if let Some(endpoint) = endpoint {
+            if let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{endpoint}")).map_err(|e| e.to_string()) {
+                if let Ok(channel) = channel.connect().await {
+                    let request = proto::InferRequest { request_id: 1, service: service.into(), batch: 1, payload_bytes: 1024 };
+                    let got = proto::inference_client::InferenceClient::new(channel).infer(request).await;
+                    if got.is_err_and(|e| e.code() == tonic::Code::Unauthenticated) {
+                        return Ok(endpoint);
+                    }
+                }
+            }
+        }
+        if started.elapsed() > PATIENCE {
+            return Err(format!("{service}'s router did not refuse anonymous callers within {PATIENCE:?} of listing its callers"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 async fn kills(run: &mut Run, w: &Workload, kills: usize) -> Result<Option<Duration>, String> {
