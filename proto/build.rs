@@ -9,7 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "proto/gpuplane/v1/raft.proto",
             "proto/gpuplane/v1/controlplane.proto",
             "proto/gpuplane/v1/agent.proto",
-            "proto/gpuplane/v1/inference.proto",
+            "proto/inference/grpc_predict_v2.proto",
         ],
         &["proto"],
     )?;

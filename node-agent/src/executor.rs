@@ -148,7 +148,7 @@ impl Executor {
         match action {
             Action::ProbeReady(id) => {
                 let ready = match (self.supervisor.get(id), &self.routers) {
-                    (Some(record), Some(routers)) => routers.probe_ready(record.port),
+                    (Some(record), Some(routers)) => routers.probe_ready(record.port, &record.spec.model),
                     (None, _) => return Ok(vec![Event::Gone(id.clone())]),
                     (Some(_), None) => false,
                 };
@@ -196,6 +196,7 @@ impl Executor {
                 },
                 max_batch: r.spec.batch,
                 batch_ms: r.spec.batch_ms,
+                model: r.spec.model.clone(),
             })
             .collect();
         routers.sync(service, first.spec.slo_ms, &processes)?;

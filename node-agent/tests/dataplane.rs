@@ -4,8 +4,9 @@
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
 use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig, SimInferHandle};
 use planner::policy::elsa::ElsaConfig;
-use proto::inference_client::InferenceClient;
-use proto::InferRequest;
+use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
+use proto::oip::{ModelInferRequest, ModelInferResponse, ModelReadyRequest};
+use proto::open_inference::{self, EXECUTED_BATCH};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -30,8 +31,10 @@ async fn start_sim(id: &str, model: &str, gpcs: u8, time_scale: f64) -> SimInfer
     sim_infer::spawn(sim_config(id, model, gpcs, time_scale, 0.1), "127.0.0.1:0").await.unwrap()
 }
 
-fn backend(id: &str, addr: SocketAddr, gpcs: u32) -> Arc<Backend> {
-    Backend::connect_lazy(BackendSpec { id: id.into(), addr: addr.to_string(), gpcs, max_batch: 8 }).unwrap()
+type InferenceClient = GrpcInferenceServiceClient<Channel>;
+
+fn backend(id: &str, model: &str, addr: SocketAddr, gpcs: u32) -> Arc<Backend> {
+    Backend::connect_lazy(BackendSpec { id: id.into(), addr: addr.to_string(), gpcs, max_batch: 8, model: model.into() }).unwrap()
 }
 
 fn router(model: &str, slo_ms: f64, window_ms: u64, time_scale: f64, backends: Vec<Arc<Backend>>) -> Router {
@@ -41,15 +44,20 @@ fn router(model: &str, slo_ms: f64, window_ms: u64, time_scale: f64, backends: V
 }
 
 /// Serves the router on loopback; returns a client to it.
-async fn serve_router(r: &Router) -> InferenceClient<Channel> {
+async fn serve_router(r: &Router) -> InferenceClient {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(r.clone(), listener, std::future::pending()));
     InferenceClient::connect(format!("http://{addr}")).await.unwrap()
 }
 
-fn request(request_id: u64, batch: u32) -> InferRequest {
-    InferRequest { request_id, service: "svc".into(), batch, payload_bytes: 1024 }
+/// A request to the router's service "svc" of `batch` samples of 4 features, all `id`.
+fn request(request_id: u64, batch: u32) -> ModelInferRequest {
+    open_inference::fp32_request("svc", &request_id.to_string(), batch, 4, request_id as f32)
+}
+
+fn id_of(r: &ModelInferResponse) -> u64 {
+    r.id.parse().unwrap()
 }
 
 /// What a load generator saw.
@@ -62,7 +70,7 @@ struct Outcome {
 }
 
 /// `clients` concurrent clients sending until `stop`; ids are unique across clients.
-fn load(client: &InferenceClient<Channel>, clients: u64, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<Outcome>> {
+fn load(client: &InferenceClient, clients: u64, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<Outcome>> {
     (0..clients)
         .map(|c| {
             let (mut client, stop) = (client.clone(), Arc::clone(stop));
@@ -71,11 +79,11 @@ fn load(client: &InferenceClient<Channel>, clients: u64, stop: &Arc<AtomicBool>)
                 while !stop.load(SeqCst) {
                     let id = (c << 32) + out.sent;
                     out.sent += 1;
-                    match client.infer(request(id, 1)).await {
+                    match client.model_infer(request(id, 1)).await {
                         Ok(r) => {
                             let r = r.into_inner();
-                            out.answered.push(r.request_id);
-                            *out.served_by.entry(r.served_by).or_default() += 1;
+                            out.answered.push(id_of(&r));
+                            *out.served_by.entry(open_inference::served_by(&r).to_string()).or_default() += 1;
                         }
                         Err(s) => out.failures.push(format!("request {id}: {s}")),
                     }
@@ -111,7 +119,7 @@ fn assert_all_answered_once(o: &Outcome) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hundred_switches_under_load_lose_no_request() {
     let (a, b) = (start_sim("a", "mobilenet", 3, 0.1).await, start_sim("b", "mobilenet", 4, 0.1).await);
-    let (ba, bb) = (backend("a", a.addr, 3), backend("b", b.addr, 4));
+    let (ba, bb) = (backend("a", "mobilenet", a.addr, 3), backend("b", "mobilenet", b.addr, 4));
     let r = router("mobilenet", 100.0, 1000, 0.1, vec![Arc::clone(&ba)]);
     let client = serve_router(&r).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -138,17 +146,20 @@ async fn elsa_takes_the_small_partition_when_slack_allows_and_the_big_one_when_n
     // resnet50, batch 8, × 0.2: 1g ≈ 5.9 ms, 7g ≈ 2.9 ms (perf/synthetic.rs). No noise.
     let small = sim_infer::spawn(sim_config("small", "resnet50", 1, 0.2, 0.0), "127.0.0.1:0").await.unwrap();
     let big = sim_infer::spawn(sim_config("big", "resnet50", 7, 0.2, 0.0), "127.0.0.1:0").await.unwrap();
-    let backends = || vec![backend("big", big.addr, 7), backend("small", small.addr, 1)];
+    let backends = || vec![backend("big", "resnet50", big.addr, 7), backend("small", "resnet50", small.addr, 1)];
     for (slo_ms, expect) in [(10.0, "small"), (4.0, "big")] {
         let r = router("resnet50", slo_ms, 1000, 0.2, backends());
         let mut client = serve_router(&r).await;
         for id in 0..5 {
             // One at a time: every decision sees empty queues.
-            let resp = client.infer(request(id, 8)).await.unwrap().into_inner();
-            assert_eq!(resp.served_by, expect, "SLO {slo_ms} ms");
-            assert_eq!(resp.executed_batch, 8);
+            let resp = client.model_infer(request(id, 8)).await.unwrap().into_inner();
+            assert_eq!(open_inference::served_by(&resp), expect, "SLO {slo_ms} ms");
+            assert_eq!(open_inference::int_parameter(&resp.parameters, EXECUTED_BATCH), Some(8));
+            // The answer is the service's, and the model's (an identity): the input back.
+            assert_eq!((resp.model_name.as_str(), id_of(&resp)), ("svc", id));
+            assert_eq!(open_inference::fp32_output(&resp, 0), Some(vec![id as f32; 32]));
         }
-        let wrong = client.infer(InferRequest { service: "other".into(), ..request(9, 1) }).await.unwrap_err();
+        let wrong = client.model_infer(ModelInferRequest { model_name: "other".into(), ..request(9, 1) }).await.unwrap_err();
         assert_eq!(wrong.code(), Code::NotFound);
     }
 }
@@ -158,20 +169,23 @@ async fn sim_infer_drains_in_flight_requests_and_refuses_new_ones() {
     // ≈ 1.5 s per batch, so the drain is certainly still waiting when the probe arrives.
     let sim = start_sim("s", "resnet50", 1, 100.0).await;
     let mut client = InferenceClient::connect(format!("http://{}", sim.addr)).await.unwrap();
+    // sim-infer serves its model under the model's own name.
+    let request = |id: u64, batch: u32| ModelInferRequest { model_name: "resnet50".into(), ..request(id, batch) };
     let in_flight: Vec<_> = (0..3)
         .map(|i| {
             let mut c = client.clone();
-            tokio::spawn(async move { c.infer(request(i, 1)).await })
+            tokio::spawn(async move { c.model_infer(request(i, 1)).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stopping = tokio::spawn(sim.drain_and_stop());
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let refused = client.infer(request(99, 1)).await.unwrap_err();
+    let refused = client.model_infer(request(99, 1)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused}");
-    assert!(!client.ready(proto::ReadyRequest {}).await.unwrap().into_inner().ready);
+    let ready = client.model_ready(ModelReadyRequest { name: "resnet50".into(), version: String::new() }).await.unwrap();
+    assert!(!ready.into_inner().ready);
     for (i, t) in in_flight.into_iter().enumerate() {
-        assert_eq!(t.await.unwrap().unwrap().into_inner().request_id, i as u64);
+        assert_eq!(id_of(&t.await.unwrap().unwrap().into_inner()), i as u64);
     }
     stopping.await.unwrap().unwrap();
 }
@@ -181,7 +195,7 @@ fn token_digest(token: &str) -> String {
     sha2::Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn with_token(req: InferRequest, token: Option<&str>) -> tonic::Request<InferRequest> {
+fn with_token(req: ModelInferRequest, token: Option<&str>) -> tonic::Request<ModelInferRequest> {
     let mut r = tonic::Request::new(req);
     if let Some(t) = token {
         r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
@@ -190,19 +204,14 @@ fn with_token(req: InferRequest, token: Option<&str>) -> tonic::Request<InferReq
 }
 
 /// Concurrent senders with `token` until `stop`: the codes of their answers.
-fn flood(
-    client: &InferenceClient<Channel>,
-    senders: u64,
-    token: Option<&'static str>,
-    stop: &Arc<AtomicBool>,
-) -> Vec<JoinHandle<Vec<Code>>> {
+fn flood(client: &InferenceClient, senders: u64, token: Option<&'static str>, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<Vec<Code>>> {
     (0..senders)
         .map(|c| {
             let (mut client, stop) = (client.clone(), Arc::clone(stop));
             tokio::spawn(async move {
                 let mut codes = Vec::new();
                 while !stop.load(SeqCst) {
-                    let code = match client.infer(with_token(request(c, 1), token)).await {
+                    let code = match client.model_infer(with_token(request(c, 1), token)).await {
                         Ok(_) => Code::Ok,
                         Err(s) => s.code(),
                     };
@@ -218,7 +227,7 @@ fn flood(
 async fn listed_tokens_are_served_their_share_under_a_flood_and_anonymous_callers_are_refused() {
     // resnet50 on 1g, × 5: about 40 ms a batch of 8, so a flood fills the router.
     let sim = start_sim("s", "resnet50", 1, 5.0).await;
-    let r = router("resnet50", 1000.0, 1000, 5.0, vec![backend("s", sim.addr, 1)]);
+    let r = router("resnet50", 1000.0, 1000, 5.0, vec![backend("s", "resnet50", sim.addr, 1)]);
     r.set_callers(node_agent::router::Callers::from_hex([token_digest("victim").as_str(), token_digest("noisy").as_str()]));
     let mut client = serve_router(&r).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -229,7 +238,7 @@ async fn listed_tokens_are_served_their_share_under_a_flood_and_anonymous_caller
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The victim, one request at a time meanwhile: every one served.
     for id in 0..20 {
-        let answer = client.infer(with_token(request(1_000 + id, 1), Some("victim"))).await;
+        let answer = client.model_infer(with_token(request(1_000 + id, 1), Some("victim"))).await;
         assert!(answer.is_ok(), "the victim's request {id}: {answer:?}");
     }
     stop.store(true, SeqCst);
@@ -250,4 +259,26 @@ async fn listed_tokens_are_served_their_share_under_a_flood_and_anonymous_caller
     assert!(noisy.iter().all(|c| matches!(c, Code::Ok | Code::ResourceExhausted)), "{noisy:?}");
     assert_eq!(r.in_flight(), 0);
     sim.drain_and_stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_is_refused_by_the_router_before_any_backend_sees_it() {
+    // A backend nothing listens on: whatever reached it would fail UNAVAILABLE instead.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let r = router("resnet50", 100.0, 1000, 1.0, vec![backend("gone", "resnet50", dead, 1)]);
+    let mut client = serve_router(&r).await;
+    let mut wrong_bytes = request(1, 2);
+    wrong_bytes.raw_input_contents[0].truncate(3);
+    let mut huge = request(2, 1);
+    huge.inputs[0].shape = vec![1 << 20, 1 << 20];
+    let mut no_inputs = request(3, 1);
+    no_inputs.inputs.clear();
+    for (bad, field) in [(wrong_bytes, "raw_input_contents[0]"), (huge, "inputs[0].shape"), (no_inputs, "inputs")] {
+        let refused = client.model_infer(bad).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused}");
+        assert_eq!(refused.metadata().get(proto::meta::FIELD).unwrap().to_str().unwrap(), field);
+    }
+    assert_eq!(r.active().backends()[0].in_flight(), 0);
+    // A well-formed one is forwarded (and fails only because nothing serves it).
+    assert_eq!(client.model_infer(request(4, 1)).await.unwrap_err().code(), Code::Unavailable);
 }

@@ -7,7 +7,14 @@ pub mod v1 {
 
 pub use v1::*;
 
+/// The Open Inference Protocol (KServe v2) over gRPC: the data plane's one protocol.
+#[allow(clippy::all, clippy::pedantic)]
+pub mod oip {
+    tonic::include_proto!("inference");
+}
+
 pub mod observed;
+pub mod open_inference;
 pub mod report_pace;
 
 pub use observed::{leave_out_unchanged, observed_digest, ChangeOnlyReports};

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
 use controlplane::resources::NodeStatus;
+use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
+use proto::open_inference;
 use serde_json::{json, Value};
 use tests::{binary, Cluster, Proc};
 
@@ -317,16 +319,20 @@ impl Load {
                 let service = service.to_string();
                 let stopped = stopped.clone();
                 tokio::spawn(async move {
-                    let mut client = proto::inference_client::InferenceClient::connect(endpoint).await.expect("router reachable");
+                    let mut client = GrpcInferenceServiceClient::connect(endpoint).await.expect("router reachable");
                     let (mut ok, mut failed) = (0, 0);
                     let mut id = (c as u64) << 32;
                     while !*stopped.borrow() {
                         id += 1;
-                        match client
-                            .infer(proto::InferRequest { request_id: id, service: service.clone(), batch: 1, ..Default::default() })
-                            .await
-                        {
-                            Ok(r) if r.get_ref().request_id == id => ok += 1,
+                        let value = (id % 1000) as f32;
+                        match client.model_infer(open_inference::fp32_request(&service, &id.to_string(), 1, 4, value)).await {
+                            // The model's answer (sim-infer's identity model), for this request.
+                            Ok(r)
+                                if r.get_ref().id == id.to_string()
+                                    && open_inference::fp32_output(r.get_ref(), 0) == Some(vec![value; 4]) =>
+                            {
+                                ok += 1
+                            }
                             Ok(_) | Err(_) => failed += 1,
                         }
                     }
@@ -418,8 +424,8 @@ async fn with_every_controller_down_the_agent_keeps_serving_its_last_desired_sta
     let endpoint = wait_for("web's router endpoint", &log, async || {
         let ports: Value = serde_json::from_slice(&std::fs::read(cluster.dir.path().join("agent/router-ports.json")).ok()?).ok()?;
         let port = ports["web"].as_u64()?;
-        let mut c = proto::inference_client::InferenceClient::connect(format!("http://127.0.0.1:{port}")).await.ok()?;
-        c.infer(proto::InferRequest { request_id: 1, service: "web".into(), batch: 1, ..Default::default() }).await.ok()?;
+        let mut c = GrpcInferenceServiceClient::connect(format!("http://127.0.0.1:{port}")).await.ok()?;
+        c.model_infer(open_inference::fp32_request("web", "1", 1, 4, 1.0)).await.ok()?;
         Some(format!("http://127.0.0.1:{port}"))
     })
     .await;

@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use controlplane::client::Client;
+use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
 use serde_json::json;
 use tonic::Code;
 
@@ -270,8 +271,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
-fn infer(service: &str, id: u64, token: Option<&str>) -> tonic::Request<proto::InferRequest> {
-    let mut r = tonic::Request::new(proto::InferRequest { request_id: id, service: service.into(), batch: 1, payload_bytes: 1024 });
+/// One sample of 256 FP32 values (1 KiB) for `service`.
+fn infer(service: &str, id: u64, token: Option<&str>) -> tonic::Request<proto::oip::ModelInferRequest> {
+    let mut r = tonic::Request::new(proto::open_inference::fp32_request(service, &id.to_string(), 1, 256, 1.0));
     if let Some(t) = token {
         r.metadata_mut().insert(proto::meta::AUTHORIZATION, format!("Bearer {t}").parse().expect("a token is ASCII"));
     }
@@ -281,7 +283,7 @@ fn infer(service: &str, id: u64, token: Option<&str>) -> tonic::Request<proto::I
 
 /// The victim's latencies (ms; failed requests as `None`) at `rate` for `during`.
 async fn victim_calls(channel: tonic::transport::Channel, service: &str, token: &str, rate: f64, during: Duration) -> Vec<Option<f64>> {
-    let mut client = proto::inference_client::InferenceClient::new(channel);
+    let mut client = GrpcInferenceServiceClient::new(channel);
     let mut out = Vec::new();
     let started = Instant::now();
     let mut next = tokio::time::Instant::now();
@@ -291,7 +293,7 @@ async fn victim_calls(channel: tonic::transport::Channel, service: &str, token: 
         tokio::time::sleep_until(next).await;
         id += 1;
         let t0 = Instant::now();
-        let ok = client.infer(infer(service, id, Some(token))).await.is_ok();
+        let ok = client.model_infer(infer(service, id, Some(token))).await.is_ok();
         out.push(ok.then(|| t0.elapsed().as_secs_f64() * 1000.0));
     }
     out
@@ -310,12 +312,12 @@ async fn flood_calls(
         .map(|c| {
             let (channel, service, token) = (channel.clone(), service.to_string(), token.clone());
             tokio::spawn(async move {
-                let mut client = proto::inference_client::InferenceClient::new(channel);
+                let mut client = GrpcInferenceServiceClient::new(channel);
                 let (mut sent, mut matched) = (0usize, 0usize);
                 let started = Instant::now();
                 while started.elapsed() < during {
                     sent += 1;
-                    let got = client.infer(infer(&service, (c * 1_000_000 + sent) as u64, token.as_deref())).await;
+                    let got = client.model_infer(infer(&service, (c * 1_000_000 + sent) as u64, token.as_deref())).await;
                     matched += usize::from(got.err().is_some_and(|e| e.code() == code));
                 }
                 (sent, matched)

@@ -406,8 +406,9 @@ async fn list_callers(admin: &Client, service: &str, tokens: &[&str]) -> Result<
         if let Some(endpoint) = endpoint {
             if let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{endpoint}")).map_err(|e| e.to_string()) {
                 if let Ok(channel) = channel.connect().await {
-                    let request = proto::InferRequest { request_id: 1, service: service.into(), batch: 1, payload_bytes: 1024 };
-                    let got = proto::inference_client::InferenceClient::new(channel).infer(request).await;
+                    let request = proto::open_inference::fp32_request(service, "1", 1, 1, 1.0);
+                    let got =
+                        proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(channel).model_infer(request).await;
                     if got.is_err_and(|e| e.code() == tonic::Code::Unauthenticated) {
                         return Ok(endpoint);
                     }

@@ -10,8 +10,8 @@ use hdrhistogram::Histogram;
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
 use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig};
 use planner::policy::elsa::ElsaConfig;
-use proto::inference_client::InferenceClient;
-use proto::InferRequest;
+use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
+use proto::open_inference;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,21 +67,21 @@ fn row(name: &str, h: &Histogram<u64>) -> String {
 }
 
 async fn client(addr: String, id_base: u64, shared: Arc<Shared>) -> anyhow::Result<()> {
-    let mut c = InferenceClient::connect(format!("http://{addr}")).await.context("client connect")?;
+    let mut c = GrpcInferenceServiceClient::connect(format!("http://{addr}")).await.context("client connect")?;
     let mut n = 0u64;
     while !shared.stop.load(Relaxed) {
         let request_id = id_base + n;
         n += 1;
-        let req = InferRequest { request_id, service: "bench".into(), batch: 1, payload_bytes: 0 };
-        match c.infer(req).await {
+        let req = open_inference::fp32_request("bench", &request_id.to_string(), 1, 1, 0.0);
+        match c.model_infer(req).await {
             Ok(r) => {
                 let r = r.into_inner();
-                if r.request_id != request_id {
+                if r.id != request_id.to_string() {
                     shared.mismatched.fetch_add(1, Relaxed);
                 }
                 shared.ok.fetch_add(1, Relaxed);
                 let mut pending = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
-                if pending.as_ref().is_some_and(|p| p.target == r.served_by) {
+                if pending.as_ref().is_some_and(|p| p.target == open_inference::served_by(&r)) {
                     if let Some(p) = pending.take() {
                         *shared.first_served.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.decided.elapsed());
                         shared.served.notify_one();
@@ -112,7 +112,7 @@ async fn main() -> anyhow::Result<()> {
     let a = sim_infer::spawn(sim("a@3g", 3, 1), "127.0.0.1:0").await?;
     let b = sim_infer::spawn(sim("b@4g", 4, 2), "127.0.0.1:0").await?;
     let backend = |id: &str, addr: std::net::SocketAddr, gpcs| {
-        Backend::connect_lazy(BackendSpec { id: id.into(), addr: addr.to_string(), gpcs, max_batch: 8 })
+        Backend::connect_lazy(BackendSpec { id: id.into(), addr: addr.to_string(), gpcs, max_batch: 8, model: args.model.clone() })
     };
     let (ba, bb) = (backend("a@3g", a.addr, 3)?, backend("b@4g", b.addr, 4)?);
     let config = RouterConfig { service: "bench".into(), slo_ms: 100.0, elsa: ElsaConfig::default(), window_ms: 1000 };

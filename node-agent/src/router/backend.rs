@@ -1,11 +1,13 @@
-//! One inference process as the router sees it: a lazily connected gRPC channel, the
-//! requests in flight on it (for draining) and its inferred queue (for ELSA).
+//! One inference process as the router sees it: a lazily connected gRPC channel (the Open
+//! Inference Protocol), the requests in flight on it (for draining) and its inferred queue
+//! (for ELSA).
 
 use super::queue::BackendQueue;
 use crate::inflight::{InFlight, InFlightGuard};
 use planner::policy::elsa::PartitionState;
-use proto::inference_client::InferenceClient;
-use proto::{ReadyRequest, ReadyResponse};
+use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
+use proto::oip::ModelReadyRequest;
+use proto::open_inference::MAX_MESSAGE_BYTES;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -21,6 +23,9 @@ pub struct BackendSpec {
     pub gpcs: u32,
     /// The backend's max batch: how the router groups what it sent into batches.
     pub max_batch: u32,
+    /// The name the process serves its model under (the router's requests name the
+    /// service; it forwards them naming this).
+    pub model: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +40,7 @@ pub struct BackendAddrError {
 #[derive(Debug)]
 pub struct Backend {
     spec: BackendSpec,
-    client: InferenceClient<Channel>,
+    client: GrpcInferenceServiceClient<Channel>,
     in_flight: Arc<InFlight>,
     queue: Mutex<BackendQueue>,
 }
@@ -48,7 +53,9 @@ impl Backend {
             .map_err(|source| BackendAddrError { id: spec.id.clone(), addr: spec.addr.clone(), source })?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
-        let client = InferenceClient::new(endpoint.connect_lazy());
+        let client = GrpcInferenceServiceClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let queue = Mutex::new(BackendQueue::new(spec.gpcs, spec.max_batch));
         Ok(Arc::new(Backend { spec, client, in_flight: InFlight::new(), queue }))
     }
@@ -62,7 +69,7 @@ impl Backend {
     }
 
     /// A client for one request (cheap: shares the channel).
-    pub(crate) fn client(&self) -> InferenceClient<Channel> {
+    pub(crate) fn client(&self) -> GrpcInferenceServiceClient<Channel> {
         self.client.clone()
     }
 
@@ -85,9 +92,11 @@ impl Backend {
         self.in_flight.wait_idle().await;
     }
 
-    /// Asks the process whether it is ready (model loaded, not draining).
-    pub async fn ready(&self) -> Result<ReadyResponse, tonic::Status> {
-        Ok(self.client().ready(ReadyRequest {}).await?.into_inner())
+    /// Asks the process whether its model is ready (loaded, not draining): the protocol's
+    /// ModelReady for the backend's model.
+    pub async fn ready(&self) -> Result<bool, tonic::Status> {
+        let request = ModelReadyRequest { name: self.spec.model.clone(), version: String::new() };
+        Ok(self.client().model_ready(request).await?.into_inner().ready)
     }
 
     /// The queue never holds invariants across a panic worth refusing service for (it is

@@ -36,6 +36,8 @@ pub struct ActiveProcess {
     pub max_batch: u32,
     /// The planner's predicted time of one batch of `max_batch` here, ms (0: not known).
     pub batch_ms: f64,
+    /// The name the process serves its model under.
+    pub model: String,
 }
 
 struct ServiceRouter {
@@ -140,7 +142,13 @@ impl Routers {
         };
         let mut ready: BTreeMap<String, Arc<Backend>> = BTreeMap::new();
         for p in unknown {
-            let spec = BackendSpec { id: p.id.clone(), addr: format!("127.0.0.1:{}", p.port), gpcs: p.gpcs, max_batch: p.max_batch };
+            let spec = BackendSpec {
+                id: p.id.clone(),
+                addr: format!("127.0.0.1:{}", p.port),
+                gpcs: p.gpcs,
+                max_batch: p.max_batch,
+                model: p.model.clone(),
+            };
             let b = Backend::connect_lazy(spec).map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
             if self.wait_ready(&b) {
                 ready.insert(p.id.clone(), b);
@@ -168,7 +176,7 @@ impl Routers {
         self.runtime.block_on(async move {
             let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
             while tokio::time::Instant::now() < deadline {
-                if b.ready().await.is_ok_and(|r| r.ready) {
+                if b.ready().await.unwrap_or(false) {
                     return true;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -262,12 +270,13 @@ impl Routers {
         self.windows.lock().expect("windows lock").drain(..).collect()
     }
 
-    /// Whether the workload process listening on `port` answers Ready, asked once.
-    pub fn probe_ready(&self, port: u16) -> bool {
-        let spec = BackendSpec { id: format!("probe-{port}"), addr: format!("127.0.0.1:{port}"), gpcs: 1, max_batch: 1 };
+    /// Whether the workload process listening on `port` answers that `model` is ready, asked
+    /// once.
+    pub fn probe_ready(&self, port: u16, model: &str) -> bool {
+        let spec =
+            BackendSpec { id: format!("probe-{port}"), addr: format!("127.0.0.1:{port}"), gpcs: 1, max_batch: 1, model: model.into() };
         let Ok(backend) = Backend::connect_lazy(spec) else { return false };
-        self.runtime
-            .block_on(async move { tokio::time::timeout(PROBE_TIMEOUT, backend.ready()).await.is_ok_and(|r| r.is_ok_and(|r| r.ready)) })
+        self.runtime.block_on(async move { tokio::time::timeout(PROBE_TIMEOUT, backend.ready()).await.is_ok_and(|r| r.unwrap_or(false)) })
     }
 
     /// Busy time of every routed process, by process id (see [`Backend::busy_time`]).

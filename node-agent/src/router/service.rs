@@ -1,5 +1,5 @@
-//! The router: one local Inference endpoint per service, forwarding each request to a
-//! backend of the active set.
+//! The router: one local endpoint per service speaking the Open Inference Protocol
+//! (KServe v2), forwarding each request to a backend of the active set.
 //!
 //! The active set is one `ArcSwap` pointer: a switch is a single store, and a request sees
 //! either the old set or the new one, never a mix. Requests already sent to a backend that
@@ -11,8 +11,12 @@ use super::window::{Window, WindowStats};
 use crate::inflight::InFlightGuard;
 use arc_swap::ArcSwap;
 use planner::policy::elsa::{schedule, ElsaConfig, Query, ServiceTimeModel};
-use proto::inference_server::{Inference, InferenceServer};
-use proto::{InferRequest, InferResponse, ReadyRequest, ReadyResponse};
+use proto::oip::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::oip::{
+    ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse,
+    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+};
+use proto::open_inference;
 use std::future::Future;
 use std::sync::atomic::{fence, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -25,7 +29,8 @@ use tonic::{Request, Response, Status};
 /// Static settings of one service's router.
 #[derive(Debug, Clone)]
 pub struct RouterConfig {
-    /// The service this endpoint serves; requests naming another get NOT_FOUND.
+    /// The service this endpoint serves: the model name its requests give; requests naming
+    /// another get NOT_FOUND.
     pub service: String,
     /// Latency target, ms: ELSA's `SLA_target`.
     pub slo_ms: f64,
@@ -208,8 +213,10 @@ impl Router {
         self.record(|w, now| w.advance(now));
     }
 
-    pub fn into_service(self) -> InferenceServer<Router> {
-        InferenceServer::new(self)
+    pub fn into_service(self) -> GrpcInferenceServiceServer<Router> {
+        GrpcInferenceServiceServer::new(self)
+            .max_decoding_message_size(open_inference::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(open_inference::MAX_MESSAGE_BYTES)
     }
 
     fn now_ms(&self) -> f64 {
@@ -264,9 +271,69 @@ impl Router {
     }
 }
 
+impl Router {
+    /// The model name a request on this endpoint must give: the service's own name (the
+    /// backends may serve the model under another, which the router puts in what it
+    /// forwards).
+    fn is_mine(&self, name: &str) -> Result<(), Status> {
+        let service = &self.inner.config.service;
+        if name == service {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!("model `{name}` is not served here (this endpoint serves `{service}`)")))
+        }
+    }
+
+    /// Every active backend's model is ready (and there is one).
+    async fn all_ready(&self) -> bool {
+        let set = self.active();
+        let mut ready = !set.backends.is_empty();
+        for b in set.backends() {
+            ready &= b.ready().await.unwrap_or(false);
+        }
+        ready
+    }
+}
+
+/// The Open Inference Protocol on the service's endpoint: requests name the service as
+/// their model; ModelInfer goes to one backend of the active set (ELSA's choice), the
+/// health and metadata RPCs answer for the set.
 #[tonic::async_trait]
-impl Inference for Router {
-    async fn infer(&self, request: Request<InferRequest>) -> Result<Response<InferResponse>, Status> {
+impl GrpcInferenceService for Router {
+    async fn server_live(&self, _request: Request<ServerLiveRequest>) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _request: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse { ready: self.all_ready().await }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        self.is_mine(&request.get_ref().name)?;
+        Ok(Response::new(ModelReadyResponse { ready: self.all_ready().await }))
+    }
+
+    async fn server_metadata(&self, _request: Request<ServerMetadataRequest>) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "gpuplane-router".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: Vec::new(),
+        }))
+    }
+
+    /// The first active backend's metadata of its model, under the service's name.
+    async fn model_metadata(&self, request: Request<ModelMetadataRequest>) -> Result<Response<ModelMetadataResponse>, Status> {
+        let service = &self.inner.config.service;
+        self.is_mine(&request.get_ref().name)?;
+        let set = self.active();
+        let backend = set.backends.first().ok_or_else(|| Status::unavailable(format!("service `{service}`: no active backend")))?;
+        let forwarded = ModelMetadataRequest { name: backend.spec().model.clone(), version: request.into_inner().version };
+        let mut metadata = backend.client().model_metadata(forwarded).await?.into_inner();
+        metadata.name.clone_from(service);
+        Ok(Response::new(metadata))
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let service = &self.inner.config.service;
         // Before anything is counted or queued: a caller without a listed token is no
         // traffic of the service's, and one past its share is shed at once.
@@ -282,44 +349,37 @@ impl Inference for Router {
             }
             Err(status) => return Err(status),
         };
-        let req = request.into_inner();
-        if req.service != *service {
-            return Err(Status::not_found(format!("service `{}` is not served here (this endpoint serves `{service}`)", req.service)));
-        }
+        let mut req = request.into_inner();
+        self.is_mine(&req.model_name)?;
+        // A malformed request never reaches a backend, nor the service's windows.
+        let batch = open_inference::check(&req)?;
         let started = Instant::now();
         let arrival_ms = self.now_ms();
         self.record(|w, now| w.arrival(now));
-        let dispatched = match self.dispatch(req.batch.max(1), arrival_ms) {
+        let dispatched = match self.dispatch(batch, arrival_ms) {
             Ok(d) => d,
             Err(status) => {
                 self.record(|w, now| w.failed(now));
                 return Err(status);
             }
         };
-        let result = dispatched.backend.client().infer(req).await;
+        req.model_name.clone_from(&dispatched.backend.spec().model);
+        let result = dispatched.backend.client().model_infer(req).await;
         drop(dispatched);
         drop(admitted);
         match result {
             Ok(response) => {
                 let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 self.record(|w, now| w.completed(now, latency_us));
-                Ok(response)
+                let mut response = response.into_inner();
+                response.model_name.clone_from(service);
+                Ok(Response::new(response))
             }
             Err(status) => {
                 self.record(|w, now| w.failed(now));
                 Err(status)
             }
         }
-    }
-
-    /// Ready when every active backend is.
-    async fn ready(&self, _request: Request<ReadyRequest>) -> Result<Response<ReadyResponse>, Status> {
-        let set = self.active();
-        let mut ready = !set.backends.is_empty();
-        for b in set.backends() {
-            ready &= b.ready().await.map(|r| r.ready).unwrap_or(false);
-        }
-        Ok(Response::new(ReadyResponse { ready, served_by: format!("router:{}", self.inner.config.service), ..Default::default() }))
     }
 }
 

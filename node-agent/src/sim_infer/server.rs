@@ -4,8 +4,14 @@
 use super::latency::{model_shape, LatencyModel, LatencyModelError, Placement};
 use super::rng::SplitMix64;
 use crate::inflight::InFlight;
-use proto::inference_server::{Inference, InferenceServer};
-use proto::{InferRequest, InferResponse, ReadyRequest, ReadyResponse};
+use proto::oip::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::oip::model_infer_response::InferOutputTensor;
+use proto::oip::model_metadata_response::TensorMetadata;
+use proto::oip::{
+    ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelMetadataResponse, ModelReadyRequest, ModelReadyResponse,
+    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+};
+use proto::open_inference;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -144,15 +150,67 @@ async fn run_batcher(mut rx: mpsc::Receiver<Pending>, model: LatencyModel, max_b
     }
 }
 
+impl SimInfer {
+    fn model_name(&self) -> &str {
+        &self.model.shape().name
+    }
+
+    fn is_mine(&self, name: &str) -> Result<(), Status> {
+        if name == self.model_name() {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!("{}: model `{name}` is not served here (this process serves `{}`)", self.id, self.model_name())))
+        }
+    }
+}
+
+/// The Open Inference Protocol, as a server of one model answers it: a request of batch
+/// `b` (its first input's first dimension) waits for the batcher like `b` samples, and the
+/// answer is its first input again (`OUTPUT0`, an identity model), so a client can check
+/// what comes back.
 #[tonic::async_trait]
-impl Inference for SimInfer {
-    async fn infer(&self, request: Request<InferRequest>) -> Result<Response<InferResponse>, Status> {
+impl GrpcInferenceService for SimInfer {
+    async fn server_live(&self, _request: Request<ServerLiveRequest>) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _request: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse { ready: !self.in_flight.is_closed() }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        self.is_mine(&request.get_ref().name)?;
+        Ok(Response::new(ModelReadyResponse { ready: !self.in_flight.is_closed() }))
+    }
+
+    async fn server_metadata(&self, _request: Request<ServerMetadataRequest>) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "sim-infer".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: Vec::new(),
+        }))
+    }
+
+    async fn model_metadata(&self, request: Request<ModelMetadataRequest>) -> Result<Response<ModelMetadataResponse>, Status> {
+        self.is_mine(&request.get_ref().name)?;
+        let tensor = |name: &str| TensorMetadata { name: name.into(), datatype: "FP32".into(), shape: vec![-1, -1] };
+        Ok(Response::new(ModelMetadataResponse {
+            name: self.model_name().to_string(),
+            versions: vec!["1".into()],
+            platform: format!("gpuplane-sim-infer ({}g, MPS {}%, max batch {})", self.model.gpcs(), self.mps_percent, self.max_batch),
+            inputs: vec![tensor("INPUT0")],
+            outputs: vec![tensor("OUTPUT0")],
+        }))
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
         let received = Instant::now();
         let Some(_guard) = self.in_flight.try_enter() else {
             return Err(Status::unavailable(format!("{}: draining, not accepting new requests", self.id)));
         };
-        let req = request.into_inner();
-        let samples = req.batch.max(1);
+        let mut req = request.into_inner();
+        self.is_mine(&req.model_name)?;
+        let samples = open_inference::check(&req)?;
         if samples > self.max_batch {
             return Err(Status::invalid_argument(format!(
                 "{}: request batch {samples} exceeds this process's max batch {}",
@@ -162,22 +220,30 @@ impl Inference for SimInfer {
         let (done, answered) = oneshot::channel();
         self.queue.send(Pending { samples, done }).await.map_err(|_| Status::internal(format!("{}: batcher stopped", self.id)))?;
         let executed_batch = answered.await.map_err(|_| Status::internal(format!("{}: batcher dropped the request", self.id)))?;
-        Ok(Response::new(InferResponse {
-            request_id: req.request_id,
-            served_by: self.id.to_string(),
-            server_latency_us: u64::try_from(received.elapsed().as_micros()).unwrap_or(u64::MAX),
-            executed_batch,
-        }))
-    }
-
-    async fn ready(&self, _request: Request<ReadyRequest>) -> Result<Response<ReadyResponse>, Status> {
-        Ok(Response::new(ReadyResponse {
-            ready: !self.in_flight.is_closed(),
-            served_by: self.id.to_string(),
-            model: self.model.shape().name.clone(),
-            mig_gpcs: u32::from(self.model.gpcs()),
-            mps_percent: self.mps_percent,
-            max_batch: self.max_batch,
+        let input = req.inputs.swap_remove(0);
+        let raw = if req.raw_input_contents.is_empty() { Vec::new() } else { vec![req.raw_input_contents.swap_remove(0)] };
+        let output = InferOutputTensor {
+            name: "OUTPUT0".into(),
+            datatype: input.datatype,
+            shape: input.shape,
+            contents: input.contents,
+            ..Default::default()
+        };
+        let latency_us = i64::try_from(received.elapsed().as_micros()).unwrap_or(i64::MAX);
+        let parameters = [
+            (open_inference::SERVED_BY.to_string(), open_inference::string_param(self.id.to_string())),
+            (open_inference::SERVER_LATENCY_US.to_string(), open_inference::int_param(latency_us)),
+            (open_inference::EXECUTED_BATCH.to_string(), open_inference::int_param(i64::from(executed_batch))),
+        ]
+        .into_iter()
+        .collect();
+        Ok(Response::new(ModelInferResponse {
+            model_name: self.model_name().to_string(),
+            model_version: "1".into(),
+            id: req.id,
+            parameters,
+            outputs: vec![output],
+            raw_output_contents: raw,
         }))
     }
 }
@@ -199,7 +265,7 @@ pub async fn serve(
         in_flight.wait_idle().await;
     };
     let result = tonic::transport::Server::builder()
-        .add_service(InferenceServer::new(svc))
+        .add_service(GrpcInferenceServiceServer::new(svc).max_decoding_message_size(open_inference::MAX_MESSAGE_BYTES))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), drained)
         .await;
     batcher.abort();

@@ -1,4 +1,5 @@
-//! The demo's load generator: open-loop requests to every service at its rate, spread over
+//! The demo's load generator: open-loop Open Inference Protocol requests (ModelInfer
+//! naming the service) to every service at its rate, spread over
 //! the router endpoints the controllers publish (the service's address book, refreshed
 //! twice a second), with client-side latency measured per one-second window. A request
 //! that fails or times out counts as a latency above any SLO. Each window also counts the
@@ -17,6 +18,10 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use controlplane::client::Client;
+
+/// FP32 values of one request's one sample: the simulated servers' time does not depend on
+/// them, so they are few (the real cost of a request is the model's, which sim-infer plays).
+const FEATURES: u32 = 16;
 
 /// Latency recorded for a failed request: above every SLO.
 const FAILED_MS: u64 = 60_000;
@@ -189,9 +194,9 @@ async fn drive(
             let ok = match channel {
                 None => false,
                 Some(ch) => {
-                    let mut client = proto::inference_client::InferenceClient::new(ch);
-                    let request = proto::InferRequest { request_id: sent, service: service.clone(), batch: 1, payload_bytes: 150_528 };
-                    matches!(tokio::time::timeout(timeout, client.infer(request)).await, Ok(Ok(_)))
+                    let mut client = proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient::new(ch);
+                    let request = proto::open_inference::fp32_request(&service, &sent.to_string(), 1, FEATURES, 1.0);
+                    matches!(tokio::time::timeout(timeout, client.model_infer(request)).await, Ok(Ok(_)))
                 }
             };
             let micros = if ok { t0.elapsed().as_micros() as u64 } else { FAILED_MS * 1000 };
