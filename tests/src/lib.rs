@@ -110,3 +110,24 @@ impl Cluster {
         panic!("no leader among the controller processes");
     }
 }
+
+/// The real inference servers and clients (Triton, MLServer, `tritonclient`), installed by
+/// `deploy/real-servers/install.sh` when missing (idempotent: a no-op when up to date), once
+/// per test process. The directory it installed into: `venv/bin/python` runs the clients.
+pub fn real_servers() -> PathBuf {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/real-servers/install.sh");
+        let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+        let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "installing the real servers failed:\n{printed}");
+        // Its last line: "gpuplane real servers: ready in ROOT (stamp ...)".
+        let root = printed
+            .lines()
+            .rev()
+            .find_map(|l| l.split_once("ready in ").map(|(_, rest)| rest.split(" (").next().unwrap_or(rest).to_string()))
+            .unwrap_or_else(|| panic!("install.sh did not name its directory:\n{printed}"));
+        PathBuf::from(root)
+    })
+    .clone()
+}
