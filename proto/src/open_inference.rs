@@ -211,6 +211,22 @@ pub fn fp32_output(response: &ModelInferResponse, i: usize) -> Option<Vec<f32>> 
 mod tests {
     use super::*;
 
+    /// README's "Limits" table lists the data plane's bounds too, with their values.
+    #[test]
+    fn readme_lists_the_data_planes_bounds() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        for (name, value, why) in [
+            ("MAX_MESSAGE_BYTES", MAX_MESSAGE_BYTES as u64, "an Open Inference Protocol message a router or sim-infer decodes"),
+            ("MAX_INPUTS", MAX_INPUTS as u64, "input tensors of one inference request"),
+            ("MAX_DIMS", MAX_DIMS as u64, "dimensions of one tensor"),
+            ("MAX_ELEMENTS", MAX_ELEMENTS, "elements of one inference request's tensors together"),
+            ("MAX_REQUEST_BATCH", u64::from(MAX_REQUEST_BATCH), "samples in one inference request (its first input's first dimension)"),
+        ] {
+            let row = format!("| `{name}` | {value} | {why} |");
+            assert!(readme.contains(&row), "README.md lacks the row {row}");
+        }
+    }
+
     fn field(s: &Status) -> &str {
         s.metadata().get(crate::meta::FIELD).and_then(|v| v.to_str().ok()).unwrap_or("")
     }
