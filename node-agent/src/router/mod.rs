@@ -1,5 +1,5 @@
 //! The per-service router of the node agent (ARCHITECTURE.md "Agent internals"): one local
-//! endpoint, forwarding to the active backend(s), ELSA across partitions of different sizes,
+//! endpoint speaking the Open Inference Protocol over gRPC and HTTP/REST, forwarding to the active backend(s), ELSA across partitions of different sizes,
 //! per-second p99 / throughput / arrival-rate windows, and an atomic active-set switch;
 //! [`Routers`] holds the node's routers for the executor.
 
@@ -7,6 +7,8 @@ pub mod admission;
 pub mod backend;
 pub mod planned_times;
 pub mod queue;
+pub mod rest;
+pub mod rest_json;
 pub mod routers;
 pub mod service;
 pub mod window;

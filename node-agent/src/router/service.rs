@@ -396,8 +396,12 @@ pub async fn serve(router: Router, listener: TcpListener, shutdown: impl Future<
             }
         }
     });
+    // gRPC and REST on one port: tonic's routes are an axum router, and HTTP/1.1 is
+    // accepted beside HTTP/2 for the REST clients.
+    let routes = tonic::service::Routes::new(router.clone().into_service()).into_axum_router().merge(super::rest::routes(router));
     let result = tonic::transport::Server::builder()
-        .add_service(router.into_service())
+        .accept_http1(true)
+        .add_routes(tonic::service::Routes::from(routes))
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
         .await;
     ticker.abort();
