@@ -4,14 +4,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: build scripts are single-threaded; nothing else reads the environment concurrently.
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure().compile_protos(
-        &[
-            "proto/gpuplane/v1/raft.proto",
-            "proto/gpuplane/v1/controlplane.proto",
-            "proto/gpuplane/v1/agent.proto",
-            "proto/inference/grpc_predict_v2.proto",
-        ],
-        &["proto"],
-    )?;
+    // Tensors' raw contents as `Bytes`: a request the router may send again to another
+    // backend (its first died under it) is kept by reference, not copied.
+    tonic_prost_build::configure()
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
+        .bytes(".inference.ModelInferResponse.raw_output_contents")
+        .compile_protos(
+            &[
+                "proto/gpuplane/v1/raft.proto",
+                "proto/gpuplane/v1/controlplane.proto",
+                "proto/gpuplane/v1/agent.proto",
+                "proto/inference/grpc_predict_v2.proto",
+            ],
+            &["proto"],
+        )?;
     Ok(())
 }

@@ -282,3 +282,31 @@ async fn a_malformed_request_is_refused_by_the_router_before_any_backend_sees_it
     // A well-formed one is forwarded (and fails only because nothing serves it).
     assert_eq!(client.model_infer(request(4, 1)).await.unwrap_err().code(), Code::Unavailable);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_backend_fails_under_is_sent_again_to_another() {
+    let live = start_sim("live", "resnet50", 3, 0.1).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // Both active: whatever ELSA sends to the dead one is answered by the live one.
+    let r = router("resnet50", 100.0, 1000, 0.1, vec![backend("dead", "resnet50", dead, 7), backend("live", "resnet50", live.addr, 3)]);
+    let mut client = serve_router(&r).await;
+    for id in 0..20 {
+        let answer = client.model_infer(request(id, 1)).await.unwrap().into_inner();
+        assert_eq!(open_inference::served_by(&answer), "live");
+    }
+    // Only the dead one active: a request waits for the set to change (a shadow taking
+    // over) and is answered by the new backend.
+    r.set_active(vec![backend("dead", "resnet50", dead, 7)]);
+    let pending = tokio::spawn({
+        let mut client = client.clone();
+        async move { client.model_infer(request(99, 1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    r.set_active(vec![backend("live-2", "resnet50", live.addr, 3)]);
+    let answer = pending.await.unwrap().unwrap().into_inner();
+    assert_eq!((id_of(&answer), open_inference::served_by(&answer)), (99, "live"));
+    // A refusal of the request itself is not sent again: it would be refused anywhere.
+    let wrong = client.model_infer(ModelInferRequest { model_name: "svc".into(), ..request(5, 64) }).await.unwrap_err();
+    assert_eq!(wrong.code(), Code::InvalidArgument, "{wrong}");
+    live.drain_and_stop().await.unwrap();
+}

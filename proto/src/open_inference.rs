@@ -165,7 +165,7 @@ pub fn fp32_request(model: &str, id: &str, batch: u32, features: u32, value: f32
             shape: vec![i64::from(batch), i64::from(features)],
             ..Default::default()
         }],
-        raw_input_contents: vec![raw],
+        raw_input_contents: vec![raw.into()],
         ..Default::default()
     }
 }
@@ -255,7 +255,7 @@ mod tests {
             // A shape that would need far more than the bytes sent, and a huge one.
             ("raw_input_contents[0]", Box::new(|r| r.inputs[0].shape = vec![4, 1000])),
             ("inputs[0].shape", Box::new(|r| r.inputs[0].shape = vec![i64::MAX, i64::MAX])),
-            ("raw_input_contents", Box::new(|r| r.raw_input_contents.push(vec![]))),
+            ("raw_input_contents", Box::new(|r| r.raw_input_contents.push(Default::default()))),
             ("inputs[0].contents", Box::new(|r| r.inputs[0].contents = Some(InferTensorContents::default()))),
             (
                 "inputs[0].contents",
@@ -274,14 +274,16 @@ mod tests {
         }
         let mut big = fp32_request("m", "1", 1, 1, 1.0);
         big.inputs[0].shape = vec![i64::from(MAX_REQUEST_BATCH) + 1, 0];
-        big.raw_input_contents = vec![vec![]];
+        big.raw_input_contents = vec![Default::default()];
         assert_eq!(field(&check(&big).unwrap_err()), "inputs[0].shape[0]");
     }
 
     #[test]
     fn outputs_are_read_raw_or_typed_and_parameters_by_type() {
-        let mut r =
-            ModelInferResponse { raw_output_contents: vec![[1.5f32.to_le_bytes(), 2.0f32.to_le_bytes()].concat()], ..Default::default() };
+        let mut r = ModelInferResponse {
+            raw_output_contents: vec![[1.5f32.to_le_bytes(), 2.0f32.to_le_bytes()].concat().into()],
+            ..Default::default()
+        };
         assert_eq!(fp32_output(&r, 0), Some(vec![1.5, 2.0]));
         r.raw_output_contents.clear();
         r.outputs.push(crate::oip::model_infer_response::InferOutputTensor {

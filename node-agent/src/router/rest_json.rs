@@ -312,8 +312,8 @@ mod tests {
             id: "1".into(),
             outputs: vec![out("A", "FP32", None), out("B", "INT64", None)],
             raw_output_contents: vec![
-                [1.5f32.to_le_bytes(), 2.0f32.to_le_bytes()].concat(),
-                [(-3i64).to_le_bytes(), 4i64.to_le_bytes()].concat(),
+                [1.5f32.to_le_bytes(), 2.0f32.to_le_bytes()].concat().into(),
+                [(-3i64).to_le_bytes(), 4i64.to_le_bytes()].concat().into(),
             ],
             ..Default::default()
         };
@@ -326,8 +326,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(infer_response(&typed).unwrap()["outputs"][0]["data"], json!([0.5, 1.0]));
-        let half =
-            ModelInferResponse { outputs: vec![out("H", "FP16", None)], raw_output_contents: vec![vec![0; 4]], ..Default::default() };
+        let half = ModelInferResponse {
+            outputs: vec![out("H", "FP16", None)],
+            raw_output_contents: vec![vec![0; 4].into()],
+            ..Default::default()
+        };
         assert!(infer_response(&half).unwrap_err().contains("FP16"));
     }
 }

@@ -87,6 +87,18 @@ impl Swap {
 
 /// Rounds of "pick, count, re-check" before a request gives up on a set that keeps changing.
 const MAX_DISPATCH_ATTEMPTS: usize = 1000;
+/// Backends a request may fail on before its caller gets the failure.
+const MAX_RESENDS: usize = 2;
+/// How long a request that failed on every active backend waits for another to become
+/// active (a shadow's switch after its active process died), and how often it looks.
+const RESEND_WAIT: Duration = Duration::from_secs(2);
+const RESEND_POLL: Duration = Duration::from_millis(20);
+
+/// Failures of a backend rather than of the request: sent again elsewhere. A refusal of
+/// the request itself (INVALID_ARGUMENT, NOT_FOUND, ...) would be refused anywhere.
+fn resendable(status: &Status) -> bool {
+    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled)
+}
 
 struct Inner {
     config: RouterConfig,
@@ -235,14 +247,24 @@ impl Router {
         }
     }
 
-    /// Picks a backend and counts the request on it, so that a drain of that backend
-    /// cannot miss it: count first, then re-check it is still active; if a switch retired
-    /// it meanwhile, un-count and pick again from the new set.
-    fn dispatch(&self, batch: u32, arrival_ms: f64) -> Result<Dispatched, Status> {
+    /// Picks a backend (none of `failed`, where this request was sent and failed) and
+    /// counts the request on it, so that a drain of that backend cannot miss it: count
+    /// first, then re-check it is still active; if a switch retired it meanwhile, un-count
+    /// and pick again from the new set.
+    fn dispatch(&self, batch: u32, arrival_ms: f64, failed: &[Arc<Backend>]) -> Result<Dispatched, Status> {
         for _ in 0..MAX_DISPATCH_ATTEMPTS {
-            let set = self.inner.active.load_full();
+            let active = self.inner.active.load_full();
+            let set = if failed.is_empty() {
+                active
+            } else {
+                let others = active.backends.iter().filter(|b| !failed.iter().any(|f| Arc::ptr_eq(f, b))).cloned().collect();
+                Arc::new(ActiveSet { backends: others })
+            };
             let backend = match set.backends.len() {
-                0 => return Err(Status::unavailable(format!("service `{}`: no active backend", self.inner.config.service))),
+                0 => {
+                    let which = if failed.is_empty() { "no" } else { "no other" };
+                    return Err(Status::unavailable(format!("service `{}`: {which} active backend", self.inner.config.service)));
+                }
                 1 => Arc::clone(&set.backends[0]),
                 _ => Arc::clone(&set.backends[self.choose(&set, batch, arrival_ms)?]),
             };
@@ -257,6 +279,39 @@ impl Router {
             "service `{}`: active set changed {MAX_DISPATCH_ATTEMPTS} times while dispatching",
             self.inner.config.service
         )))
+    }
+
+    /// Sends `req` to a backend of the active set; if that backend fails under it (its
+    /// process died, or is draining), to another, at most [`MAX_RESENDS`] times: inference
+    /// is idempotent, and a request in flight on a process that dies is the router's to
+    /// finish. With no other backend yet (a shadow about to take over), it waits for the
+    /// active set to change, up to [`RESEND_WAIT`].
+    async fn forward(&self, req: ModelInferRequest, batch: u32, arrival_ms: f64) -> Result<Response<ModelInferResponse>, Status> {
+        let mut failed: Vec<Arc<Backend>> = Vec::new();
+        let waited_from = Instant::now();
+        loop {
+            let dispatched = match self.dispatch(batch, arrival_ms, &failed) {
+                Ok(d) => d,
+                Err(_) if !failed.is_empty() && waited_from.elapsed() < RESEND_WAIT => {
+                    tokio::time::sleep(RESEND_POLL).await;
+                    continue;
+                }
+                Err(status) => return Err(status),
+            };
+            // Cheap: the tensors' raw contents are shared (`Bytes`), not copied.
+            let mut forwarded = req.clone();
+            forwarded.model_name.clone_from(&dispatched.backend.spec().model);
+            let answer = dispatched.backend.client().model_infer(forwarded).await;
+            let backend = Arc::clone(&dispatched.backend);
+            drop(dispatched);
+            match answer {
+                Err(status) if resendable(&status) && failed.len() < MAX_RESENDS => {
+                    tracing::debug!(service = %self.inner.config.service, backend = backend.id(), %status, "backend failed a request; sending it to another");
+                    failed.push(backend);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// ELSA (paris-elsa Alg. 2) over the queues this router has sent to each backend.
@@ -349,23 +404,14 @@ impl GrpcInferenceService for Router {
             }
             Err(status) => return Err(status),
         };
-        let mut req = request.into_inner();
+        let req = request.into_inner();
         self.is_mine(&req.model_name)?;
         // A malformed request never reaches a backend, nor the service's windows.
         let batch = open_inference::check(&req)?;
         let started = Instant::now();
         let arrival_ms = self.now_ms();
         self.record(|w, now| w.arrival(now));
-        let dispatched = match self.dispatch(batch, arrival_ms) {
-            Ok(d) => d,
-            Err(status) => {
-                self.record(|w, now| w.failed(now));
-                return Err(status);
-            }
-        };
-        req.model_name.clone_from(&dispatched.backend.spec().model);
-        let result = dispatched.backend.client().model_infer(req).await;
-        drop(dispatched);
+        let result = self.forward(req, batch, arrival_ms).await;
         drop(admitted);
         match result {
             Ok(response) => {
