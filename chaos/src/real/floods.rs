@@ -63,9 +63,7 @@ impl Figures {
 
 /// A process's resident memory now (Linux's VmRSS), MiB.
 pub fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib / 1024.0)
+    devcluster::process::memory_mib(&pid.to_string(), "VmRSS")
 }
 
 /// The provisioner's passes so far on the controller whose `/metrics` is at `addr`:

@@ -117,6 +117,15 @@ pub fn cpu_seconds_of(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// A memory figure of a process (a pid, or "self") from `/proc/PID/status`, MiB: `VmRSS`
+/// (resident now) or `VmHWM` (its peak so far). `None` when it is gone or has no such line.
+pub fn memory_mib(pid: &str, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let kib: f64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 pub fn kill9(pid: &str) {
     let _ = Command::new("kill").arg("-9").arg(pid).stderr(Stdio::null()).status();
 }
@@ -134,6 +143,16 @@ pub fn kill_recorded_workloads(state_dir: &Path) {
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_figures_are_read_from_proc_status() {
+        let rss = memory_mib("self", "VmRSS").expect("this process has a VmRSS");
+        let peak = memory_mib("self", "VmHWM").expect("and a VmHWM");
+        assert!(rss > 0.0 && peak >= rss, "{rss} {peak}");
+        // A field name that is only a prefix of another is no match.
+        assert_eq!(memory_mib("self", "Vm"), None);
+        assert_eq!(memory_mib("0", "VmRSS"), None);
+    }
 
     #[test]
     fn a_program_started_at_a_nice_value_runs_at_it() {

@@ -54,9 +54,7 @@ const HOSTILE_RATE: f64 = 9_000_000.0;
 
 /// This process's peak resident memory so far (Linux's VmHWM), MiB.
 fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib / 1024.0)
+    devcluster::process::memory_mib("self", "VmHWM")
 }
 
 const PHASES: [&str; 7] =

@@ -465,9 +465,7 @@ impl ControllerProbe {
 
     pub async fn leader_rss_mib(&self) -> Option<f64> {
         let (i, _) = self.leader().await?;
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pids.get(i)?)).ok()?;
-        let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
-        Some(kib / 1024.0)
+        devcluster::process::memory_mib(&self.pids.get(i)?.to_string(), "VmRSS")
     }
 
     /// User + system CPU seconds used so far by each controller, then by this process (the
