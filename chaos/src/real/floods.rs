@@ -262,11 +262,9 @@ impl DataPlaneFlood {
     }
 }
 
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+/// The `p`-th percentile of `values`, 0 when there are none (nothing answered).
+fn percentile(values: &[f64], p: f64) -> f64 {
+    devcluster::stats::percentile(values, p).unwrap_or(0.0)
 }
 
 /// One sample of 256 FP32 values (1 KiB) for `service`.
@@ -356,8 +354,7 @@ pub async fn data_plane_flood(a: DataPlaneAttack<'_>) -> Result<DataPlaneFlood, 
         .await
         .map_err(|e| format!("connecting to {endpoint}: {e}"))?;
     let alone = victim_calls(channel.clone(), service, victim_token, rate, Duration::from_secs(5)).await;
-    let mut alone: Vec<f64> = alone.into_iter().flatten().collect();
-    alone.sort_by(f64::total_cmp);
+    let alone: Vec<f64> = alone.into_iter().flatten().collect();
     // The floods on connections of their own, as other clients' would be.
     let flood_channel = tonic::transport::Channel::from_shared(format!("http://{endpoint}"))
         .map_err(|e| format!("endpoint {endpoint}: {e}"))?
@@ -367,14 +364,13 @@ pub async fn data_plane_flood(a: DataPlaneAttack<'_>) -> Result<DataPlaneFlood, 
     let victim = victim_calls(channel, service, victim_token, rate, during);
     let (victim, (anonymous_sent, anonymous_refused), (greedy_sent, greedy_shed)) = tokio::join!(victim, anonymous, greedy);
     let victim_failed = victim.iter().filter(|v| v.is_none()).count();
-    let mut latencies: Vec<f64> = victim.iter().flatten().copied().collect();
-    latencies.sort_by(f64::total_cmp);
+    let latencies: Vec<f64> = victim.iter().flatten().copied().collect();
     Ok(DataPlaneFlood {
         victim_sent: victim.len(),
         victim_failed,
-        victim_p50_ms: percentile(&latencies, 0.5),
-        victim_p99_ms: percentile(&latencies, 0.99),
-        victim_alone_p99_ms: percentile(&alone, 0.99),
+        victim_p50_ms: percentile(&latencies, 50.0),
+        victim_p99_ms: percentile(&latencies, 99.0),
+        victim_alone_p99_ms: percentile(&alone, 99.0),
         slo_ms,
         anonymous_sent,
         anonymous_refused,

@@ -13,6 +13,7 @@ pub mod demo;
 pub mod local;
 pub mod ports;
 pub mod process;
+pub mod stats;
 pub mod synthetic_fleet;
 
 pub use binaries::Binaries;

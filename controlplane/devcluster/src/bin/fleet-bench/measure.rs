@@ -11,15 +11,7 @@ use serde_json::json;
 
 use crate::agents::Observed;
 
-pub fn percentile(values: &[f64], p: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
-    Some(v[rank.min(v.len() - 1)])
-}
+pub use devcluster::stats::percentile;
 
 /// How a change reached the agents: how many got a new desired state, and when.
 #[derive(Clone, Debug, Default)]
