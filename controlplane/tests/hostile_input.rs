@@ -272,6 +272,7 @@ async fn a_hostile_but_valid_service_is_refused_by_name_while_the_others_stay_pl
         arrival_rps: 300.0,
         failed: 0,
         endpoint: endpoint.into(),
+        ..Default::default()
     };
     // The node claims to run its current desired state (an agent behind it may still report
     // windows of services moved away: those are dropped, see report_check).

@@ -3,6 +3,7 @@
 //! reason, and changes nothing on the node.
 
 use crate::router::admission::{parse_digest, Callers};
+use model::{validate_spec, Kind, ServingRuntimeSpec, Spec};
 use planner::isolation::{check_gpu, Boundary, Isolation};
 use planner::mig::{parse_profile, validate, GpuModel, Placement};
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,13 @@ pub struct WorkloadSpec {
     /// nothing.
     #[serde(default)]
     pub batch_ms: f64,
+    /// The ServingRuntime its processes run (`NodeDesired::runtimes`); `None`: the host's
+    /// launch template.
+    #[serde(default)]
+    pub runtime: Option<String>,
+    /// Where its model lives, as the runtime understands it (empty: none given).
+    #[serde(default)]
+    pub model_uri: String,
 }
 
 impl WorkloadSpec {
@@ -42,6 +50,8 @@ impl WorkloadSpec {
             && (self.mps_percent - other.mps_percent).abs() < 1e-9
             && self.batch == other.batch
             && self.processes == other.processes
+            && self.runtime == other.runtime
+            && self.model_uri == other.model_uri
     }
 }
 
@@ -59,6 +69,8 @@ pub struct NodeDesired {
     pub gpus: BTreeMap<String, GpuDesired>,
     /// Per service placed here, who may call its endpoint (its `inference_tokens`).
     pub callers: BTreeMap<String, Callers>,
+    /// The ServingRuntimes its workloads name, by name.
+    pub runtimes: BTreeMap<String, ServingRuntimeSpec>,
     /// The trace of the write that committed the newest plan in it (empty when traces are
     /// not exported): the reconcile that applies it continues that trace.
     pub trace_parent: String,
@@ -81,6 +93,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
     if state.node != node {
         return Err(refuse("node".into(), format!("addressed to {:?}, this agent is {node:?}", state.node)));
     }
+    let runtimes = decode_runtimes(&state.runtimes)?;
     let mut gpus = BTreeMap::new();
     let mut callers = BTreeMap::new();
     for (gi, g) in state.gpus.iter().enumerate() {
@@ -138,6 +151,12 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
             if let Some(i) = w.inference_tokens.iter().position(|d| parse_digest(d).is_none()) {
                 return Err(refuse(wf(&format!("inference_tokens[{i}]")), "not a SHA-256 as 64 hex digits"));
             }
+            if !w.runtime.is_empty() && !runtimes.contains_key(&w.runtime) {
+                return Err(refuse(wf("runtime"), format!("{:?} is not one of the desired state's runtimes", w.runtime)));
+            }
+            if w.model_uri.len() > model::limits::MAX_MODEL_URI_LEN {
+                return Err(refuse(wf("model_uri"), format!("{} bytes; at most {}", w.model_uri.len(), model::limits::MAX_MODEL_URI_LEN)));
+            }
             callers.entry(w.service.clone()).or_insert_with(|| Callers::from_hex(w.inference_tokens.iter().map(String::as_str)));
             *share.entry(slot).or_default() += w.mps_percent * f64::from(w.processes);
             workloads.push(WorkloadSpec {
@@ -150,6 +169,8 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
                 shadow_mps_percent: w.shadow_mps_percent,
                 slo_ms: w.slo_ms,
                 batch_ms: w.batch_ms,
+                runtime: (!w.runtime.is_empty()).then(|| w.runtime.clone()),
+                model_uri: w.model_uri.clone(),
             });
         }
         if let Some((slot, total)) = share.iter().find(|(_, &t)| t > 100.0 + 1e-6) {
@@ -164,7 +185,31 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
         .map_err(|e| refuse(field("workloads"), e))?;
         gpus.insert(g.gpu_uuid.clone(), GpuDesired { layout, workloads });
     }
-    Ok(NodeDesired { version: state.version, gpus, callers, trace_parent: state.trace_parent.clone() })
+    Ok(NodeDesired { version: state.version, gpus, callers, runtimes, trace_parent: state.trace_parent.clone() })
+}
+
+/// Most runtimes one desired state may carry: each is named by a workload, and a node runs
+/// far fewer distinct servers than this.
+const MAX_RUNTIMES: usize = 64;
+
+/// The runtimes, checked as the controller checks a ServingRuntime (one validation).
+fn decode_runtimes(list: &[proto::AgentRuntime]) -> Result<BTreeMap<String, ServingRuntimeSpec>, RefusedPlan> {
+    if list.len() > MAX_RUNTIMES {
+        return Err(refuse("runtimes".into(), format!("{} runtimes; at most {MAX_RUNTIMES}", list.len())));
+    }
+    let mut runtimes = BTreeMap::new();
+    for (i, r) in list.iter().enumerate() {
+        let spec = Spec::from_json(Kind::ServingRuntime, &r.spec_json)
+            .and_then(|spec| validate_spec(&spec).map(|()| spec))
+            .map_err(|e| refuse(format!("runtimes[{i}].{}", e.field), e.reason))?;
+        let Spec::ServingRuntime(spec) = spec else {
+            return Err(refuse(format!("runtimes[{i}]"), "not a ServingRuntime"));
+        };
+        if runtimes.insert(r.name.clone(), spec).is_some() {
+            return Err(refuse(format!("runtimes[{i}].name"), format!("{:?} appears twice", r.name)));
+        }
+    }
+    Ok(runtimes)
 }
 
 #[cfg(test)]
@@ -213,6 +258,23 @@ mod tests {
         let g = &d.gpus["GPU-0"];
         assert_eq!(g.layout.len(), 2);
         assert_eq!(g.workloads[0].slot, Slot::Mig(Placement::new(planner::mig::MigProfile::G3, 4)));
+    }
+
+    #[test]
+    fn runtimes_are_checked_as_the_controller_checks_them_and_must_be_carried() {
+        let runtime = |json: &str| proto::AgentRuntime { name: "triton".into(), spec_json: json.into() };
+        let served = proto::AgentWorkload { runtime: "triton".into(), model_uri: "/models".into(), ..workload(-1, 50.0) };
+        let mut ok = state(&[], vec![served.clone()]);
+        ok.runtimes = vec![runtime(r#"{"program": "tritonserver", "args": ["--grpc-port={port}"], "cold_start_s": 8}"#)];
+        let d = decode(&ok, "n1", &models()).unwrap();
+        assert_eq!(d.runtimes["triton"].program, "tritonserver");
+        assert_eq!(d.gpus["GPU-0"].workloads[0].runtime.as_deref(), Some("triton"));
+        assert_eq!(d.gpus["GPU-0"].workloads[0].model_uri, "/models");
+        let missing = state(&[], vec![served.clone()]);
+        assert_eq!(decode(&missing, "n1", &models()).unwrap_err().field, "gpus[0].workloads[0].runtime");
+        let mut bad = state(&[], vec![served]);
+        bad.runtimes = vec![runtime(r#"{"program": "x", "env": {"CUDA_VISIBLE_DEVICES": "all"}, "cold_start_s": 1}"#)];
+        assert_eq!(decode(&bad, "n1", &models()).unwrap_err().field, "runtimes[0].spec.env.CUDA_VISIBLE_DEVICES");
     }
 
     #[test]

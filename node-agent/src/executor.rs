@@ -8,9 +8,11 @@ use crate::mps::{MpsControl, MpsError};
 use crate::reconcile::{GpuObserved, NodeObserved, Role, Running, Step};
 use crate::router::{ActiveProcess, Routers, RoutingError};
 use crate::shadow::{Action, Event};
-use crate::supervisor::template::{launch_command, LaunchParams, Template};
-use crate::supervisor::{Supervisor, SupervisorError};
+use crate::supervisor::template::{launch_command, uses, LaunchParams, Template};
+use crate::supervisor::{Launch, MetricsEndpoint, Supervisor, SupervisorError};
+use model::ServingRuntimeSpec;
 use planner::mig::Placement;
+use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +38,17 @@ pub enum ExecError {
     Routing(#[from] RoutingError),
     #[error("no standby of {service} to promote on GPU {gpu}")]
     NoStandby { gpu: String, service: String },
+    #[error("service {service} names runtime {runtime:?}, which the desired state does not carry")]
+    UnknownRuntime { service: String, runtime: String },
+}
+
+/// A process that answered ready for the first time since its launch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColdStart {
+    pub service: String,
+    /// Its ServingRuntime (`host` for the host's template).
+    pub runtime: String,
+    pub seconds: f64,
 }
 
 pub struct Executor {
@@ -43,6 +56,10 @@ pub struct Executor {
     pub mps: Arc<dyn MpsControl>,
     pub supervisor: Supervisor,
     pub template: Template,
+    /// The ServingRuntimes of the desired state being applied (`NodeDesired::runtimes`).
+    pub runtimes: BTreeMap<String, ServingRuntimeSpec>,
+    /// Cold starts measured since the last `take_cold_starts`.
+    pub cold_starts: Vec<ColdStart>,
     pub ports: [u16; 2],
     pub gpus: Vec<GpuInfo>,
     /// The per-service routers; `None` when the agent routes nothing (tests of the steps).
@@ -75,6 +92,7 @@ impl Executor {
                 .collect();
             observed.gpus.insert(g.uuid.clone(), GpuObserved { layout, running });
         }
+        observed.exited = self.supervisor.exited().map(String::from).collect();
         Ok(observed)
     }
 
@@ -152,6 +170,9 @@ impl Executor {
                     (None, _) => return Ok(vec![Event::Gone(id.clone())]),
                     (Some(_), None) => false,
                 };
+                if ready {
+                    self.note_ready(id);
+                }
                 Ok(if ready { vec![Event::Ready(id.clone())] } else { Vec::new() })
             }
             Action::Switch { from, to, .. } => {
@@ -180,7 +201,7 @@ impl Executor {
     }
 
     /// Points the service's router at its active processes on this node.
-    pub fn route(&self, service: &str) -> Result<(), ExecError> {
+    pub fn route(&mut self, service: &str) -> Result<(), ExecError> {
         let Some(routers) = &self.routers else { return Ok(()) };
         let active: Vec<&crate::supervisor::ProcessRecord> =
             self.supervisor.records().filter(|r| r.role == Role::Active && r.spec.service == service).collect();
@@ -199,13 +220,30 @@ impl Executor {
                 model: r.spec.model.clone(),
             })
             .collect();
-        routers.sync(service, first.spec.slo_ms, &processes)?;
+        let routed = routers.sync(service, first.spec.slo_ms, &processes)?;
+        for id in routed {
+            self.note_ready(&id);
+        }
         Ok(())
+    }
+
+    /// `id` answered ready: its cold start, if this is the first time since its launch.
+    fn note_ready(&mut self, id: &str) {
+        let Some(took) = self.supervisor.ready(id, std::time::Instant::now()) else { return };
+        let Some(r) = self.supervisor.get(id) else { return };
+        let runtime = r.spec.runtime.clone().unwrap_or_else(|| "host".into());
+        tracing::info!(process = id, service = %r.spec.service, runtime, seconds = took.as_secs_f64(), "process ready");
+        self.cold_starts.push(ColdStart { service: r.spec.service.clone(), runtime, seconds: took.as_secs_f64() });
+    }
+
+    /// The cold starts measured since the last call.
+    pub fn take_cold_starts(&mut self) -> Vec<ColdStart> {
+        std::mem::take(&mut self.cold_starts)
     }
 
     /// Routes every service with processes here (after an agent restart, or for processes
     /// that were not ready in an earlier round).
-    pub fn route_all(&self) -> Result<(), ExecError> {
+    pub fn route_all(&mut self) -> Result<(), ExecError> {
         let services: BTreeSet<String> = self.supervisor.records().map(|r| r.spec.service.clone()).collect();
         for s in services {
             self.route(&s)?;
@@ -232,12 +270,26 @@ impl Executor {
         }
     }
 
-    fn free_port(&self) -> Result<u16, ExecError> {
-        let used: BTreeSet<u16> = self.supervisor.records().map(|r| r.port).collect();
+    /// A port of the range that no process holds and no other program has bound; `taken`
+    /// are the ones given out for the process being launched.
+    fn free_port(&self, taken: &[u16]) -> Result<u16, ExecError> {
+        let used: BTreeSet<u16> = self.supervisor.records().flat_map(|r| r.ports()).chain(taken.iter().copied()).collect();
         // Skip ports another program holds (several agents may share a host in tests and
         // demos): a process that cannot bind its port would only crash-loop.
         let bindable = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
         (self.ports[0]..=self.ports[1]).find(|&p| !used.contains(&p) && bindable(p)).ok_or(ExecError::NoPort(self.ports))
+    }
+
+    /// The launch spec of a workload: its Service's runtime, else the host's template.
+    fn launch_spec(&self, spec: &WorkloadSpec) -> Result<ServingRuntimeSpec, ExecError> {
+        match &spec.runtime {
+            None => Ok(self.template.launch_spec()),
+            Some(name) => self
+                .runtimes
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ExecError::UnknownRuntime { service: spec.service.clone(), runtime: name.clone() }),
+        }
     }
 
     fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role) -> Result<(), ExecError> {
@@ -252,7 +304,11 @@ impl Executor {
         // The standby gets the workload's share plus the shadow share (iGniter Sec. 4.2).
         let share = if role == Role::Standby { spec.mps_percent + spec.shadow_mps_percent } else { spec.mps_percent };
         let percent = share.clamp(1.0, 100.0).round() as u8;
-        let port = self.free_port()?;
+        let launch_spec = self.launch_spec(spec)?;
+        let port = self.free_port(&[])?;
+        let http_port = if uses(&launch_spec, "{http_port}") { Some(self.free_port(&[port])?) } else { None };
+        let metrics_port =
+            if uses(&launch_spec, "{metrics_port}") { Some(self.free_port(&[port, http_port.unwrap_or(port)])?) } else { None };
         let client = client_name(&spec.service, role, port);
         let mps_env = self.mps.client_env(&device, &client, Some(percent))?;
         let gpcs = match spec.slot {
@@ -262,16 +318,20 @@ impl Executor {
         let params = LaunchParams {
             service: spec.service.clone(),
             model: spec.model.clone(),
+            model_uri: spec.model_uri.clone(),
             batch: spec.batch,
             port,
+            http_port,
+            metrics_port,
             gpcs,
             device_uuid: device,
             mps_env,
             mps_percent: f64::from(percent),
             gpu_name: self.gpu(gpu)?.name.clone(),
         };
-        let cmd = launch_command(&self.template, &params);
-        self.supervisor.start(gpu, spec, role, port, &cmd)?;
+        let command = launch_command(&launch_spec, &params);
+        let metrics = metrics_port.zip(launch_spec.metrics_path).map(|(port, path)| MetricsEndpoint { port, path });
+        self.supervisor.start(gpu, spec, role, &Launch { command, port, http_port, metrics })?;
         Ok(())
     }
 }

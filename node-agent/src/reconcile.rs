@@ -37,6 +37,9 @@ pub struct GpuObserved {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NodeObserved {
     pub gpus: BTreeMap<String, GpuObserved>,
+    /// Processes that exited and were not restarted yet (they still count as running: the
+    /// supervisor restarts them; the shadow policies fail over from an active one).
+    pub exited: std::collections::BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -177,6 +180,8 @@ mod tests {
             shadow_mps_percent: 10.0,
             slo_ms: 50.0,
             batch_ms: 0.0,
+            runtime: None,
+            model_uri: String::new(),
         }
     }
 
@@ -193,12 +198,13 @@ mod tests {
             version: 1,
             gpus: [("GPU-0".to_string(), GpuDesired { layout, workloads })].into(),
             callers: Default::default(),
+            runtimes: Default::default(),
             trace_parent: String::new(),
         }
     }
 
     fn observed(layout: Vec<Placement>, running: Vec<Running>) -> NodeObserved {
-        NodeObserved { gpus: [("GPU-0".to_string(), GpuObserved { layout, running })].into() }
+        NodeObserved { gpus: [("GPU-0".to_string(), GpuObserved { layout, running })].into(), ..Default::default() }
     }
 
     fn kind(s: &Step) -> &'static str {

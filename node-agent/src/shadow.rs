@@ -16,7 +16,11 @@
 //!   Ready → switch to the standby. A window without completions breaks the streak.
 //! * the retired backend drains (its in-flight requests complete), then is stopped; after
 //!   every switch a new standby is wanted.
-//! * a process that is gone (stopped, crashed) is forgotten: a standby no longer counts.
+//! * the active process exited (crashed, killed) and a standby has reported Ready → switch to
+//!   the standby at once, instead of waiting for the supervisor to restart the dead one and
+//!   its server to load the model again; the router sends the requests the dead one failed
+//!   to the new active set. An exited standby is probed again once restarted.
+//! * a process that is gone (stopped) is forgotten: a standby no longer counts.
 
 use crate::router::WindowStats;
 
@@ -36,12 +40,16 @@ pub enum Event {
     Drained(BackendId),
     /// This process no longer runs (stopped, or exited on its own).
     Gone(BackendId),
+    /// This process exited on its own; the supervisor will restart it after its back-off.
+    Exited(BackendId),
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum SwitchReason {
     /// The last `windows` windows' p99 exceeded the SLO; `p99_ms` is the latest.
     SloViolation { p99_ms: f64, windows: u32 },
+    /// The active process exited.
+    ActiveExited,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +124,7 @@ impl ShadowPolicy {
             Event::Ready(id) => self.on_ready(&id),
             Event::Drained(id) => self.on_drained(&id),
             Event::Gone(id) => self.on_gone(&id),
+            Event::Exited(id) => self.on_exited(&id),
         }
     }
 
@@ -131,7 +140,7 @@ impl ShadowPolicy {
             return Vec::new();
         }
         match &self.standby {
-            Some(s) if s.ready => self.switch_to_standby(),
+            Some(s) if s.ready => self.switch_to_standby(self.slo_violation()),
             Some(_) => Vec::new(),
             // Ask once, when the streak first reaches the threshold.
             None if self.violations == self.config.consecutive_windows => vec![Action::WantShadow],
@@ -163,7 +172,7 @@ impl ShadowPolicy {
         };
         s.ready = true;
         if self.violated() {
-            return self.switch_to_standby();
+            return self.switch_to_standby(self.slo_violation());
         }
         Vec::new()
     }
@@ -183,15 +192,30 @@ impl ShadowPolicy {
         Vec::new()
     }
 
+    fn on_exited(&mut self, id: &str) -> Vec<Action> {
+        if let Some(s) = self.standby.as_mut().filter(|s| s.id == id) {
+            // Restarted, it must load its model again before it counts.
+            s.ready = false;
+            return Vec::new();
+        }
+        if id == self.active && self.standby.as_ref().is_some_and(|s| s.ready) {
+            return self.switch_to_standby(SwitchReason::ActiveExited);
+        }
+        Vec::new()
+    }
+
     fn violated(&self) -> bool {
         self.violations >= self.config.consecutive_windows
     }
 
-    fn switch_to_standby(&mut self) -> Vec<Action> {
+    fn slo_violation(&self) -> SwitchReason {
+        SwitchReason::SloViolation { p99_ms: self.last_p99_ms, windows: self.violations }
+    }
+
+    fn switch_to_standby(&mut self, reason: SwitchReason) -> Vec<Action> {
         let Some(standby) = self.standby.take() else {
             return Vec::new();
         };
-        let reason = SwitchReason::SloViolation { p99_ms: self.last_p99_ms, windows: self.violations };
         let from = std::mem::replace(&mut self.active, standby.id.clone());
         self.draining.push(from.clone());
         self.violations = 0;
@@ -274,6 +298,27 @@ mod tests {
         assert_eq!(p.draining(), &["a".to_string()][..]);
         p.on_event(Event::Gone("a".into()));
         assert_eq!(p.on_event(Event::Drained("a".into())), vec![]);
+    }
+
+    #[test]
+    fn a_dead_active_process_fails_over_to_a_ready_standby_at_once() {
+        let mut p = with_ready_shadow();
+        assert_eq!(
+            p.on_event(Event::Exited("a".into())),
+            vec![Action::Switch { from: "a".into(), to: "b".into(), reason: SwitchReason::ActiveExited }, Action::WantShadow]
+        );
+        assert_eq!((p.active(), p.draining()), ("b", &["a".to_string()][..]));
+        assert_eq!(p.on_event(Event::Exited("a".into())), vec![], "seen again next round: nothing more");
+        // Without a ready standby there is nothing to switch to: the supervisor restarts it.
+        let mut p = ShadowPolicy::new(FailoverConfig { slo_ms: 10.0, consecutive_windows: 2 }, "a");
+        p.on_event(Event::ShadowStarted("b".into()));
+        assert_eq!(p.on_event(Event::Exited("a".into())), vec![]);
+        assert_eq!(p.active(), "a");
+        // A standby that exited must answer Ready again before it counts.
+        let mut p = with_ready_shadow();
+        assert_eq!(p.on_event(Event::Exited("b".into())), vec![]);
+        assert_eq!(p.standby(), Some(("b", false)));
+        assert_eq!(p.on_event(Event::Exited("a".into())), vec![], "no switch to a standby that is restarting");
     }
 
     #[test]

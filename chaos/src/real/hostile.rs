@@ -150,6 +150,7 @@ pub async fn attack(
         arrival_rps: 10.0,
         failed: 0,
         endpoint: endpoint.into(),
+        ..Default::default()
     };
     // It claims to run its current desired state: a lagging agent's windows of services
     // moved away are dropped rather than refused (see controlplane's report_check).

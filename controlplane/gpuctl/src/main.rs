@@ -599,12 +599,17 @@ fn summary(kind: Kind, spec: &serde_json::Value, status: &serde_json::Value) -> 
                 Some(p) if p > 0 => format!(" priority={p}"),
                 _ => String::new(),
             };
-            format!("{} p{}<{}ms {}{priority}", f("/model"), f("/slo/percentile"), f("/slo/latency_ms"), rate)
+            let runtime = spec.get("runtime").and_then(|r| r.as_str()).map_or(String::new(), |r| format!(" runtime={r}"));
+            format!("{} p{}<{}ms {}{priority}{runtime}", f("/model"), f("/slo/percentile"), f("/slo/latency_ms"), rate)
         }
         Kind::Node => {
             format!("{} {} gpus={}", f("/address"), f("/instance_type"), spec.get("gpus").and_then(|g| g.as_array()).map_or(0, Vec::len))
         }
         Kind::Plan => format!("strategy={} gpus={}", f("/strategy"), spec.get("gpus").and_then(|g| g.as_array()).map_or(0, Vec::len)),
+        Kind::ServingRuntime => {
+            let protocol = spec.get("protocol").and_then(|p| p.as_str()).unwrap_or("open-inference-grpc");
+            format!("{} {protocol} cold-start={}s", f("/program"), f("/cold_start_s"))
+        }
     }
 }
 

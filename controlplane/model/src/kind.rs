@@ -13,11 +13,12 @@ pub enum Kind {
     Service,
     Node,
     Plan,
+    ServingRuntime,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] =
-        [Kind::Tenant, Kind::GpuModel, Kind::InstanceType, Kind::ModelProfile, Kind::Service, Kind::Node, Kind::Plan];
+    pub const ALL: [Kind; 8] =
+        [Kind::Tenant, Kind::GpuModel, Kind::InstanceType, Kind::ModelProfile, Kind::ServingRuntime, Kind::Service, Kind::Node, Kind::Plan];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -28,6 +29,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::Node => "Node",
             Kind::Plan => "Plan",
+            Kind::ServingRuntime => "ServingRuntime",
         }
     }
 
@@ -59,6 +61,7 @@ impl FromStr for Kind {
             "service" | "svc" => Kind::Service,
             "node" => Kind::Node,
             "plan" => Kind::Plan,
+            "servingruntime" | "serving-runtime" | "runtime" => Kind::ServingRuntime,
             _ => {
                 let known: Vec<_> = Kind::ALL.iter().map(|k| k.as_str()).collect();
                 return Err(format!("unknown kind {s:?} (known: {})", known.join(", ")));

@@ -9,6 +9,7 @@ mod specs;
 mod status;
 mod status_json;
 mod validate;
+mod validate_runtime;
 
 pub use kind::Kind;
 #[cfg(any(test, feature = "test-fixtures"))]

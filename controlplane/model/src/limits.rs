@@ -25,6 +25,18 @@ pub const MAX_REQUEST_ID_LEN: usize = 128;
 /// Bearer tokens a Service's endpoints accept (`spec.inference_tokens`): each gets an equal
 /// share of a router's requests in flight, so more would leave each too little.
 pub const MAX_INFERENCE_TOKENS: usize = 16;
+/// A ServingRuntime's launch: its arguments, its environment variables, the length of the
+/// program, of one argument or value, and of an environment variable's name. A server's
+/// command line is a few dozen arguments; these bound what every agent copies per process.
+pub const MAX_RUNTIME_ARGS: usize = 128;
+pub const MAX_RUNTIME_ENV: usize = 64;
+pub const MAX_RUNTIME_TEXT_LEN: usize = 4096;
+pub const MAX_ENV_NAME_LEN: usize = 128;
+/// A ServingRuntime's expected cold start (launch to ready), s: an LLM server loading
+/// weights takes minutes, not hours.
+pub const MAX_COLD_START_S: f64 = 3600.0;
+/// A Service's `model_uri` (a path or URI its runtime understands).
+pub const MAX_MODEL_URI_LEN: usize = 4096;
 /// Encoded bytes of the observed state (GPUs, MIG instances, workloads) of one agent
 /// report, and so of a Node's status: an 8-GPU host running 7 instances with a shadow each
 /// reports about 17 KB.
@@ -202,6 +214,12 @@ pub fn limits() -> Vec<Limit> {
         ),
         row("MAX_REQUESTS_PER_ENTRY", MAX_REQUESTS_PER_ENTRY, "client requests the leader commits together in one Raft entry"),
         row("MAX_PROPOSAL_BYTES", MAX_PROPOSAL_BYTES, "encoded requests that share one Raft entry (a larger one goes alone)"),
+        row("MAX_RUNTIME_ARGS", MAX_RUNTIME_ARGS, "arguments of a ServingRuntime's launch"),
+        row("MAX_RUNTIME_ENV", MAX_RUNTIME_ENV, "environment variables of a ServingRuntime's launch"),
+        row("MAX_RUNTIME_TEXT_LEN", MAX_RUNTIME_TEXT_LEN, "bytes of a ServingRuntime's program, one argument or one value"),
+        row("MAX_ENV_NAME_LEN", MAX_ENV_NAME_LEN, "bytes of an environment variable's name"),
+        row("MAX_COLD_START_S", MAX_COLD_START_S, "a ServingRuntime's expected launch-to-ready time, s"),
+        row("MAX_MODEL_URI_LEN", MAX_MODEL_URI_LEN, "bytes of a Service's `model_uri`"),
     ]
 }
 

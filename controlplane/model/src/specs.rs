@@ -19,6 +19,7 @@ pub enum Spec {
     Service(ServiceSpec),
     Node(NodeSpec),
     Plan(PlanSpec),
+    ServingRuntime(ServingRuntimeSpec),
 }
 
 impl Spec {
@@ -31,6 +32,7 @@ impl Spec {
             Spec::Service(_) => Kind::Service,
             Spec::Node(_) => Kind::Node,
             Spec::Plan(_) => Kind::Plan,
+            Spec::ServingRuntime(_) => Kind::ServingRuntime,
         }
     }
 
@@ -57,6 +59,7 @@ impl Spec {
             Kind::Service => Spec::Service(parse(json)?),
             Kind::Node => Spec::Node(parse(json)?),
             Kind::Plan => Spec::Plan(parse(json)?),
+            Kind::ServingRuntime => Spec::ServingRuntime(parse(json)?),
         })
     }
 
@@ -70,6 +73,7 @@ impl Spec {
             Spec::Service(s) => serde_json::to_string(s),
             Spec::Node(s) => serde_json::to_string(s),
             Spec::Plan(s) => serde_json::to_string(s),
+            Spec::ServingRuntime(s) => serde_json::to_string(s),
         };
         value.expect("specs hold only JSON-representable data")
     }
@@ -281,6 +285,13 @@ pub struct ServiceSpec {
     /// endpoints are open to anyone who can reach them. At most `MAX_INFERENCE_TOKENS`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inference_tokens: Vec<String>,
+    /// The ServingRuntime that serves it; absent: each host's own launch template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    /// Where its model lives, as its runtime understands it (a model repository, a model
+    /// directory, a URI): `{model_uri}` in the runtime's arguments and environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_uri: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -345,6 +356,55 @@ pub struct NodeGpu {
     pub model: String,
     #[serde(default)]
     pub mig_enabled: bool,
+}
+
+/// How an inference server is launched and watched (KServe's ServingRuntime): what the
+/// agent runs for each process of a Service that names it. Cluster-scoped and written by
+/// administrators only: it is a program every host runs, so a tenant must not choose it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingRuntimeSpec {
+    /// What the server speaks to the router.
+    #[serde(default)]
+    pub protocol: RuntimeProtocol,
+    /// The program, a path on the hosts or a name on their `PATH`.
+    pub program: String,
+    /// Its arguments; the placeholders in [`RUNTIME_PLACEHOLDERS`] are replaced per process.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables added to the agent's (placeholders replaced too). The GPU's
+    /// (`CUDA_VISIBLE_DEVICES`, `CUDA_MPS_*`) and gpuplane's (`GPUPLANE_*`) are the agent's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Path of its Prometheus metrics on `{metrics_port}` (e.g. `/metrics`); absent: none
+    /// are read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_path: Option<String>,
+    /// Expected time from launch to ready, s: what a restart costs until one is measured.
+    pub cold_start_s: f64,
+}
+
+/// The placeholders of a ServingRuntime's arguments and environment. `{port}` is the
+/// server's gRPC port, which the router forwards to; `{http_port}` and `{metrics_port}` are
+/// given a port of their own only when used, so several servers on one host never collide.
+pub const RUNTIME_PLACEHOLDERS: [&str; 10] =
+    ["service", "model", "model_uri", "batch", "port", "http_port", "metrics_port", "gpcs", "mps_percent", "gpu_name"];
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuntimeProtocol {
+    /// The Open Inference Protocol (KServe v2) over gRPC, `inference.GRPCInferenceService`:
+    /// Triton, MLServer, KServe's servers and sim-infer.
+    #[default]
+    OpenInferenceGrpc,
+}
+
+impl RuntimeProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeProtocol::OpenInferenceGrpc => "open-inference-grpc",
+        }
+    }
 }
 
 /// Desired state of the fleet, as committed by the provisioner.

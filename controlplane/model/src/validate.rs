@@ -135,6 +135,7 @@ pub fn validate_spec(spec: &Spec) -> Result<(), FieldError> {
         Spec::Service(s) => validate_service(s)?,
         Spec::Node(n) => validate_node(n)?,
         Spec::Plan(p) => validate_plan(p)?,
+        Spec::ServingRuntime(r) => super::validate_runtime::validate_serving_runtime(r)?,
     }
     if !matches!(spec, Spec::Plan(_)) {
         let bytes = spec.to_json().len();
@@ -395,6 +396,12 @@ fn validate_service(s: &ServiceSpec) -> Result<(), FieldError> {
             return Err(FieldError::invalid(field, "is listed twice"));
         }
     }
+    if let Some(runtime) = &s.runtime {
+        validate_name("spec.runtime", runtime)?;
+    }
+    if let Some(uri) = &s.model_uri {
+        super::validate_runtime::validate_model_uri(uri)?;
+    }
     unique_names("spec.allowed_gpu_models", &s.allowed_gpu_models, MAX_ALLOWED_GPU_MODELS)?;
     unique_names("spec.allowed_instance_types", &s.allowed_instance_types, MAX_ALLOWED_INSTANCE_TYPES)?;
     if let Some(BatchDistribution::LogNormal { mu, sigma, max_batch }) = &s.batch_distribution {
@@ -514,6 +521,8 @@ mod tests {
             batch_distribution: None,
             priority: 0,
             inference_tokens: vec![],
+            runtime: None,
+            model_uri: None,
         })
     }
 

@@ -1,7 +1,7 @@
 //! Projection of the committed Plans onto one node: the GPUs of that node and what runs on
 //! them. Pure: the same applied state gives the same answer on every controller.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::resources::{Kind, ServiceSpec, Spec};
 use crate::state::ClusterState;
@@ -17,6 +17,7 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
     // reconcile.
     let mut newest_plan = 0;
     let mut trace_parent = String::new();
+    let mut runtimes = BTreeSet::new();
     for (plan_name, g) in index.assignments(node) {
         if let Some(plan) = cluster.get(Kind::Plan, plan_name) {
             if let (true, Spec::Plan(spec)) = (plan.mod_revision > newest_plan, &plan.spec) {
@@ -28,8 +29,13 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
             .workloads
             .iter()
             .map(|w| {
-                let (model, slo_ms, inference_tokens) = service_spec(cluster, &w.service)
-                    .map_or((String::new(), 0.0, Vec::new()), |s| (s.model.clone(), s.slo.latency_ms, s.inference_tokens.clone()));
+                let service = service_spec(cluster, &w.service);
+                let (model, slo_ms, inference_tokens) =
+                    service.map_or((String::new(), 0.0, Vec::new()), |s| (s.model.clone(), s.slo.latency_ms, s.inference_tokens.clone()));
+                let runtime = service.and_then(|s| s.runtime.clone()).unwrap_or_default();
+                if !runtime.is_empty() {
+                    runtimes.insert(runtime.clone());
+                }
                 proto::AgentWorkload {
                     service: w.service.clone(),
                     model,
@@ -43,6 +49,8 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
                     isolation: if w.tenant.is_empty() { String::new() } else { w.isolation.as_str().to_string() },
                     batch_ms: w.batch_ms,
                     inference_tokens,
+                    runtime,
+                    model_uri: service.and_then(|s| s.model_uri.clone()).unwrap_or_default(),
                 }
             })
             .collect();
@@ -57,7 +65,16 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
         });
     }
     gpus.sort_by(|a, b| a.gpu_uuid.cmp(&b.gpu_uuid));
-    proto::DesiredState { node: node.to_string(), version: index.version(node), gpus, trace_parent }
+    // A Service names only a runtime that exists, and a runtime in use can neither change
+    // nor go (`state::references`), so the node's version covers what is sent here.
+    let runtimes = runtimes
+        .into_iter()
+        .filter_map(|name| match cluster.get(Kind::ServingRuntime, &name).map(|r| &r.spec) {
+            Some(spec @ Spec::ServingRuntime(_)) => Some(proto::AgentRuntime { name, spec_json: spec.to_json() }),
+            _ => None,
+        })
+        .collect();
+    proto::DesiredState { node: node.to_string(), version: index.version(node), gpus, trace_parent, runtimes }
 }
 
 /// What the committed plans place on one node, as a report is checked against it: the

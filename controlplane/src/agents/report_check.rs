@@ -119,6 +119,7 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, placed: &Pla
         named(non_negative("", m.p99_ms, MAX_REPORTED_LATENCY_MS), || f("p99_ms"))?;
         named(non_negative("", m.throughput_rps, MAX_REQUEST_RATE), || f("throughput_rps"))?;
         named(non_negative("", m.arrival_rps, MAX_REQUEST_RATE), || f("arrival_rps"))?;
+        named(non_negative("", m.cold_start_s, MAX_COLD_START_S), || f("cold_start_s"))?;
         if m.failed > MAX_REPORTED_FAILED {
             return Err(FieldError::invalid(f("failed"), format!("must be <= {MAX_REPORTED_FAILED} (got {})", m.failed)).into());
         }
@@ -195,6 +196,7 @@ mod tests {
             arrival_rps: 100.0,
             failed: 0,
             endpoint: endpoint.into(),
+            ..Default::default()
         }
     }
 

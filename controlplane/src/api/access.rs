@@ -1,6 +1,6 @@
 //! What each principal may read and write through the resource API (README, "Security").
 //! Tenants see their own Tenant and Services and the catalogue (GPU models, instance types,
-//! model profiles); agents see the catalogue and their own Node; Nodes and Plans (which
+//! model profiles, serving runtimes); agents see the catalogue and their own Node; Nodes and Plans (which
 //! show every tenant's placements) and status writes are for admins.
 
 use super::errors::permission_denied;
@@ -21,7 +21,7 @@ pub enum Visibility {
 
 impl Visibility {
     pub fn of(principal: &Principal, kind: Kind) -> Self {
-        let catalogue = matches!(kind, Kind::GpuModel | Kind::InstanceType | Kind::ModelProfile);
+        let catalogue = matches!(kind, Kind::GpuModel | Kind::InstanceType | Kind::ModelProfile | Kind::ServingRuntime);
         match principal {
             p if p.is_admin() => Visibility::All,
             _ if catalogue => Visibility::All,

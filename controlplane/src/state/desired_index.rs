@@ -131,12 +131,16 @@ impl DesiredIndex {
     }
 
     /// A Service changed: its nodes get a new version if what agents are told about it (the
-    /// model, the SLO, the callers its endpoints accept) changed, or it was deleted. Without
+    /// model, the SLO, the callers its endpoints accept, its runtime and model location) changed, or it was deleted. Without
     /// the callers, a token removed from a Service kept working until the plan next changed.
     pub fn service_changed(&mut self, index: u64, name: &str, old: Option<&ServiceSpec>, new: Option<&ServiceSpec>) {
         let same = match (old, new) {
             (Some(a), Some(b)) => {
-                a.model == b.model && a.slo.latency_ms.to_bits() == b.slo.latency_ms.to_bits() && a.inference_tokens == b.inference_tokens
+                a.model == b.model
+                    && a.slo.latency_ms.to_bits() == b.slo.latency_ms.to_bits()
+                    && a.inference_tokens == b.inference_tokens
+                    && a.runtime == b.runtime
+                    && a.model_uri == b.model_uri
             }
             _ => false,
         };

@@ -2,7 +2,7 @@
 //! that others name cannot be deleted.
 
 use super::ClusterState;
-use crate::resources::{ErrorCode, FieldError, Kind, Spec};
+use crate::resources::{ErrorCode, FieldError, Kind, ServingRuntimeSpec, Spec};
 
 fn must_exist(state: &ClusterState, field: &str, kind: Kind, name: &str) -> Result<(), FieldError> {
     if state.get(kind, name).is_none() {
@@ -11,15 +11,19 @@ fn must_exist(state: &ClusterState, field: &str, kind: Kind, name: &str) -> Resu
     Ok(())
 }
 
-pub(super) fn check_references(state: &ClusterState, _name: &str, _tenant: &str, spec: &Spec) -> Result<(), FieldError> {
+pub(super) fn check_references(state: &ClusterState, name: &str, _tenant: &str, spec: &Spec) -> Result<(), FieldError> {
     match spec {
         Spec::Tenant(_) | Spec::GpuModel(_) | Spec::Plan(_) => {}
+        Spec::ServingRuntime(new) => runtime_unchanged_while_used(state, name, new)?,
         Spec::InstanceType(it) => must_exist(state, "spec.gpu_model", Kind::GpuModel, &it.gpu_model)?,
         Spec::ModelProfile(p) => must_exist(state, "spec.gpu_model", Kind::GpuModel, &p.gpu_model)?,
         Spec::Service(s) => {
             let profiled = state.list(Kind::ModelProfile).any(|r| matches!(&r.spec, Spec::ModelProfile(p) if p.model == s.model));
             if !profiled {
                 return Err(FieldError::new(ErrorCode::NotFound, "spec.model", format!("no ModelProfile exists for model {:?}", s.model)));
+            }
+            if let Some(runtime) = &s.runtime {
+                must_exist(state, "spec.runtime", Kind::ServingRuntime, runtime)?;
             }
             for (i, gpu) in s.allowed_gpu_models.iter().enumerate() {
                 must_exist(state, &format!("spec.allowed_gpu_models[{i}]"), Kind::GpuModel, gpu)?;
@@ -48,6 +52,29 @@ pub(super) fn check_references(state: &ClusterState, _name: &str, _tenant: &str,
     Ok(())
 }
 
+/// A ServingRuntime a Service names is immutable: its processes were launched with it, and
+/// agents launch new ones from the runtime the desired state carries, so a change in place
+/// would run two launches of one service side by side. A new version is a new runtime that
+/// services move to (each move restarts only that service's processes).
+fn runtime_unchanged_while_used(state: &ClusterState, name: &str, new: &ServingRuntimeSpec) -> Result<(), FieldError> {
+    let Some(Spec::ServingRuntime(old)) = state.get(Kind::ServingRuntime, name).map(|r| &r.spec) else { return Ok(()) };
+    if old == new {
+        return Ok(());
+    }
+    let user = state.list(Kind::Service).find(|r| matches!(&r.spec, Spec::Service(s) if s.runtime.as_deref() == Some(name)));
+    match user {
+        Some(service) => Err(FieldError::new(
+            ErrorCode::FailedPrecondition,
+            "spec",
+            format!(
+                "ServingRuntime {name:?} is in use by Service {:?} and cannot change; create a new runtime and point the services at it",
+                service.name
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Refuses to delete a resource that another one names (a GPU model still used by an
 /// instance type, a tenant that still owns services, ...).
 pub(super) fn check_not_referenced(state: &ClusterState, kind: Kind, name: &str) -> Result<(), FieldError> {
@@ -64,6 +91,7 @@ pub(super) fn check_not_referenced(state: &ClusterState, kind: Kind, name: &str)
                 (Spec::Service(s), Kind::InstanceType) => s.allowed_instance_types.iter().any(|g| g == name),
                 (Spec::Node(n), Kind::InstanceType) => n.instance_type == name,
                 (Spec::Node(n), Kind::GpuModel) => n.gpus.iter().any(|g| g.model == name),
+                (Spec::Service(s), Kind::ServingRuntime) => s.runtime.as_deref() == Some(name),
                 _ => false,
             };
             if refers {

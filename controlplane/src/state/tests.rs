@@ -45,6 +45,8 @@ pub(crate) fn service(model: &str, latency_ms: f64) -> Spec {
         batch_distribution: None,
         priority: 0,
         inference_tokens: vec![],
+        runtime: None,
+        model_uri: None,
     })
 }
 
@@ -366,6 +368,62 @@ fn a_change_of_a_services_callers_reaches_its_nodes_and_only_them() {
     assert_eq!(s.take_touched_nodes().into_iter().collect::<Vec<_>>(), vec!["n1"]);
     let desired = crate::agents::desired_state(&s, "n1");
     assert_eq!(desired.gpus[0].workloads[0].inference_tokens, vec![crate::security::hash_token("a")]);
+}
+
+fn runtime(program: &str) -> Spec {
+    Spec::ServingRuntime(ServingRuntimeSpec {
+        protocol: RuntimeProtocol::OpenInferenceGrpc,
+        program: program.into(),
+        args: vec!["--grpc-port={port}".into(), "--model-repository={model_uri}".into()],
+        env: Default::default(),
+        metrics_path: None,
+        cold_start_s: 8.0,
+    })
+}
+
+fn served_by(runtime: Option<&str>, model_uri: Option<&str>) -> Spec {
+    let Spec::Service(mut spec) = service("resnet50", 50.0) else { unreachable!() };
+    spec.runtime = runtime.map(String::from);
+    spec.model_uri = model_uri.map(String::from);
+    Spec::Service(spec)
+}
+
+#[test]
+fn a_services_runtime_must_exist_is_fixed_while_used_cannot_go_and_reaches_its_nodes() {
+    let (mut s, _) = seeded();
+    let err = s.check(&put("s0", "web", "acme", served_by(Some("triton"), None), WriteMode::Create, 0)).unwrap_err();
+    assert_eq!((err.code, err.field.as_str()), (ErrorCode::NotFound, "spec.runtime"), "{err}");
+    s.apply(10, &put("r1", "triton", "", runtime("tritonserver"), WriteMode::Create, 0)).0.unwrap();
+    // Not used yet: it may change.
+    s.apply(11, &put("r2", "triton", "", runtime("/opt/tritonserver"), WriteMode::Update, 0)).0.unwrap();
+    s.apply(12, &put("s1", "web", "acme", served_by(Some("triton"), Some("/models")), WriteMode::Create, 0)).0.unwrap();
+    s.apply(13, &put("p1", "current", "", plan(&[("n1", "G1", "web", 8)]), WriteMode::Upsert, 0)).0.unwrap();
+    let desired = crate::agents::desired_state(&s, "n1");
+    let w = &desired.gpus[0].workloads[0];
+    assert_eq!((w.runtime.as_str(), w.model_uri.as_str()), ("triton", "/models"));
+    assert_eq!(desired.runtimes.len(), 1);
+    assert_eq!(desired.runtimes[0].name, "triton");
+    assert!(desired.runtimes[0].spec_json.contains("/opt/tritonserver"), "{}", desired.runtimes[0].spec_json);
+    // Used: it cannot change (an identical write passes) nor go.
+    let err = s.check(&put("r3", "triton", "", runtime("tritonserver-2"), WriteMode::Update, 0)).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailedPrecondition);
+    assert!(err.reason.contains("in use by Service \"web\""), "{}", err.reason);
+    s.check(&put("r4", "triton", "", runtime("/opt/tritonserver"), WriteMode::Update, 0)).unwrap();
+    let del = Request {
+        request_id: "d1".into(),
+        command: Command::Delete { kind: Kind::ServingRuntime, name: "triton".into(), expected_version: 0 },
+        trace_parent: None,
+    };
+    let err = s.check(&del).unwrap_err();
+    assert_eq!(err.code, ErrorCode::FailedPrecondition);
+    // Moving the service to another model location is a new version of its node.
+    s.take_touched_nodes();
+    s.apply(14, &put("s2", "web", "acme", served_by(Some("triton"), Some("/models-v2")), WriteMode::Update, 0)).0.unwrap();
+    assert_eq!(versions(&s, &["n1"]), vec![14]);
+    // Once no service names it, it can go.
+    s.apply(15, &put("s3", "web", "acme", served_by(None, None), WriteMode::Update, 0)).0.unwrap();
+    assert!(crate::agents::desired_state(&s, "n1").runtimes.is_empty());
+    s.apply(16, &del).0.unwrap();
 }
 
 #[test]

@@ -125,8 +125,9 @@ impl Routers {
     }
 
     /// Makes the ready processes of `active` the active set of `service`'s router, starting
-    /// the router if needed. Processes not ready yet stay out until a later call.
-    pub fn sync(&self, service: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<(), RoutingError> {
+    /// the router if needed. Processes not ready yet stay out until a later call. Returns
+    /// the processes this call found ready and added.
+    pub fn sync(&self, service: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<Vec<String>, RoutingError> {
         // New processes are probed for readiness without holding the lock (a server may take
         // seconds to load its model), so metrics and other services are not held up.
         let unknown: Vec<&ActiveProcess> = {
@@ -157,7 +158,8 @@ impl Routers {
             }
         }
         let mut routers = self.routers.lock().expect("routers lock");
-        let Some(r) = routers.get_mut(service) else { return Ok(()) };
+        let Some(r) = routers.get_mut(service) else { return Ok(Vec::new()) };
+        let added: Vec<String> = ready.keys().cloned().collect();
         r.backends.extend(ready);
         let next: Vec<Arc<Backend>> = active.iter().filter_map(|p| r.backends.get(&p.id).cloned()).collect();
         let now: Vec<String> = r.router.active().ids().into_iter().map(String::from).collect();
@@ -168,7 +170,7 @@ impl Routers {
             let swap = r.router.set_active(next);
             tracing::info!(service, active = ?wanted, swap_us = swap.store_time.as_micros() as u64, "router switched");
         }
-        Ok(())
+        Ok(added)
     }
 
     fn wait_ready(&self, backend: &Arc<Backend>) -> bool {
@@ -299,6 +301,8 @@ impl Routers {
                     arrival_rps: w.as_ref().map_or(0.0, WindowStats::arrival_rps),
                     failed: w.as_ref().map_or(0, |w| w.failed),
                     endpoint: format!("{}:{}", self.host, r.port),
+                    // The executor measures cold starts; the report adds them.
+                    cold_start_s: 0.0,
                 }
             })
             .collect()

@@ -11,6 +11,7 @@ mod node_resource;
 mod probes;
 mod reconciling;
 mod report;
+pub mod server_metrics;
 
 use crate::backend::{select_backend, BackendOptions, GpuBackend};
 use crate::config::AgentConfig;
@@ -84,6 +85,8 @@ impl Agent {
             mps,
             supervisor,
             template: cfg.template.clone(),
+            runtimes: Default::default(),
+            cold_starts: Vec::new(),
             ports: cfg.port_range,
             gpus,
             routers: Some(routers.clone()),

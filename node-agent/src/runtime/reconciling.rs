@@ -49,6 +49,7 @@ fn reconcile_once(
     telemetry: &AgentMetrics,
 ) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
+    executor.runtimes.clone_from(&desired.runtimes);
     // Before any request reaches a router this round: who may call each service now.
     if let Some(routers) = &executor.routers {
         routers.set_callers(&desired.callers);
@@ -67,6 +68,9 @@ fn reconcile_once(
         crate::telemetry::tracing::action_span(step).in_scope(|| executor.execute(step))?;
     }
     executor.route_all()?;
+    for c in executor.take_cold_starts() {
+        telemetry.cold_start(&c.service, &c.runtime, c.seconds);
+    }
     Ok(steps.len())
 }
 
@@ -100,10 +104,17 @@ fn fail_over(
         match &action {
             // One probe per standby and round.
             Action::ProbeReady(id) if !probed.insert(id.clone()) => continue,
-            Action::Switch { from, to, reason: SwitchReason::SloViolation { p99_ms, windows } } => {
+            Action::Switch { from, to, reason } => {
                 let service = executor.supervisor.get(to).map(|r| (r.spec.service.clone(), r.spec.slo_ms));
                 if let Some((service, slo_ms)) = service {
-                    tracing::warn!(service, p99_ms, slo_ms, windows, from, to, "p99 over the SLO: failing over to the standby");
+                    match reason {
+                        SwitchReason::SloViolation { p99_ms, windows } => {
+                            tracing::warn!(service, p99_ms, slo_ms, windows, from, to, "p99 over the SLO: failing over to the standby")
+                        }
+                        SwitchReason::ActiveExited => {
+                            tracing::warn!(service, from, to, "the active process exited: failing over to the standby")
+                        }
+                    }
                     telemetry.shadow_switch(&service);
                 }
             }

@@ -69,6 +69,10 @@ impl Agent {
             None => last.clone().unwrap_or_else(|| proto::ReportRequest { node: self.cfg.node.clone(), ..Default::default() }),
         };
         report.metrics = self.routers.metrics();
+        let cold_starts = self.telemetry.take_recent_cold_starts();
+        for m in &mut report.metrics {
+            m.cold_start_s = cold_starts.get(&m.service).copied().unwrap_or(0.0);
+        }
         report.watch_session = self.watch_session.load(Ordering::Relaxed);
         // The controller accepts metrics only for services the committed plan places here;
         // a router of a service just planned away lingers until its workloads drain.

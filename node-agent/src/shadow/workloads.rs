@@ -65,6 +65,9 @@ impl ShadowPolicies {
                         actions.extend(policy.on_event(Event::ShadowStarted(s.id.clone())));
                     }
                 }
+                for r in running.iter().filter(|r| observed.exited.contains(&r.id)) {
+                    actions.extend(policy.on_event(Event::Exited(r.id.clone())));
+                }
                 seen.insert(key);
             }
         }
@@ -117,12 +120,14 @@ mod tests {
             shadow_mps_percent: 10.0,
             slo_ms,
             batch_ms: 0.0,
+            runtime: None,
+            model_uri: String::new(),
         }
     }
 
     fn on_gpu0(running: Vec<(&str, WorkloadSpec, Role)>) -> NodeObserved {
         let running = running.into_iter().map(|(id, spec, role)| Running { id: id.into(), spec, role }).collect();
-        NodeObserved { gpus: [("GPU-0".to_string(), GpuObserved { layout: vec![], running })].into() }
+        NodeObserved { gpus: [("GPU-0".to_string(), GpuObserved { layout: vec![], running })].into(), ..Default::default() }
     }
 
     fn key(service: &str) -> WorkloadKey {
@@ -164,6 +169,17 @@ mod tests {
         let after = on_gpu0(vec![("web-s-2", spec("web", 4, 50.0), Role::Active), ("db-a-3", spec("db", 4, 50.0), Role::Active)]);
         assert_eq!(p.observe(&after), vec![]);
         assert_eq!(p.get(&key("web")).unwrap().active(), "web-s-2");
+    }
+
+    #[test]
+    fn an_active_process_seen_exited_fails_over_to_its_ready_standby() {
+        let mut p = ShadowPolicies::default();
+        let mut node = on_gpu0(vec![("web-a-1", spec("web", 4, 50.0), Role::Active), ("web-s-2", spec("web", 4, 50.0), Role::Standby)]);
+        p.observe(&node);
+        p.on_process(&Event::Ready("web-s-2".into()));
+        node.exited.insert("web-a-1".into());
+        let actions = p.observe(&node);
+        assert_eq!(actions[0], Action::Switch { from: "web-a-1".into(), to: "web-s-2".into(), reason: SwitchReason::ActiveExited });
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod records;
 pub mod template;
 
 pub use backoff::restart_delay;
-pub use records::{ProcessRecord, RecordStore};
+pub use records::{Launch, MetricsEndpoint, ProcessRecord, RecordStore};
 
 use crate::command::CommandSpec;
 use crate::desired::WorkloadSpec;
@@ -35,6 +35,8 @@ struct Supervised {
     /// Set for processes this agent started (so it can reap them); adopted ones have none.
     child: Option<Child>,
     exited_at: Option<Instant>,
+    /// When it was launched, until it first answers ready (for its cold start).
+    launched: Option<Instant>,
 }
 
 pub struct Supervisor {
@@ -56,7 +58,7 @@ impl Supervisor {
         for record in store.load()? {
             next_id = next_id.max(record.seq + 1);
             if records::is_same_process(record.pid, record.start_ticks) {
-                procs.insert(record.id.clone(), Supervised { record, child: None, exited_at: None });
+                procs.insert(record.id.clone(), Supervised { record, child: None, exited_at: None, launched: None });
             }
         }
         let adopted = procs.len();
@@ -69,12 +71,12 @@ impl Supervisor {
         self.store.save(self.procs.values().map(|p| &p.record))
     }
 
-    /// Starts a process for `spec` in `role` with the launch command `cmd`; returns its id.
-    pub fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role, port: u16, cmd: &CommandSpec) -> Result<String, SupervisorError> {
+    /// Starts a process for `spec` in `role` with `launch`; returns its id.
+    pub fn start(&mut self, gpu: &str, spec: &WorkloadSpec, role: Role, launch: &Launch) -> Result<String, SupervisorError> {
         let seq = self.next_id;
         self.next_id += 1;
         let id = format!("{}-{}-{seq}", spec.service, if role == Role::Active { "a" } else { "s" });
-        let (child, start_ticks) = self.spawn(&id, cmd)?;
+        let (child, start_ticks) = self.spawn(&id, &launch.command)?;
         let record = ProcessRecord {
             id: id.clone(),
             seq,
@@ -83,11 +85,14 @@ impl Supervisor {
             start_ticks,
             spec: spec.clone(),
             role,
-            port,
-            command: cmd.clone(),
+            port: launch.port,
+            http_port: launch.http_port,
+            metrics: launch.metrics.clone(),
+            command: launch.command.clone(),
             restarts: 0,
         };
-        self.procs.insert(id.clone(), Supervised { record, child: Some(child), exited_at: None });
+        let launched = Some(Instant::now());
+        self.procs.insert(id.clone(), Supervised { record, child: Some(child), exited_at: None, launched });
         self.save()?;
         Ok(id)
     }
@@ -161,6 +166,7 @@ impl Supervisor {
             p.record.restarts += 1;
             p.child = Some(child);
             p.exited_at = None;
+            p.launched = Some(now);
             restarted.push(id);
         }
         if !restarted.is_empty() {
@@ -175,6 +181,19 @@ impl Supervisor {
 
     pub fn get(&self, id: &str) -> Option<&ProcessRecord> {
         self.procs.get(id).map(|p| &p.record)
+    }
+
+    /// The processes that exited and were not restarted yet.
+    pub fn exited(&self) -> impl Iterator<Item = &str> {
+        self.procs.values().filter(|p| p.exited_at.is_some()).map(|p| p.record.id.as_str())
+    }
+
+    /// `id` answered ready at `now`: its cold start (launch to ready), the first time after
+    /// each launch. `None` for a process adopted after an agent restart (its launch time is
+    /// not known) or already counted.
+    pub fn ready(&mut self, id: &str, now: Instant) -> Option<Duration> {
+        let launched = self.procs.get_mut(id)?.launched.take()?;
+        Some(now.saturating_duration_since(launched))
     }
 }
 
@@ -199,6 +218,8 @@ mod tests {
             shadow_mps_percent: 10.0,
             slo_ms: 20.0,
             batch_ms: 0.0,
+            runtime: None,
+            model_uri: String::new(),
         }
     }
 
@@ -211,8 +232,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, adopted) = Supervisor::open(dir.path()).unwrap();
         assert_eq!(adopted, 0);
-        let a = s.start("GPU-0", &spec(), Role::Active, 7000, &sleeper()).unwrap();
-        let b = s.start("GPU-0", &spec(), Role::Standby, 7001, &sleeper()).unwrap();
+        let a = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(sleeper(), 7000)).unwrap();
+        let b = s.start("GPU-0", &spec(), Role::Standby, &Launch::on_port(sleeper(), 7001)).unwrap();
         let (pid_a, ticks_a) = (s.get(&a).unwrap().pid, s.get(&a).unwrap().start_ticks);
         // The agent "dies": its in-memory state is dropped, the processes keep running.
         drop(s);
@@ -221,7 +242,7 @@ mod tests {
         assert_eq!(s.get(&a).unwrap().pid, pid_a, "the same process, not a new one");
         assert_eq!(s.get(&b).unwrap().role, Role::Standby);
         // A new process gets a fresh id even after the restart.
-        let c = s.start("GPU-0", &spec(), Role::Standby, 7002, &sleeper()).unwrap();
+        let c = s.start("GPU-0", &spec(), Role::Standby, &Launch::on_port(sleeper(), 7002)).unwrap();
         assert!(c != a && c != b);
         for id in [a, b, c] {
             s.stop(&id, Duration::from_secs(2)).unwrap();
@@ -236,7 +257,7 @@ mod tests {
     fn a_crashed_process_is_restarted_after_its_back_off() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = Supervisor::open(dir.path()).unwrap();
-        let id = s.start("GPU-0", &spec(), Role::Active, 7000, &sleeper()).unwrap();
+        let id = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(sleeper(), 7000)).unwrap();
         let old = s.get(&id).unwrap().clone();
         records::signal(old.pid, libc::SIGKILL);
         let t0 = Instant::now();
@@ -266,7 +287,7 @@ mod tests {
     fn a_missing_program_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = Supervisor::open(dir.path()).unwrap();
-        let err = s.start("GPU-0", &spec(), Role::Active, 7000, &CommandSpec::new("/nonexistent/sim-infer")).unwrap_err();
+        let err = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(CommandSpec::new("/nonexistent/sim-infer"), 7000)).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/sim-infer"), "{err}");
     }
 }

@@ -21,8 +21,48 @@ pub struct ProcessRecord {
     pub spec: WorkloadSpec,
     pub role: Role,
     pub port: u16,
+    /// Its HTTP port and its metrics endpoint, when its launch passes them.
+    #[serde(default)]
+    pub http_port: Option<u16>,
+    #[serde(default)]
+    pub metrics: Option<MetricsEndpoint>,
     pub command: CommandSpec,
     pub restarts: u32,
+}
+
+/// Where a process serves its Prometheus metrics (on the loopback).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsEndpoint {
+    pub port: u16,
+    pub path: String,
+}
+
+/// How one process is started: its command and the ports it was given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub command: CommandSpec,
+    pub port: u16,
+    pub http_port: Option<u16>,
+    pub metrics: Option<MetricsEndpoint>,
+}
+
+impl Launch {
+    /// A launch with one port (tests, and servers told only their gRPC port).
+    pub fn on_port(command: CommandSpec, port: u16) -> Self {
+        Launch { command, port, http_port: None, metrics: None }
+    }
+
+    /// Every port the process holds.
+    pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
+        std::iter::once(self.port).chain(self.http_port).chain(self.metrics.as_ref().map(|m| m.port))
+    }
+}
+
+impl ProcessRecord {
+    /// Every port the process holds.
+    pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
+        std::iter::once(self.port).chain(self.http_port).chain(self.metrics.as_ref().map(|m| m.port))
+    }
 }
 
 pub struct RecordStore {
@@ -75,11 +115,14 @@ pub fn is_same_process(pid: u32, ticks: u64) -> bool {
     !zombie && start_ticks(pid) == Some(ticks)
 }
 
+/// Signals the process group `pid` leads: a workload runs in a group of its own, and a
+/// real server has children (Triton's python-backend stubs, MLServer's workers) that must
+/// stop with it.
 pub fn signal(pid: u32, sig: libc::c_int) {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return };
     // SAFETY: kill(2) has no memory-safety preconditions; a stale pid is ruled out by the
     // start-time check just before.
     unsafe {
-        libc::kill(pid, sig);
+        libc::kill(-pid, sig);
     }
 }

@@ -20,6 +20,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -56,12 +57,26 @@ struct Inner {
     applied_version: Gauge,
     controller_connections: Counter,
     reports_answered: Counter,
+    cold_starts: Family<Labels, Histogram>,
+    /// Per service, the newest cold start since the last report took them.
+    recent_cold_starts: Mutex<BTreeMap<String, f64>>,
     render: Mutex<()>,
 }
 
+/// Cold starts, s: a simulated server is ready in milliseconds, Triton loading a model in
+/// seconds, an LLM server in one or two minutes.
+const COLD_START_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0];
+
 impl Default for AgentMetrics {
     fn default() -> Self {
-        let mut r = Registry::with_prefix("gpuplane_agent");
+        let mut root = Registry::with_prefix("gpuplane");
+        let cold_starts = Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(COLD_START_BUCKETS));
+        root.register(
+            "workload_cold_start_seconds",
+            "Launch-to-ready time of a workload process (its server answered ModelReady), by service and ServingRuntime (host: the host's template)",
+            cold_starts.clone(),
+        );
+        let r = root.sub_registry_with_prefix("agent");
         let shadow_switches = Family::<Labels, Counter>::default();
         let service_p99_ms = Family::<Labels, FloatGauge>::default();
         let service_throughput = Family::<Labels, FloatGauge>::default();
@@ -99,7 +114,7 @@ impl Default for AgentMetrics {
         );
         r.register("reports_answered", "Reports a controller answered", reports_answered.clone());
         let inner = Inner {
-            registry: r,
+            registry: root,
             shadow_switches,
             service_p99_ms,
             service_throughput,
@@ -112,6 +127,8 @@ impl Default for AgentMetrics {
             applied_version,
             controller_connections,
             reports_answered,
+            cold_starts,
+            recent_cold_starts: Mutex::default(),
             render: Mutex::new(()),
         };
         AgentMetrics { inner: Arc::new(inner) }
@@ -127,6 +144,17 @@ impl AgentMetrics {
     /// Counts one connection opened to a controller.
     pub fn controller_connection(&self) {
         self.inner.controller_connections.inc();
+    }
+
+    /// A process of `service` run by `runtime` became ready `seconds` after its launch.
+    pub fn cold_start(&self, service: &str, runtime: &str, seconds: f64) {
+        self.inner.cold_starts.get_or_create(&labels(&[("service", service), ("runtime", runtime)])).observe(seconds);
+        self.inner.recent_cold_starts.lock().unwrap_or_else(|p| p.into_inner()).insert(service.to_string(), seconds);
+    }
+
+    /// The newest cold start of each service since the last call, for the next report.
+    pub fn take_recent_cold_starts(&self) -> BTreeMap<String, f64> {
+        std::mem::take(&mut *self.inner.recent_cold_starts.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Counts one report a controller answered.
@@ -218,6 +246,7 @@ mod tests {
                 arrival_rps: 82.0,
                 failed: 3,
                 endpoint: "127.0.0.1:7200".into(),
+                cold_start_s: 0.0,
             }],
             observed: Some(proto::ReportRequest {
                 node: "n1".into(),
