@@ -236,6 +236,24 @@ impl Executor {
         self.cold_starts.push(ColdStart { service: r.spec.service.clone(), runtime, seconds: took.as_secs_f64() });
     }
 
+    /// Gives each process the SLO and predicted batch time its workload has in `desired`:
+    /// they change without a restart, and the router and the shadow policies read them from
+    /// the process records.
+    pub fn refresh(&mut self, desired: &crate::desired::NodeDesired) -> Result<(), ExecError> {
+        let updates: Vec<(String, WorkloadSpec)> = self
+            .supervisor
+            .records()
+            .filter_map(|r| {
+                let wanted = desired.gpus.get(&r.gpu)?.workloads.iter().find(|w| w.service == r.spec.service && w.same_config(&r.spec))?;
+                Some((r.id.clone(), wanted.clone()))
+            })
+            .collect();
+        for (id, spec) in updates {
+            self.supervisor.refresh(&id, &spec)?;
+        }
+        Ok(())
+    }
+
     /// The cold starts measured since the last call.
     pub fn take_cold_starts(&mut self) -> Vec<ColdStart> {
         std::mem::take(&mut self.cold_starts)

@@ -13,6 +13,7 @@ pub mod oip {
     tonic::include_proto!("inference");
 }
 
+pub mod fixture_models;
 pub mod observed;
 pub mod open_inference;
 pub mod report_pace;

@@ -207,6 +207,18 @@ pub fn fp32_output(response: &ModelInferResponse, i: usize) -> Option<Vec<f32>> 
     response.outputs.get(i)?.contents.as_ref().map(|c| c.fp32_contents.clone())
 }
 
+/// The FP64 values of output `i`: raw if the server sent raw contents (MLServer mirrors the
+/// request's form), else typed; `None` for raw contents that are not whole values.
+pub fn fp64_output(response: &ModelInferResponse, i: usize) -> Option<Vec<f64>> {
+    if let Some(raw) = response.raw_output_contents.get(i) {
+        if !raw.len().is_multiple_of(8) {
+            return None;
+        }
+        return Some(raw.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("chunks of 8"))).collect());
+    }
+    response.outputs.get(i)?.contents.as_ref().map(|c| c.fp64_contents.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! Helpers for end-to-end tests that start the real binaries: locating (and building) them,
 //! and a three-controller cluster. Processes are started the one way local clusters start
 //! them (`devcluster`).
+pub mod agent;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -5,14 +5,14 @@
 //! new leader.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use controlplane::client::Client;
 use controlplane::resources::NodeStatus;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
 use proto::open_inference;
 use serde_json::{json, Value};
+use tests::agent::{alive, router_endpoint, Workloads};
 use tests::{binary, Cluster, Proc};
 
 fn resource(kind: &str, name: &str, tenant: &str, spec: Value) -> proto::Resource {
@@ -41,28 +41,17 @@ async fn seed(client: &Client) {
     }
 }
 
-/// Kills the workload processes the agent recorded, so a failed test leaves none behind
-/// (they run in their own process group on purpose).
-struct Workloads(PathBuf);
-
-impl Workloads {
-    fn pids(&self) -> Vec<u32> {
-        let Ok(bytes) = std::fs::read(self.0.join("processes.json")) else { return vec![] };
-        let records: Vec<Value> = serde_json::from_slice(&bytes).unwrap_or_default();
-        records.iter().filter_map(|r| r["pid"].as_u64()).map(|p| p as u32).collect()
-    }
+/// Waits up to 30 s (`tests::agent::wait_for`).
+async fn wait_for<T>(what: &str, log: &Path, f: impl AsyncFnMut() -> Option<T>) -> T {
+    tests::agent::wait_for(what, log, Duration::from_secs(30), f).await
 }
 
-impl Drop for Workloads {
-    fn drop(&mut self) {
-        for pid in self.pids() {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-        }
-    }
+async fn registered_gpus(client: &Client, log: &Path) -> Vec<String> {
+    tests::agent::registered_gpus(client, "n1", log).await
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+async fn converged(client: &Client, log: &Path, version: u64) -> Value {
+    tests::agent::converged(client, "n1", log, version, Duration::from_secs(30)).await
 }
 
 fn start_agent(dir: &Path, servers: &[String], router_port: u16) -> Proc {
@@ -121,22 +110,6 @@ async fn agent_counter(router_port: u16, name: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(&prefix)?.parse().ok()).unwrap_or_else(|| panic!("no {prefix}in {text}"))
 }
 
-/// Polls `f` for up to 30 s; on timeout fails with the agent's log.
-async fn wait_for<T>(what: &str, log: &Path, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-            panic!("timed out waiting for {what}; agent log:\n{tail}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
     resource(
         "Plan",
@@ -150,36 +123,6 @@ fn plan(gpus: &[String], web_batch: u32) -> proto::Resource {
              "workloads": [{"service": "web", "mps_percent": 40, "batch": 8, "shadow_mps_percent": 10}]}
         ]}),
     )
-}
-
-/// The address of `service`'s router on the agent (from the agent's state, next to its log).
-async fn router_endpoint(log: &Path, service: &str) -> String {
-    let ports_file = log.with_file_name("agent").join("router-ports.json");
-    wait_for("the router's endpoint", log, async || {
-        let ports: Value = serde_json::from_slice(&std::fs::read(&ports_file).ok()?).ok()?;
-        Some(format!("http://127.0.0.1:{}", ports[service].as_u64()?))
-    })
-    .await
-}
-
-/// The GPU uuids the agent registered for its node.
-async fn registered_gpus(client: &Client, log: &Path) -> Vec<String> {
-    wait_for("the agent to register", log, async || {
-        let node = client.get("Node", "n1", false).await.ok()?;
-        let spec: Value = serde_json::from_str(&node.spec_json).ok()?;
-        Some(spec["gpus"].as_array()?.iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect())
-    })
-    .await
-}
-
-/// The Node's observed state once it reports convergence to at least `version`.
-async fn converged(client: &Client, log: &Path, version: u64) -> Value {
-    wait_for("the agent to converge", log, async || {
-        let node = client.get("Node", "n1", false).await.ok()?;
-        let status: Value = serde_json::from_str(&node.status_json).ok()?;
-        (NodeStatus::applied_version(&status) >= version).then_some(status)
-    })
-    .await
 }
 
 fn workload_pids(status: &Value) -> Vec<u64> {

@@ -16,10 +16,9 @@ use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig, RouterError};
 use planner::policy::elsa::{ElsaConfig, ServiceTimeModel};
+use proto::fixture_models::FixtureModel;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
-use proto::oip::model_infer_request::InferInputTensor;
 use proto::oip::{ModelInferRequest, ModelInferResponse, ModelReadyRequest, ServerMetadataRequest};
-use proto::open_inference;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
@@ -89,12 +88,17 @@ impl Kind {
         }
     }
 
+    /// The fixture model the server serves.
+    fn fixture(self) -> FixtureModel {
+        match self {
+            Kind::Triton => FixtureModel::TritonDouble,
+            Kind::Mlserver => FixtureModel::MlserverLin,
+        }
+    }
+
     /// The model the server serves (the router's backend model).
     fn model(self) -> &'static str {
-        match self {
-            Kind::Triton => "double",
-            Kind::Mlserver => "lin",
-        }
+        self.fixture().model()
     }
 
     /// The router's service: the model name requests through it give.
@@ -105,69 +109,13 @@ impl Kind {
         }
     }
 
-    /// One sample as raw little-endian contents (what tritonclient sends): Triton's `double`
-    /// takes FP32 [1, 4]; MLServer's `lin` FP64 [1, 2].
     fn request(self, model_name: &str) -> ModelInferRequest {
-        let (input, datatype, shape, raw): (&str, &str, Vec<i64>, Vec<u8>) = match self {
-            Kind::Triton => ("INPUT0", "FP32", vec![1, 4], TRITON_INPUT.iter().flat_map(|v| v.to_le_bytes()).collect()),
-            Kind::Mlserver => ("input-0", "FP64", vec![1, 2], MLSERVER_INPUT.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        };
-        ModelInferRequest {
-            model_name: model_name.into(),
-            inputs: vec![InferInputTensor { name: input.into(), datatype: datatype.into(), shape, ..Default::default() }],
-            raw_input_contents: vec![raw.into()],
-            ..Default::default()
-        }
+        self.fixture().request(model_name)
     }
 
-    /// Whether `response` holds the fixture's answer to [`Kind::request`].
     fn check(self, response: &ModelInferResponse) -> Result<(), String> {
-        match self {
-            Kind::Triton => {
-                let got = open_inference::fp32_output(response, 0).ok_or("no OUTPUT0")?;
-                let want: Vec<f32> = TRITON_INPUT.iter().map(|v| 2.0 * v).collect();
-                if got == want {
-                    Ok(())
-                } else {
-                    Err(format!("OUTPUT0 {got:?}, expected {want:?}"))
-                }
-            }
-            Kind::Mlserver => {
-                let got = fp64_output(response, 0).ok_or("no predict output")?;
-                let [x0, x1] = MLSERVER_INPUT;
-                let want = 3.0 * x0 - 2.0 * x1 + 1.0;
-                match got[..] {
-                    [y] if (y - want).abs() < 1e-9 => Ok(()),
-                    _ => Err(format!("predict {got:?}, expected [{want}]")),
-                }
-            }
-        }
+        self.fixture().check(response)
     }
-}
-
-/// Triton's `double` answers exactly twice this.
-const TRITON_INPUT: [f32; 4] = [1.0, 2.0, 3.0, 4.5];
-/// MLServer's `lin` answers 3·x0 − 2·x1 + 1 = 5 (not 0, which an empty answer could fake).
-const MLSERVER_INPUT: [f64; 2] = [2.0, 1.0];
-
-/// The FP64 values of output `i`: raw if the server sent raw contents (MLServer mirrors the
-/// request's form), else typed.
-fn fp64_output(response: &ModelInferResponse, i: usize) -> Option<Vec<f64>> {
-    if let Some(raw) = response.raw_output_contents.get(i) {
-        if !raw.len().is_multiple_of(8) {
-            return None;
-        }
-        let values = raw
-            .chunks_exact(8)
-            .map(|c| {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                f64::from_le_bytes(b)
-            })
-            .collect();
-        return Some(values);
-    }
-    response.outputs.get(i)?.contents.as_ref().map(|c| c.fp64_contents.clone())
 }
 
 /// The two paths a cell's clients take.

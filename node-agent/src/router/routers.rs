@@ -139,6 +139,9 @@ impl Routers {
                 routers.insert(service.to_string(), r);
             }
             let r = &routers[service];
+            if r.router.slo_ms().to_bits() != slo_ms.to_bits() {
+                r.router.set_slo_ms(slo_ms);
+            }
             active.iter().filter(|p| !r.backends.contains_key(&p.id)).collect()
         };
         let mut ready: BTreeMap<String, Arc<Backend>> = BTreeMap::new();

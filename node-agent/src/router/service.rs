@@ -18,7 +18,7 @@ use proto::oip::{
 };
 use proto::open_inference;
 use std::future::Future;
-use std::sync::atomic::{fence, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicU64, Ordering, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -113,6 +113,9 @@ struct Inner {
     /// changes it.
     callers: ArcSwap<Callers>,
     admission: Arc<Admission>,
+    /// The SLO ELSA routes for, ms (f64 bits): the Service's, which may change while the
+    /// router runs.
+    slo_ms: AtomicU64,
 }
 
 /// One service's router; clones share state.
@@ -145,8 +148,10 @@ impl Router {
     ) -> Result<Self, RouterError> {
         let window = Window::new(config.window_ms)?;
         let (windows, _) = broadcast::channel(256);
+        let slo_ms = AtomicU64::new(config.slo_ms.to_bits());
         Ok(Router {
             inner: Arc::new(Inner {
+                slo_ms,
                 config,
                 model,
                 active: ArcSwap::from_pointee(ActiveSet { backends }),
@@ -162,6 +167,16 @@ impl Router {
 
     pub fn config(&self) -> &RouterConfig {
         &self.inner.config
+    }
+
+    /// The SLO requests are routed for now, ms.
+    pub fn slo_ms(&self) -> f64 {
+        f64::from_bits(self.inner.slo_ms.load(Ordering::Relaxed))
+    }
+
+    /// The Service's SLO changed.
+    pub fn set_slo_ms(&self, slo_ms: f64) {
+        self.inner.slo_ms.store(slo_ms.to_bits(), Ordering::Relaxed);
     }
 
     pub fn active(&self) -> Arc<ActiveSet> {
@@ -318,7 +333,7 @@ impl Router {
     fn choose(&self, set: &ActiveSet, batch: u32, arrival_ms: f64) -> Result<usize, Status> {
         let now_ms = self.now_ms().max(arrival_ms);
         let states: Vec<_> = set.backends.iter().map(|b| b.partition_state(now_ms)).collect();
-        let query = Query { batch, arrival_ms, sla_target_ms: self.inner.config.slo_ms };
+        let query = Query { batch, arrival_ms, sla_target_ms: self.slo_ms() };
         let model = |gpcs: u32, batch: u32| self.inner.model.service_time_ms(gpcs, batch);
         let decision = schedule(&query, &states, &model, &self.inner.config.elsa, now_ms)
             .map_err(|e| Status::failed_precondition(format!("service `{}`: ELSA: {e}", self.inner.config.service)))?;

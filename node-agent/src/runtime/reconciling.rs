@@ -50,6 +50,7 @@ fn reconcile_once(
 ) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
     executor.runtimes.clone_from(&desired.runtimes);
+    executor.refresh(desired)?;
     // Before any request reaches a router this round: who may call each service now.
     if let Some(routers) = &executor.routers {
         routers.set_callers(&desired.callers);

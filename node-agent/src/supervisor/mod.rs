@@ -183,6 +183,18 @@ impl Supervisor {
         self.procs.get(id).map(|p| &p.record)
     }
 
+    /// Takes the SLO and predicted batch time of `spec` (the desired state's, which change
+    /// without a restart) into `id`'s record; saved only when they changed.
+    pub fn refresh(&mut self, id: &str, spec: &WorkloadSpec) -> Result<(), SupervisorError> {
+        let Some(p) = self.procs.get_mut(id) else { return Ok(()) };
+        let r = &mut p.record.spec;
+        if r.slo_ms.to_bits() == spec.slo_ms.to_bits() && r.batch_ms.to_bits() == spec.batch_ms.to_bits() {
+            return Ok(());
+        }
+        (r.slo_ms, r.batch_ms) = (spec.slo_ms, spec.batch_ms);
+        self.save()
+    }
+
     /// The processes that exited and were not restarted yet.
     pub fn exited(&self) -> impl Iterator<Item = &str> {
         self.procs.values().filter(|p| p.exited_at.is_some()).map(|p| p.record.id.as_str())
