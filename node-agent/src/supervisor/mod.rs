@@ -288,6 +288,24 @@ mod tests {
     }
 
     #[test]
+    fn a_new_slo_reaches_the_record_of_a_running_process_and_its_cold_start_is_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = Supervisor::open(dir.path()).unwrap();
+        let id = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(sleeper(), 7000)).unwrap();
+        let took = s.ready(&id, Instant::now() + Duration::from_secs(3)).expect("the first ready after launch");
+        assert!(took >= Duration::from_secs(3), "{took:?}");
+        assert_eq!(s.ready(&id, Instant::now()), None, "counted once per launch");
+        let tighter = WorkloadSpec { slo_ms: 5.0, batch_ms: 2.5, ..spec() };
+        s.refresh(&id, &tighter).unwrap();
+        assert_eq!((s.get(&id).unwrap().spec.slo_ms, s.get(&id).unwrap().spec.batch_ms), (5.0, 2.5));
+        drop(s);
+        let (mut s, _) = Supervisor::open(dir.path()).unwrap();
+        assert_eq!(s.get(&id).unwrap().spec.slo_ms, 5.0, "saved");
+        assert_eq!(s.ready(&id, Instant::now()), None, "an adopted process's launch time is not known");
+        s.stop(&id, Duration::from_secs(2)).unwrap();
+    }
+
+    #[test]
     fn a_corrupt_state_file_stops_the_agent_with_its_path() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("processes.json"), b"{not json").unwrap();
