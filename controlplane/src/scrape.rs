@@ -71,6 +71,7 @@ pub fn snapshot(controller: &Controller) -> Snapshot {
                     throughput_rps: s.throughput_rps,
                     arrival_rps: s.arrival_rps,
                     failed: s.failed,
+                    server: s.server,
                 })
             })
             .collect()

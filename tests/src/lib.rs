@@ -73,6 +73,8 @@ pub fn gpuctl(servers: &[String], args: &[&str]) -> Output {
 /// directory (dropped after the processes).
 pub struct Cluster {
     pub controllers: Controllers,
+    /// Each controller's /metrics listener, by node id.
+    pub metrics: std::collections::BTreeMap<u64, String>,
     pub dir: tempfile::TempDir,
 }
 
@@ -85,9 +87,12 @@ impl Cluster {
     pub fn start_with(flags: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let flags: Vec<String> = ["--insecure"].iter().chain(flags).map(|f| f.to_string()).collect();
-        let mut controllers = Controllers::three_on_loopback(&binary("controlplane"), dir.path()).with_flags(move |_| flags.clone());
+        let metrics: std::collections::BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
+        let listeners = metrics.clone();
+        let mut controllers = Controllers::three_on_loopback(&binary("controlplane"), dir.path())
+            .with_flags(move |id| flags.iter().cloned().chain(["--metrics-listen".into(), listeners[&id].clone()]).collect());
         controllers.start_all().unwrap();
-        Cluster { controllers, dir }
+        Cluster { controllers, metrics, dir }
     }
 
     pub fn servers(&self) -> Vec<String> {

@@ -209,7 +209,10 @@ fn env_of(env: &[(String, String)], key: &str) -> Option<String> {
 }
 
 async fn agent_metrics(port: u16) -> String {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    metrics_page(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+async fn metrics_page(addr: std::net::SocketAddr) -> String {
     telemetry_http::get(addr, "/metrics").await.map(|(_, text)| text).unwrap_or_default()
 }
 
@@ -281,6 +284,23 @@ async fn real_triton_and_mlserver_serve_behind_the_agent_and_fail_over_without_a
     tasks.extend(sk_tasks);
     let served = |l: &Load| l.ok.load(Relaxed);
     wait_for("load to be served", &log, SERVER_WAIT, async || (served(&triton_load) > 20 && served(&sk_load) > 20).then_some(())).await;
+
+    // The servers' own counters reach the leader beside the router's windows: what each
+    // server counted as served, read from its metrics page by the agent.
+    for service in ["triton-svc", "sk-svc"] {
+        let series = format!("gpuplane_service_server_success_rps{{service=\"{service}\"");
+        wait_for("the servers' own counters at the leader", &log, SERVER_WAIT, async || {
+            let mut rps = 0.0;
+            for addr in cluster.metrics.values() {
+                rps += series_sum(&metrics_page(addr.parse().ok()?).await, &series);
+            }
+            (rps > 0.0).then_some(())
+        })
+        .await;
+        let pages = agent_metrics(router_port + 11).await;
+        let refused = format!("gpuplane_agent_server_pages_total{{service=\"{service}\",outcome=\"refused\"}}");
+        assert_eq!(series_sum(&pages, &refused), 0.0, "a real server's page is believed: {pages}");
+    }
 
     // 1. A plan change moves Triton to the other MIG instance: the new process serves
     //    before the old one drains.

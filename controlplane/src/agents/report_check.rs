@@ -120,6 +120,13 @@ pub fn check_report(report: &proto::ReportRequest, node: &NodeSpec, placed: &Pla
         named(non_negative("", m.throughput_rps, MAX_REQUEST_RATE), || f("throughput_rps"))?;
         named(non_negative("", m.arrival_rps, MAX_REQUEST_RATE), || f("arrival_rps"))?;
         named(non_negative("", m.cold_start_s, MAX_COLD_START_S), || f("cold_start_s"))?;
+        if let Some(server) = &m.server {
+            named(non_negative("", server.success_rps, MAX_REQUEST_RATE), || f("server.success_rps"))?;
+            named(non_negative("", server.failure_rps, MAX_REQUEST_RATE), || f("server.failure_rps"))?;
+            named(non_negative("", server.mean_request_ms, MAX_REPORTED_LATENCY_MS), || f("server.mean_request_ms"))?;
+            named(non_negative("", server.mean_queue_ms, MAX_REPORTED_LATENCY_MS), || f("server.mean_queue_ms"))?;
+            named(non_negative("", server.mean_compute_ms, MAX_REPORTED_LATENCY_MS), || f("server.mean_compute_ms"))?;
+        }
         if m.failed > MAX_REPORTED_FAILED {
             return Err(FieldError::invalid(f("failed"), format!("must be <= {MAX_REPORTED_FAILED} (got {})", m.failed)).into());
         }
@@ -276,11 +283,24 @@ mod tests {
 
     #[test]
     fn numbers_must_be_finite_non_negative_and_bounded() {
-        for (value, name) in [(f64::NAN, "p99_ms"), (f64::INFINITY, "throughput_rps"), (-1.0, "arrival_rps"), (1e12, "arrival_rps")] {
+        let cases = [
+            (f64::NAN, "p99_ms"),
+            (f64::INFINITY, "throughput_rps"),
+            (-1.0, "arrival_rps"),
+            (1e12, "arrival_rps"),
+            (f64::NAN, "server.success_rps"),
+            (-0.5, "server.mean_queue_ms"),
+            (1e12, "server.mean_compute_ms"),
+        ];
+        for (value, name) in cases {
             let mut m = metrics("web", "");
+            let server = m.server.get_or_insert_with(Default::default);
             match name {
                 "p99_ms" => m.p99_ms = value,
                 "throughput_rps" => m.throughput_rps = value,
+                "server.success_rps" => server.success_rps = value,
+                "server.mean_queue_ms" => server.mean_queue_ms = value,
+                "server.mean_compute_ms" => server.mean_compute_ms = value,
                 _ => m.arrival_rps = value,
             }
             let got = field(check_report(&report(vec![m]), &node(), &placed(&["web"])));

@@ -38,6 +38,8 @@ pub struct ServiceSample {
     pub throughput_rps: f64,
     pub arrival_rps: f64,
     pub failed: u64,
+    /// What the service's servers on the node counted themselves, when they export it.
+    pub server: Option<proto::ServerReading>,
 }
 
 /// The state figures of one scrape.
@@ -84,6 +86,11 @@ struct Inner {
     service_throughput: Family<Labels, FloatGauge>,
     service_arrival: Family<Labels, FloatGauge>,
     service_failed: Family<Labels, Gauge>,
+    /// What the servers behind a service's router counted (`proto::ServerReading`).
+    server_success: Family<Labels, FloatGauge>,
+    server_failure: Family<Labels, FloatGauge>,
+    server_queue_ms: Family<Labels, FloatGauge>,
+    server_compute_ms: Family<Labels, FloatGauge>,
     tenant_gpus: Family<Labels, FloatGauge>,
     tenant_cost: Family<Labels, FloatGauge>,
     service_gpus: Family<Labels, FloatGauge>,
@@ -137,6 +144,10 @@ impl Default for ControllerMetrics {
             service_throughput: Family::default(),
             service_arrival: Family::default(),
             service_failed: Family::default(),
+            server_success: Family::default(),
+            server_failure: Family::default(),
+            server_queue_ms: Family::default(),
+            server_compute_ms: Family::default(),
             tenant_gpus: Family::default(),
             tenant_cost: Family::default(),
             service_gpus: Family::default(),
@@ -231,6 +242,30 @@ impl Default for ControllerMetrics {
             inner.service_arrival.clone(),
         );
         r.register("service_failed", "Failed requests in a service's latest window on a node (leader only)", inner.service_failed.clone());
+        for (name, help, family) in [
+            (
+                "service_server_success_rps",
+                "Requests per second a service's inference servers on a node counted as succeeded, from their metrics pages (leader only)",
+                &inner.server_success,
+            ),
+            (
+                "service_server_failure_rps",
+                "Requests per second a service's inference servers on a node counted as failed (leader only)",
+                &inner.server_failure,
+            ),
+            (
+                "service_server_queue_ms",
+                "Mean time a request waited in the queue inside a service's inference servers on a node, ms (0: not exported; leader only)",
+                &inner.server_queue_ms,
+            ),
+            (
+                "service_server_compute_ms",
+                "Mean time a request computed inside a service's inference servers on a node, ms (0: not exported; leader only)",
+                &inner.server_compute_ms,
+            ),
+        ] {
+            r.register(name, help, family.clone());
+        }
         r.register(
             "tenant_gpus",
             "GPUs-worth the committed plan gives a tenant (MIG instance GPCs/7 plus MPS shares with the shadows' reserve)",
@@ -452,7 +487,15 @@ impl ControllerMetrics {
         i.is_leader.set(i64::from(snap.raft.is_leader));
         i.plan_cost.set(snap.plan_cost_per_hour.unwrap_or(0.0));
         // Only the services of this scrape: a node or service that stopped reporting goes.
-        for f in [&i.service_p99_ms, &i.service_throughput, &i.service_arrival] {
+        for f in [
+            &i.service_p99_ms,
+            &i.service_throughput,
+            &i.service_arrival,
+            &i.server_success,
+            &i.server_failure,
+            &i.server_queue_ms,
+            &i.server_compute_ms,
+        ] {
             f.clear();
         }
         i.service_failed.clear();
@@ -462,6 +505,12 @@ impl ControllerMetrics {
             i.service_throughput.get_or_create(&l).set(s.throughput_rps);
             i.service_arrival.get_or_create(&l).set(s.arrival_rps);
             i.service_failed.get_or_create(&l).set(as_i64(s.failed));
+            if let Some(server) = &s.server {
+                i.server_success.get_or_create(&l).set(server.success_rps);
+                i.server_failure.get_or_create(&l).set(server.failure_rps);
+                i.server_queue_ms.get_or_create(&l).set(server.mean_queue_ms);
+                i.server_compute_ms.get_or_create(&l).set(server.mean_compute_ms);
+            }
         }
         i.tenant_gpus.clear();
         i.tenant_cost.clear();
@@ -509,6 +558,7 @@ mod tests {
                 throughput_rps: 99.0,
                 arrival_rps: 100.0,
                 failed: 1,
+                server: Some(proto::ServerReading { success_rps: 98.0, mean_queue_ms: 1.5, mean_compute_ms: 9.0, ..Default::default() }),
             }],
             tenants: vec![("acme".into(), crate::resources::TenantStatus { gpus: 0.5, cost_per_hour: 2.25, ..Default::default() })],
         };
@@ -532,6 +582,9 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_service_p99_ms{service=\"chat\",node=\"gpu-1\"}"), Some(12.5));
         assert_eq!(value(&text, "gpuplane_service_arrival_rps{service=\"chat\",node=\"gpu-1\"}"), Some(100.0));
         assert_eq!(value(&text, "gpuplane_service_failed{service=\"chat\",node=\"gpu-1\"}"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_service_server_success_rps{service=\"chat\",node=\"gpu-1\"}"), Some(98.0));
+        assert_eq!(value(&text, "gpuplane_service_server_queue_ms{service=\"chat\",node=\"gpu-1\"}"), Some(1.5));
+        assert_eq!(value(&text, "gpuplane_service_server_compute_ms{service=\"chat\",node=\"gpu-1\"}"), Some(9.0));
         assert_eq!(value(&text, "gpuplane_tenant_gpus{tenant=\"acme\"}"), Some(0.5));
         assert_eq!(value(&text, "gpuplane_tenant_cost_per_hour{tenant=\"acme\"}"), Some(2.25));
         m.observe_slo_window("acme", "chat", true);

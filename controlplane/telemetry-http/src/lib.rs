@@ -91,14 +91,36 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response 
 /// GETs `path` from a server at `addr` over HTTP/1.0 and returns the status code and body:
 /// what a probe or a scrape does, for tests and tools that check these endpoints.
 pub async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    get_bounded(addr, path, usize::MAX).await
+}
+
+/// Bytes of an answer's status line and headers [`get_bounded`] reads besides the body.
+pub const MAX_HEAD_BYTES: usize = 16 << 10;
+
+/// [`get`] of an untrusted server: reads at most `max_body` bytes of body (plus
+/// [`MAX_HEAD_BYTES`] of head) and fails on more, on a body that is not UTF-8, or on a
+/// chunked answer (an HTTP/1.0 request is answered in one piece).
+pub async fn get_bounded(addr: std::net::SocketAddr, path: &str, max_body: usize) -> std::io::Result<(u16, String)> {
+    use std::io::{Error, ErrorKind};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw).await?;
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not an HTTP answer: {raw:?}"));
-    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(bad)?;
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(bad)?;
+    let limit = max_body.saturating_add(MAX_HEAD_BYTES).saturating_add(1);
+    let mut raw = Vec::new();
+    (&mut stream).take(u64::try_from(limit).unwrap_or(u64::MAX)).read_to_end(&mut raw).await?;
+    let bad = |why: &str| Error::new(ErrorKind::InvalidData, format!("{addr}{path}: {why}"));
+    let raw = String::from_utf8(raw).map_err(|_| bad("the answer is not UTF-8"))?;
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(|| bad("not an HTTP answer"))?;
+    if head.len() > MAX_HEAD_BYTES {
+        return Err(bad(&format!("headers over {MAX_HEAD_BYTES} bytes")));
+    }
+    if body.len() > max_body {
+        return Err(bad(&format!("a body over {max_body} bytes")));
+    }
+    if head.lines().any(|l| l.to_ascii_lowercase().replace(' ', "") == "transfer-encoding:chunked") {
+        return Err(bad("a chunked answer to an HTTP/1.0 request"));
+    }
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| bad("no status code"))?;
     Ok((status, body.to_string()))
 }
 
@@ -128,5 +150,17 @@ mod tests {
         server.abort();
         let most = most.load(Ordering::SeqCst);
         assert!((1..=MAX_RUNNING_HANDLERS).contains(&most), "{most} handlers ran at once");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bounded_get_refuses_a_body_over_its_bound_and_reads_one_at_it() {
+        let handler = Arc::new(|path: &str| Response::text(200, if path == "/big" { "x".repeat(1001) } else { "x".repeat(1000) }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, handler));
+        assert_eq!(get_bounded(addr, "/", 1000).await.unwrap(), (200, "x".repeat(1000)));
+        let over = get_bounded(addr, "/big", 1000).await.unwrap_err();
+        assert!(over.to_string().contains("a body over 1000 bytes"), "{over}");
+        server.abort();
     }
 }

@@ -304,8 +304,10 @@ impl Routers {
                     arrival_rps: w.as_ref().map_or(0.0, WindowStats::arrival_rps),
                     failed: w.as_ref().map_or(0, |w| w.failed),
                     endpoint: format!("{}:{}", self.host, r.port),
-                    // The executor measures cold starts; the report adds them.
+                    // The executor measures cold starts and the scrape loop reads the
+                    // servers' pages; the report adds them.
                     cold_start_s: 0.0,
+                    server: None,
                 }
             })
             .collect()

@@ -1,7 +1,8 @@
 //! The agent's process: it opens the GPU backend, the supervisor and the routers, then runs
-//! three loops: the controller link (`link`: register, follow the desired state), the
+//! four loops: the controller link (`link`: register, follow the desired state), the
 //! reconcile loop (`reconciling`: shadow failover, then the steps to the desired state) and
-//! the report loop (`report`). Static stability: with every controller unreachable the
+//! the report loop (`report`), with the servers' metrics pages read beside it
+//! (`server_scrape`). Static stability: with every controller unreachable the
 //! agent keeps running its last desired state (kept on disk across agent restarts,
 //! `desired_file`) and retries any controller with back-off and jitter.
 
@@ -12,6 +13,8 @@ mod probes;
 mod reconciling;
 mod report;
 pub mod server_metrics;
+mod server_scrape;
+mod server_windows;
 
 use crate::backend::{select_backend, BackendOptions, GpuBackend};
 use crate::config::AgentConfig;
@@ -56,6 +59,8 @@ pub struct Agent {
     /// Wakes the report loop at once: a new stream was opened, and the leader must hear of
     /// it before the end of the old one makes it take this node for dead.
     report_now: Notify,
+    /// Each service's servers' own counters over the last interval (`server_scrape`).
+    server_readings: Mutex<BTreeMap<String, proto::ServerReading>>,
 }
 
 impl Agent {
@@ -107,6 +112,7 @@ impl Agent {
             watch_session: AtomicU64::new(0),
             change_only: Mutex::default(),
             report_now: Notify::new(),
+            server_readings: Mutex::default(),
         })
     }
 
@@ -118,9 +124,11 @@ impl Agent {
         let link = tokio::spawn(self.clone().link_loop(tx));
         let reconcile = tokio::spawn(self.clone().reconcile_loop(rx.clone()));
         let report = tokio::spawn(self.clone().report_loop(rx));
+        let scrape = tokio::spawn(self.clone().scrape_loop());
         shutdown.await;
         link.abort();
         reconcile.abort();
         report.abort();
+        scrape.abort();
     }
 }

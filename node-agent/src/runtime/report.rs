@@ -70,9 +70,12 @@ impl Agent {
         };
         report.metrics = self.routers.metrics();
         let cold_starts = self.telemetry.take_recent_cold_starts();
+        let server = self.server_readings.lock().unwrap_or_else(|p| p.into_inner());
         for m in &mut report.metrics {
             m.cold_start_s = cold_starts.get(&m.service).copied().unwrap_or(0.0);
+            m.server = server.get(&m.service).cloned();
         }
+        drop(server);
         report.watch_session = self.watch_session.load(Ordering::Relaxed);
         // The controller accepts metrics only for services the committed plan places here;
         // a router of a service just planned away lingers until its workloads drain.

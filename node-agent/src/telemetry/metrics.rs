@@ -58,6 +58,7 @@ struct Inner {
     controller_connections: Counter,
     reports_answered: Counter,
     cold_starts: Family<Labels, Histogram>,
+    server_pages: Family<Labels, Counter>,
     /// Per service, the newest cold start since the last report took them.
     recent_cold_starts: Mutex<BTreeMap<String, f64>>,
     render: Mutex<()>,
@@ -89,6 +90,7 @@ impl Default for AgentMetrics {
         let applied_version = Gauge::default();
         let controller_connections = Counter::default();
         let reports_answered = Counter::default();
+        let server_pages = Family::<Labels, Counter>::default();
         r.register("shadow_switches", "Switches of a service to its warm standbys (failovers)", shadow_switches.clone());
         r.register("service_p99_ms", "p99 latency of the service router's latest one-second window", service_p99_ms.clone());
         r.register("service_throughput_rps", "Completed requests per second in the router's latest window", service_throughput.clone());
@@ -113,6 +115,11 @@ impl Default for AgentMetrics {
             controller_connections.clone(),
         );
         r.register("reports_answered", "Reports a controller answered", reports_answered.clone());
+        r.register(
+            "server_pages",
+            "Metrics pages of a service's inference servers the agent read, by outcome: read (believed), unreachable (no answer, an error status or over the size bound in time) or refused (malformed)",
+            server_pages.clone(),
+        );
         let inner = Inner {
             registry: root,
             shadow_switches,
@@ -128,6 +135,7 @@ impl Default for AgentMetrics {
             controller_connections,
             reports_answered,
             cold_starts,
+            server_pages,
             recent_cold_starts: Mutex::default(),
             render: Mutex::new(()),
         };
@@ -155,6 +163,11 @@ impl AgentMetrics {
     /// The newest cold start of each service since the last call, for the next report.
     pub fn take_recent_cold_starts(&self) -> BTreeMap<String, f64> {
         std::mem::take(&mut *self.inner.recent_cold_starts.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Counts one metrics page of `service`'s servers by what came of it.
+    pub fn server_page(&self, service: &str, outcome: &str) {
+        self.inner.server_pages.get_or_create(&labels(&[("service", service), ("outcome", outcome)])).inc();
     }
 
     /// Counts one report a controller answered.
@@ -238,6 +251,9 @@ mod tests {
 
         m.shadow_switch("web");
         m.shadow_switch("web");
+        m.server_page("web", "read");
+        m.server_page("web", "refused");
+        m.server_page("web", "read");
         let snap = AgentSnapshot {
             services: vec![proto::ServiceMetrics {
                 service: "web".into(),
@@ -246,7 +262,7 @@ mod tests {
                 arrival_rps: 82.0,
                 failed: 3,
                 endpoint: "127.0.0.1:7200".into(),
-                cold_start_s: 0.0,
+                ..Default::default()
             }],
             observed: Some(proto::ReportRequest {
                 node: "n1".into(),
@@ -288,6 +304,8 @@ mod tests {
             Some(50.0)
         );
         assert_eq!(value(&text, "gpuplane_agent_applied_version"), Some(9.0));
+        assert_eq!(value(&text, "gpuplane_agent_server_pages_total{service=\"web\",outcome=\"read\"}"), Some(2.0));
+        assert_eq!(value(&text, "gpuplane_agent_server_pages_total{service=\"web\",outcome=\"refused\"}"), Some(1.0));
         let busy = |instance: &str, service: &str, role: &str| {
             value(
                 &text,
