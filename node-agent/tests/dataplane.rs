@@ -3,7 +3,6 @@
 
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
 use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig, SimInferHandle};
-use planner::policy::elsa::ElsaConfig;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
 use proto::oip::{ModelInferRequest, ModelInferResponse, ModelReadyRequest};
 use proto::open_inference::{self, EXECUTED_BATCH};
@@ -38,7 +37,7 @@ fn backend(id: &str, model: &str, addr: SocketAddr, gpcs: u32) -> Arc<Backend> {
 }
 
 fn router(model: &str, slo_ms: f64, window_ms: u64, time_scale: f64, backends: Vec<Arc<Backend>>) -> Router {
-    let config = RouterConfig { service: "svc".into(), slo_ms, elsa: ElsaConfig::default(), window_ms };
+    let config = RouterConfig { window_ms, ..RouterConfig::new("svc", slo_ms) };
     let times = Arc::new(ShapeServiceTime { shape: model_shape(model).unwrap(), time_scale });
     Router::new(config, times, backends).unwrap()
 }
@@ -273,11 +272,24 @@ async fn a_malformed_request_is_refused_by_the_router_before_any_backend_sees_it
     huge.inputs[0].shape = vec![1 << 20, 1 << 20];
     let mut no_inputs = request(3, 1);
     no_inputs.inputs.clear();
-    for (bad, field) in [(wrong_bytes, "raw_input_contents[0]"), (huge, "inputs[0].shape"), (no_inputs, "inputs")] {
+    let mut no_such_type = request(5, 1);
+    no_such_type.inputs[0].datatype = "FP33".into();
+    let mut wrong_shape = request(6, 2);
+    wrong_shape.inputs[0].shape = vec![2, -4];
+    let cases = [
+        (wrong_bytes, "raw_input_contents[0]"),
+        (huge, "inputs[0].shape"),
+        (no_inputs, "inputs"),
+        (no_such_type, "inputs[0].datatype"),
+        (wrong_shape, "inputs[0].shape[1]"),
+    ];
+    for (bad, field) in cases {
         let refused = client.model_infer(bad).await.unwrap_err();
         assert_eq!(refused.code(), Code::InvalidArgument, "{refused}");
         assert_eq!(refused.metadata().get(proto::meta::FIELD).unwrap().to_str().unwrap(), field);
     }
+    let elsewhere = client.model_infer(ModelInferRequest { model_name: "other".into(), ..request(7, 1) }).await.unwrap_err();
+    assert_eq!(elsewhere.code(), Code::NotFound, "{elsewhere}");
     assert_eq!(r.active().backends()[0].in_flight(), 0);
     // A well-formed one is forwarded (and fails only because nothing serves it).
     assert_eq!(client.model_infer(request(4, 1)).await.unwrap_err().code(), Code::Unavailable);
@@ -309,4 +321,133 @@ async fn a_request_a_backend_fails_under_is_sent_again_to_another() {
     let wrong = client.model_infer(ModelInferRequest { model_name: "svc".into(), ..request(5, 64) }).await.unwrap_err();
     assert_eq!(wrong.code(), Code::InvalidArgument, "{wrong}");
     live.drain_and_stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_nobody_serves_is_not_found_at_the_router_and_a_served_one_is_forwarded() {
+    let sim = start_sim("v", "resnet50", 3, 0.1).await;
+    let r = router("resnet50", 100.0, 1000, 0.1, vec![backend("v", "resnet50", sim.addr, 3)]);
+    let mut client = serve_router(&r).await;
+    let served = client.model_infer(ModelInferRequest { model_version: "1".into(), ..request(1, 1) }).await.unwrap();
+    assert_eq!(id_of(served.get_ref()), 1);
+    let refused = client.model_infer(ModelInferRequest { model_version: "2".into(), ..request(2, 1) }).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused}");
+    assert_eq!(refused.metadata().get(proto::meta::FIELD).unwrap().to_str().unwrap(), "model_version");
+    assert!(refused.message().contains("served: [\"1\"]"), "the router refused it, naming what is served: {refused}");
+    sim.drain_and_stop().await.unwrap();
+}
+
+/// A backend that misbehaves at the connection: it accepts and then never answers, closes
+/// at once (a reset: the client's bytes are unread), or answers bytes that are not HTTP/2.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Misbehaving {
+    Hangs,
+    Resets,
+    Garbage,
+}
+
+async fn misbehaving_backend(how: Misbehaving) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = listener.accept().await {
+            match how {
+                Misbehaving::Hangs => held.push(stream),
+                Misbehaving::Resets => drop(stream),
+                Misbehaving::Garbage => {
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n\x00\xff\xfe not a frame \x07\x07\x07\x07\x07\x07\x07\x07\x07").await;
+                    held.push(stream);
+                }
+            }
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_that_hang_reset_or_answer_garbage_fail_their_requests_and_stall_no_other_service() {
+    let good = start_sim("good", "resnet50", 3, 0.1).await;
+    let web = router("resnet50", 100.0, 1000, 0.1, vec![backend("good", "resnet50", good.addr, 3)]);
+    let mut web_client = serve_router(&web).await;
+    let mut bad_routers = Vec::new();
+    let mut pending = Vec::new();
+    for how in [Misbehaving::Hangs, Misbehaving::Resets, Misbehaving::Garbage] {
+        let addr = misbehaving_backend(how).await;
+        let config = RouterConfig { backend_deadline_floor: Duration::from_millis(300), ..RouterConfig::new("svc", 10.0) };
+        let times = Arc::new(ShapeServiceTime { shape: model_shape("resnet50").unwrap(), time_scale: 0.1 });
+        let r = Router::new(config, times, vec![backend(&format!("{how:?}"), "resnet50", addr, 3)]).unwrap();
+        let client = serve_router(&r).await;
+        for id in 0..4 {
+            let mut client = client.clone();
+            pending.push((how, tokio::spawn(async move { client.model_infer(request(id, 1)).await })));
+        }
+        bad_routers.push(r);
+    }
+    // While the misbehaving backends hold their requests, another service is served.
+    for id in 0..30 {
+        let answer = web_client.model_infer(request(id, 1)).await.unwrap_or_else(|e| panic!("request {id}: {e}"));
+        assert_eq!(id_of(answer.get_ref()), id);
+    }
+    // Each request on a misbehaving backend ends, with the backend's failure.
+    for (how, call) in pending {
+        let failure = call.await.unwrap().expect_err("a misbehaving backend answers nothing");
+        match how {
+            Misbehaving::Hangs => {
+                assert_eq!(failure.code(), Code::DeadlineExceeded, "{failure}");
+                assert!(failure.message().contains("backend `Hangs` did not answer in 300 ms"), "{failure}");
+            }
+            _ => assert!(
+                matches!(failure.code(), Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled),
+                "{how:?}: {failure}"
+            ),
+        }
+    }
+    for r in &bad_routers {
+        assert_eq!(r.in_flight(), 0, "nothing is left in flight");
+        assert_eq!(r.active().backends()[0].in_flight(), 0);
+    }
+    good.drain_and_stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_limit_is_refused_and_a_slow_client_stalls_nobody() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = start_sim("s", "resnet50", 3, 0.1).await;
+    let r = router("resnet50", 100.0, 1000, 0.1, vec![backend("s", "resnet50", sim.addr, 3)]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(r.clone(), listener, std::future::pending()));
+    let mut client = InferenceClient::connect(format!("http://{addr}")).await.unwrap();
+
+    // A slow client: half a REST request, then nothing, on a connection it keeps open.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"POST /v2/models/svc/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n{\"inputs\": [").await.unwrap();
+
+    // A REST body declared over the message limit is refused before it is read.
+    let mut big = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v2/models/svc/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        open_inference::MAX_MESSAGE_BYTES + 1
+    );
+    big.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 64];
+    let n = big.read(&mut answer).await.unwrap();
+    let status_line = String::from_utf8_lossy(&answer[..n]).lines().next().unwrap_or_default().to_string();
+    assert!(status_line.contains(" 413 "), "{status_line}");
+
+    // A gRPC message over the limit is refused by the router's decoder.
+    let mut over = request(1, 1);
+    over.raw_input_contents[0] = vec![0u8; open_inference::MAX_MESSAGE_BYTES + 1].into();
+    let refused = client.model_infer(over).await.unwrap_err();
+    assert!(matches!(refused.code(), Code::OutOfRange | Code::ResourceExhausted), "{refused}");
+
+    // Meanwhile the service is served, and the slow client has stalled no one.
+    for id in 0..20 {
+        assert_eq!(id_of(client.model_infer(request(id, 1)).await.unwrap().get_ref()), id);
+    }
+    assert_eq!(r.in_flight(), 0);
+    drop(slow);
+    sim.drain_and_stop().await.unwrap();
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
 use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig};
-use planner::policy::elsa::ElsaConfig;
 use serde_json::Value;
 
 /// sim-infer (resnet50, an identity model) behind a router serving service `web`; the
@@ -32,7 +31,7 @@ async fn endpoint() -> (String, sim_infer::SimInferHandle) {
         model: "resnet50".into(),
     })
     .unwrap();
-    let config = RouterConfig { service: "web".into(), slo_ms: 100.0, elsa: ElsaConfig::default(), window_ms: 1000 };
+    let config = RouterConfig::new("web", 100.0);
     let times = Arc::new(ShapeServiceTime { shape: model_shape("resnet50").unwrap(), time_scale: 0.1 });
     let router = Router::new(config, times, vec![backend]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig, RouterError};
-use planner::policy::elsa::{ElsaConfig, ServiceTimeModel};
+use planner::policy::elsa::ServiceTimeModel;
 use proto::fixture_models::FixtureModel;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
 use proto::oip::{ModelInferRequest, ModelInferResponse, ModelReadyRequest, ServerMetadataRequest};
@@ -398,7 +398,7 @@ async fn start_router(kind: Kind, server_addr: &str) -> anyhow::Result<RouterHan
         max_batch: ROUTER_MAX_BATCH,
         model: kind.model().into(),
     })?;
-    let config = RouterConfig { service: kind.service().into(), slo_ms: ROUTER_SLO_MS, elsa: ElsaConfig::default(), window_ms: 1000 };
+    let config = RouterConfig::new(kind.service(), ROUTER_SLO_MS);
     // ELSA prices batches only to choose among several backends; with one it is never asked.
     let model: Arc<dyn ServiceTimeModel + Send + Sync> = Arc::new(|_gpcs: u32, _batch: u32| Some(1.0_f64));
     let router = Router::new(config, model, vec![backend])?;

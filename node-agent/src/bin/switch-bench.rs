@@ -9,7 +9,6 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig};
 use node_agent::sim_infer::{self, model_shape, Placement, ShapeServiceTime, SimInferConfig};
-use planner::policy::elsa::ElsaConfig;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
 use proto::open_inference;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -115,7 +114,7 @@ async fn main() -> anyhow::Result<()> {
         Backend::connect_lazy(BackendSpec { id: id.into(), addr: addr.to_string(), gpcs, max_batch: 8, model: args.model.clone() })
     };
     let (ba, bb) = (backend("a@3g", a.addr, 3)?, backend("b@4g", b.addr, 4)?);
-    let config = RouterConfig { service: "bench".into(), slo_ms: 100.0, elsa: ElsaConfig::default(), window_ms: 1000 };
+    let config = RouterConfig::new("bench", 100.0);
     let model = Arc::new(ShapeServiceTime { shape, time_scale: args.time_scale });
     let router = Router::new(config, model, vec![Arc::clone(&ba)])?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -6,7 +6,7 @@ use super::queue::BackendQueue;
 use crate::inflight::{InFlight, InFlightGuard};
 use planner::policy::elsa::PartitionState;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
-use proto::oip::ModelReadyRequest;
+use proto::oip::{ModelMetadataRequest, ModelReadyRequest};
 use proto::open_inference::MAX_MESSAGE_BYTES;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -28,6 +28,9 @@ pub struct BackendSpec {
     pub model: String,
 }
 
+/// Versions of a backend's model the router keeps.
+const MAX_MODEL_VERSIONS: usize = 256;
+
 #[derive(Debug, thiserror::Error)]
 #[error("backend `{id}`: invalid address `{addr}`: {source}")]
 pub struct BackendAddrError {
@@ -43,6 +46,9 @@ pub struct Backend {
     client: GrpcInferenceServiceClient<Channel>,
     in_flight: Arc<InFlight>,
     queue: Mutex<BackendQueue>,
+    /// The versions of its model the process serves, from its ModelMetadata (asked once,
+    /// when a request first names a version).
+    versions: tokio::sync::OnceCell<Vec<String>>,
 }
 
 impl Backend {
@@ -57,7 +63,7 @@ impl Backend {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let queue = Mutex::new(BackendQueue::new(spec.gpcs, spec.max_batch));
-        Ok(Arc::new(Backend { spec, client, in_flight: InFlight::new(), queue }))
+        Ok(Arc::new(Backend { spec, client, in_flight: InFlight::new(), queue, versions: Default::default() }))
     }
 
     pub fn id(&self) -> &str {
@@ -97,6 +103,21 @@ impl Backend {
     pub async fn ready(&self) -> Result<bool, tonic::Status> {
         let request = ModelReadyRequest { name: self.spec.model.clone(), version: String::new() };
         Ok(self.client().model_ready(request).await?.into_inner().ready)
+    }
+
+    /// The versions of its model the process serves (its ModelMetadata's `versions`).
+    pub async fn versions(&self) -> Result<&[String], tonic::Status> {
+        let versions = self
+            .versions
+            .get_or_try_init(|| async {
+                let request = ModelMetadataRequest { name: self.spec.model.clone(), version: String::new() };
+                let mut metadata = self.client().model_metadata(request).await?.into_inner();
+                // A hostile server's list is bounded like any other input.
+                metadata.versions.truncate(MAX_MODEL_VERSIONS);
+                Ok::<_, tonic::Status>(metadata.versions)
+            })
+            .await?;
+        Ok(versions)
     }
 
     /// The queue never holds invariants across a panic worth refusing service for (it is

@@ -7,7 +7,7 @@
 
 use super::rest_json;
 use super::service::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,6 +16,7 @@ use proto::oip::grpc_inference_service_server::GrpcInferenceService;
 use proto::oip::{ModelMetadataRequest, ModelReadyRequest, ServerLiveRequest, ServerMetadataRequest, ServerReadyRequest};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::time::Duration;
 use tonic::metadata::MetadataMap;
 
 /// The header of Triton's binary-data extension (a JSON header followed by raw tensors).
@@ -109,11 +110,38 @@ async fn model_ready(State(r): State<Router>, Path(path): Path<HashMap<String, S
     }
 }
 
-async fn infer(State(r): State<Router>, Path(path): Path<HashMap<String, String>>, headers: HeaderMap, payload: Bytes) -> Response {
+/// How long a client may take to send a request's body; a slower one gets 408 and its
+/// connection's slot back, rather than holding it for ever.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The body of `headers`' request, refused at once when its declared length is over the
+/// message limit (before a byte of it is read), when more than that arrives, or when it
+/// takes longer than [`BODY_TIMEOUT`].
+async fn bounded_body(headers: &HeaderMap, payload: Body) -> Result<Bytes, Response> {
+    let max = proto::open_inference::MAX_MESSAGE_BYTES;
+    let over = || body(StatusCode::PAYLOAD_TOO_LARGE, json!({"error": format!("body: over the {max} bytes of a message")}));
+    let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(over());
+    }
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(payload, max)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(over()),
+        Err(_) => {
+            Err(body(StatusCode::REQUEST_TIMEOUT, json!({"error": format!("body: not received within {} s", BODY_TIMEOUT.as_secs())})))
+        }
+    }
+}
+
+async fn infer(State(r): State<Router>, Path(path): Path<HashMap<String, String>>, headers: HeaderMap, payload: Body) -> Response {
     if headers.contains_key(BINARY_HEADER) {
         let why = "the binary tensor data extension is not supported on gpuplane endpoints: send JSON tensors, or use gRPC";
         return body(StatusCode::BAD_REQUEST, json!({ "error": why }));
     }
+    let payload = match bounded_body(&headers, payload).await {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
     let (name, version) = name_and_version(&path);
     let parsed: Value = match serde_json::from_slice(&payload) {
         Ok(v) => v,

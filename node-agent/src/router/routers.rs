@@ -5,7 +5,6 @@
 
 use super::planned_times::PlannedBatch;
 use super::{serve, Backend, BackendSpec, Callers, PlannedServiceTimes, Router, RouterConfig, WindowStats};
-use planner::policy::elsa::ElsaConfig;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -196,7 +195,7 @@ impl Routers {
             .and_then(|l| l.set_nonblocking(true).map(|()| l))
             .map_err(|source| RoutingError::Listen { service: service.into(), addr: addr.clone(), source })?;
         let times = Arc::new(PlannedServiceTimes::default());
-        let config = RouterConfig { service: service.into(), slo_ms, elsa: ElsaConfig::default(), window_ms: 1000 };
+        let config = RouterConfig::new(service, slo_ms);
         let router = Router::new(config, times.clone(), Vec::new())
             .map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
         router.set_callers(self.callers.lock().expect("callers lock").get(service).cloned().unwrap_or_default());

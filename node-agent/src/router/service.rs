@@ -37,6 +37,33 @@ pub struct RouterConfig {
     pub elsa: ElsaConfig,
     /// Measurement window, ms (1000: per second).
     pub window_ms: u64,
+    /// The least time a backend is given to answer one request before it counts as failed
+    /// under it (the request is then sent to another): a server that hangs holds a request
+    /// for this long, never for ever. The deadline is [`BACKEND_DEADLINE_SLOS`] SLOs when
+    /// that is longer, and at most [`MAX_BACKEND_DEADLINE`].
+    pub backend_deadline_floor: Duration,
+}
+
+/// A backend's deadline for one request, in SLOs: far past any answer worth having, so a
+/// slow backend is not mistaken for a hung one.
+pub const BACKEND_DEADLINE_SLOS: f64 = 20.0;
+/// The default [`RouterConfig::backend_deadline_floor`].
+pub const BACKEND_DEADLINE_FLOOR: Duration = Duration::from_secs(10);
+/// The longest a backend is given for one request, whatever the SLO.
+pub const MAX_BACKEND_DEADLINE: Duration = Duration::from_secs(120);
+
+impl RouterConfig {
+    /// The endpoint of `service` with its SLO and the defaults: one-second windows, ELSA's
+    /// default settings, [`BACKEND_DEADLINE_FLOOR`].
+    pub fn new(service: &str, slo_ms: f64) -> Self {
+        RouterConfig {
+            service: service.into(),
+            slo_ms,
+            elsa: ElsaConfig::default(),
+            window_ms: 1000,
+            backend_deadline_floor: BACKEND_DEADLINE_FLOOR,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,8 +123,16 @@ const RESEND_POLL: Duration = Duration::from_millis(20);
 
 /// Failures of a backend rather than of the request: sent again elsewhere. A refusal of
 /// the request itself (INVALID_ARGUMENT, NOT_FOUND, ...) would be refused anywhere.
+/// DEADLINE_EXCEEDED is the router's own deadline on a backend (a client's deadline ends
+/// the whole call instead); INTERNAL is resent only when the transport raised it (a
+/// backend that answered garbage), never a server's own INTERNAL answer.
 fn resendable(status: &Status) -> bool {
-    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled)
+    use tonic::Code;
+    match status.code() {
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => true,
+        Code::Internal => std::error::Error::source(status).is_some(),
+        _ => false,
+    }
 }
 
 struct Inner {
@@ -181,6 +216,12 @@ impl Router {
 
     pub fn active(&self) -> Arc<ActiveSet> {
         self.inner.active.load_full()
+    }
+
+    /// How long a backend may take to answer one request now.
+    fn backend_deadline(&self) -> Duration {
+        let slos = Duration::try_from_secs_f64(self.slo_ms() * BACKEND_DEADLINE_SLOS / 1000.0).unwrap_or(MAX_BACKEND_DEADLINE);
+        slos.max(self.inner.config.backend_deadline_floor).min(MAX_BACKEND_DEADLINE)
     }
 
     /// Who may call this endpoint from now on (requests in flight are not re-checked).
@@ -303,6 +344,7 @@ impl Router {
     /// active set to change, up to [`RESEND_WAIT`].
     async fn forward(&self, req: ModelInferRequest, batch: u32, arrival_ms: f64) -> Result<Response<ModelInferResponse>, Status> {
         let mut failed: Vec<Arc<Backend>> = Vec::new();
+        let mut last_failure: Option<Status> = None;
         let waited_from = Instant::now();
         loop {
             let dispatched = match self.dispatch(batch, arrival_ms, &failed) {
@@ -311,18 +353,37 @@ impl Router {
                     tokio::time::sleep(RESEND_POLL).await;
                     continue;
                 }
-                Err(status) => return Err(status),
+                // The caller learns why the backend failed, not only that no other came.
+                Err(status) => {
+                    return Err(match last_failure {
+                        Some(last) => Status::new(
+                            last.code(),
+                            format!("{} (and no other backend was active within {} s)", last.message(), RESEND_WAIT.as_secs()),
+                        ),
+                        None => status,
+                    })
+                }
             };
             // Cheap: the tensors' raw contents are shared (`Bytes`), not copied.
             let mut forwarded = req.clone();
             forwarded.model_name.clone_from(&dispatched.backend.spec().model);
-            let answer = dispatched.backend.client().model_infer(forwarded).await;
+            let deadline = self.backend_deadline();
+            let answer = match tokio::time::timeout(deadline, dispatched.backend.client().model_infer(forwarded)).await {
+                Ok(answer) => answer,
+                // Dropping the call resets its stream: the backend's slot is freed with it.
+                Err(_) => Err(Status::deadline_exceeded(format!(
+                    "backend `{}` did not answer in {} ms",
+                    dispatched.backend.id(),
+                    deadline.as_millis()
+                ))),
+            };
             let backend = Arc::clone(&dispatched.backend);
             drop(dispatched);
             match answer {
                 Err(status) if resendable(&status) && failed.len() < MAX_RESENDS => {
                     tracing::debug!(service = %self.inner.config.service, backend = backend.id(), %status, "backend failed a request; sending it to another");
                     failed.push(backend);
+                    last_failure = Some(status);
                 }
                 other => return other,
             }
@@ -352,6 +413,27 @@ impl Router {
         } else {
             Err(Status::not_found(format!("model `{name}` is not served here (this endpoint serves `{service}`)")))
         }
+    }
+
+    /// A request naming a version asks for one the backends serve (their ModelMetadata's
+    /// versions); one naming none gets what they serve by default. A version nobody
+    /// serves is NOT_FOUND here, before any backend sees the request.
+    async fn check_version(&self, version: &str) -> Result<(), Status> {
+        if version.is_empty() {
+            return Ok(());
+        }
+        let service = &self.inner.config.service;
+        let Some(backend) = self.active().backends.first().cloned() else { return Ok(()) };
+        // A backend that cannot say fails the request below as it would have failed it.
+        let Ok(versions) = backend.versions().await else { return Ok(()) };
+        if versions.iter().any(|v| v == version) {
+            return Ok(());
+        }
+        let mut status = Status::not_found(format!("model `{service}` has no version `{version}` (served: {versions:?})"));
+        if let Ok(v) = "model_version".parse() {
+            status.metadata_mut().insert(proto::meta::FIELD, v);
+        }
+        Err(status)
     }
 
     /// Every active backend's model is ready (and there is one).
@@ -423,6 +505,7 @@ impl GrpcInferenceService for Router {
         self.is_mine(&req.model_name)?;
         // A malformed request never reaches a backend, nor the service's windows.
         let batch = open_inference::check(&req)?;
+        self.check_version(&req.model_version).await?;
         let started = Instant::now();
         let arrival_ms = self.now_ms();
         self.record(|w, now| w.arrival(now));
