@@ -91,8 +91,11 @@ impl Agent {
                 reads.spawn(async move { (i, fetch(port, path).await) });
             }
             let mut fetched: Vec<Option<Fetched>> = (0..listed.len()).map(|_| None).collect();
-            while let Some(Ok((i, page))) = reads.join_next().await {
-                fetched[i] = Some(page);
+            // A read that panicked is unreachable; the others are still awaited.
+            while let Some(joined) = reads.join_next().await {
+                if let Ok((i, page)) = joined {
+                    fetched[i] = Some(page);
+                }
             }
             let at_s = started.elapsed().as_secs_f64();
             let round = listed.clone();
