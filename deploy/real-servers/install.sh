@@ -172,4 +172,4 @@ for d in "$ROOT"/envs/*; do
 done
 
 STEP="done"
-echo "gpuplane real servers: installed in $ROOT (stamp $STAMP)"
+echo "gpuplane real servers: ready in $ROOT (stamp $STAMP, installed now)"

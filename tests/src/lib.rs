@@ -127,7 +127,8 @@ pub fn real_servers() -> PathBuf {
         let out = Command::new("bash").arg(&script).output().unwrap_or_else(|e| panic!("{}: {e}", script.display()));
         let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "installing the real servers failed:\n{printed}");
-        // Its last line: "gpuplane real servers: ready in ROOT (stamp ...)".
+        // Its last line on success, whether it installed now or found an install up to
+        // date: "gpuplane real servers: ready in ROOT (stamp ...)".
         let root = printed
             .lines()
             .rev()
