@@ -36,6 +36,10 @@ pub struct AgentConfig {
     /// Ports of the per-service router endpoints (on the `advertise` host): [first, last].
     #[serde(default = "router_ports")]
     pub router_ports: [u16; 2],
+    /// Threads the routers run on, each service's on one (`router::threads`): one carries
+    /// a service's requests up to one core's worth; more spread a host's services.
+    #[serde(default = "one")]
+    pub router_threads: usize,
     /// Labels of the Node resource (e.g. set by the cloud provider that launched the host).
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
@@ -90,6 +94,9 @@ fn ports() -> [u16; 2] {
 }
 fn router_ports() -> [u16; 2] {
     [7200, 7299]
+}
+fn one() -> usize {
+    1
 }
 fn interval() -> u64 {
     1000
@@ -185,6 +192,12 @@ impl AgentConfig {
         if self.router_ports[0] == 0 || self.router_ports[0] > self.router_ports[1] {
             return bad("router_ports", "must be [first, last] with 0 < first <= last");
         }
+        if !(1..=crate::router::MAX_ROUTER_THREADS).contains(&self.router_threads) {
+            return bad(
+                "router_threads",
+                &format!("{} is out of range: from 1 to {}", self.router_threads, crate::router::MAX_ROUTER_THREADS),
+            );
+        }
         if self.interval_ms == 0 {
             return bad("interval_ms", "must be positive");
         }
@@ -231,6 +244,7 @@ args = ["--port={port}"]
         let c = AgentConfig::parse(GOOD).unwrap();
         assert_eq!(c.gpu_backend, "sim");
         assert_eq!(c.interval_ms, 1000);
+        assert_eq!(c.router_threads, 1);
         assert_eq!(c.sim.gpus.len(), 2);
         assert_eq!(c.metrics_listen, None);
         let served = AgentConfig::parse(&GOOD.replace("[sim]", "metrics_listen = \"127.0.0.1:9500\"\n[sim]")).unwrap();
@@ -268,6 +282,8 @@ args = ["--port={port}"]
             (GOOD.replace("state_dir", "state_dri"), "state_dri"),
             (GOOD.replace("[sim]", "metrics_listen = \"nowhere\"\n[sim]"), "metrics_listen"),
             (GOOD.replace("[sim]", "metrics_port = 9500\n[sim]"), "metrics_port"),
+            (GOOD.replace("[sim]", "router_threads = 0\n[sim]"), "`router_threads`: 0 is out of range"),
+            (GOOD.replace("[sim]", "router_threads = 65\n[sim]"), "`router_threads`: 65 is out of range: from 1 to 64"),
         ] {
             let err = AgentConfig::parse(&text).unwrap_err();
             assert!(err.reason.contains(field), "{field}: {}", err.reason);

@@ -1,8 +1,9 @@
 //! `router-bench`: what gpuplane's router adds in front of a real inference server. For real
 //! NVIDIA Triton and real MLServer (deploy/real-servers/README.md), it runs the same closed-loop
 //! gRPC ModelInfer clients twice at each concurrency, once against the server directly and once
-//! through a router (in this process, one backend: that server), and prints p50/p99 latency and
-//! throughput for both, then what the router added. The goal it is held to: at most 100 µs
+//! through a router (in this process, on a router thread of its own as in an agent, one
+//! backend: that server), and prints p50/p99 latency, throughput and the router's CPU time
+//! per request for both, then what the router added. The goal it is held to: at most 100 µs
 //! added at p50 and at least 0.9× the direct throughput; below that, the router costs more than
 //! a partition's batching can win back.
 //!
@@ -14,7 +15,7 @@
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig, RouterError};
+use node_agent::router::{serve, Backend, BackendSpec, Router, RouterConfig, RouterError, RouterThreads, ROUTER_THREAD};
 use planner::policy::elsa::ServiceTimeModel;
 use proto::fixture_models::FixtureModel;
 use proto::oip::grpc_inference_service_client::GrpcInferenceServiceClient;
@@ -388,9 +389,15 @@ struct RouterHandle {
     addr: String,
     stop: oneshot::Sender<()>,
     task: JoinHandle<Result<(), RouterError>>,
+    /// The router's thread, as an agent runs its routers (apart from the clients' runtime).
+    threads: RouterThreads,
 }
 
 async fn start_router(kind: Kind, server_addr: &str) -> anyhow::Result<RouterHandle> {
+    let threads = RouterThreads::start(1).context("the router's thread")?;
+    let runtime = threads.assign();
+    // The backend's channel starts its tasks where it is made: on the router's thread.
+    let _on_router_thread = runtime.enter();
     let backend = Backend::connect_lazy(BackendSpec {
         id: format!("{}-0", kind.name()),
         addr: server_addr.into(),
@@ -402,19 +409,38 @@ async fn start_router(kind: Kind, server_addr: &str) -> anyhow::Result<RouterHan
     // ELSA prices batches only to choose among several backends; with one it is never asked.
     let model: Arc<dyn ServiceTimeModel + Send + Sync> = Arc::new(|_gpcs: u32, _batch: u32| Some(1.0_f64));
     let router = Router::new(config, model, vec![backend])?;
-    let listener = TcpListener::bind("127.0.0.1:0").await.context("binding the router")?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding the router")?;
+    listener.set_nonblocking(true).context("router listener")?;
     let addr = listener.local_addr().context("router address")?.to_string();
+    let listener = TcpListener::from_std(listener).context("router listener")?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(router, listener, async move {
+    let task = runtime.spawn(serve(router, listener, async move {
         let _ = stopped.await;
     }));
-    Ok(RouterHandle { addr, stop, task })
+    drop(_on_router_thread);
+    Ok(RouterHandle { addr, stop, task, threads })
+}
+
+/// CPU time so far of this process's threads named [`ROUTER_THREAD`], from the scheduler's
+/// own accounting (`/proc/self/task/*/schedstat`, ns). None where the kernel has no schedstat.
+fn router_cpu() -> Option<Duration> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != ROUTER_THREAD.get(..15).unwrap_or(ROUTER_THREAD) {
+            continue;
+        }
+        let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+        total += schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
 }
 
 impl RouterHandle {
     async fn shutdown(self) -> anyhow::Result<()> {
         let _ = self.stop.send(());
         let served = tokio::time::timeout(STOP_GRACE, self.task).await.context("router did not stop")?;
+        drop(self.threads);
         served.context("router task panicked")?.context("router")?;
         Ok(())
     }
@@ -434,11 +460,20 @@ struct Tally {
     failed: u64,
     mismatched: u64,
     checked: u64,
+    /// CPU time of the router's threads during the measurement (zero on the direct path,
+    /// whose router is idle).
+    router_cpu: Duration,
 }
 
 impl Tally {
     fn new() -> anyhow::Result<Self> {
-        Ok(Tally { latencies_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)?, failed: 0, mismatched: 0, checked: 0 })
+        Ok(Tally {
+            latencies_ns: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
+            failed: 0,
+            mismatched: 0,
+            checked: 0,
+            router_cpu: Duration::ZERO,
+        })
     }
 
     fn merge(&mut self, other: &Tally) -> anyhow::Result<()> {
@@ -446,6 +481,7 @@ impl Tally {
         self.failed += other.failed;
         self.mismatched += other.mismatched;
         self.checked += other.checked;
+        self.router_cpu += other.router_cpu;
         Ok(())
     }
 }
@@ -507,9 +543,16 @@ async fn run_cell(target: &Arc<Target>, clients: u32, warmup: Duration, duration
     let measure_from = Instant::now() + warmup;
     let schedule = Schedule { measure_from, end: measure_from + duration };
     let tasks: Vec<_> = connections.into_iter().map(|c| tokio::spawn(closed_loop(c, Arc::clone(target), schedule))).collect();
+    tokio::time::sleep_until(measure_from.into()).await;
+    let cpu_from = router_cpu();
+    tokio::time::sleep_until(schedule.end.into()).await;
+    let cpu_to = router_cpu();
     let mut cell = Tally::new()?;
     for task in tasks {
         cell.merge(&task.await.context("a client task panicked")??)?;
+    }
+    if let (Some(from), Some(to)) = (cpu_from, cpu_to) {
+        cell.router_cpu += to.saturating_sub(from);
     }
     Ok(cell)
 }
@@ -523,6 +566,8 @@ struct Row {
     p50_us: f64,
     p99_us: f64,
     requests_per_s: f64,
+    /// CPU time of the router's threads per request measured, µs (0 on the direct path).
+    router_cpu_us: f64,
     /// Successful requests measured.
     requests: u64,
     failed: u64,
@@ -541,6 +586,7 @@ impl Row {
             p50_us: us(0.5),
             p99_us: us(0.99),
             requests_per_s: requests as f64 / measured.as_secs_f64(),
+            router_cpu_us: if requests > 0 { tally.router_cpu.as_secs_f64() * 1e6 / requests as f64 } else { 0.0 },
             requests,
             failed: tally.failed,
             mismatched: tally.mismatched,
@@ -648,21 +694,22 @@ fn print_report(report: &Report) {
         report.router_version
     );
     println!(
-        "each cell: {:.1} s warm-up + {:.1} s measured, {} round(s); closed loop, gRPC ModelInfer, one HTTP/2 connection per client",
+        "each cell: {:.1} s warm-up + {:.1} s measured, {} round(s); closed loop, gRPC ModelInfer, one HTTP/2 connection per client; the router on a thread of its own",
         report.warmup_s, report.duration_s, report.rounds
     );
     println!();
-    println!("| server | path | clients | p50 µs | p99 µs | req/s | failed |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("| server | path | clients | p50 µs | p99 µs | req/s | router CPU µs/req | failed |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for r in &report.rows {
         println!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.0} | {:.1} | {} |",
             r.server,
             r.path,
             r.clients,
             r.p50_us,
             r.p99_us,
             r.requests_per_s,
+            r.router_cpu_us,
             r.failed + r.mismatched
         );
     }

@@ -11,6 +11,7 @@ pub mod rest;
 pub mod rest_json;
 pub mod routers;
 pub mod service;
+pub mod threads;
 pub mod window;
 
 pub use admission::{Admission, Callers};
@@ -18,4 +19,5 @@ pub use backend::{Backend, BackendAddrError, BackendSpec};
 pub use planned_times::PlannedServiceTimes;
 pub use routers::{ActiveProcess, Routers, RoutingError};
 pub use service::{serve, ActiveSet, Router, RouterConfig, RouterError, Swap};
+pub use threads::{RouterThreads, MAX_ROUTER_THREADS, ROUTER_THREAD};
 pub use window::{Window, WindowStats};

@@ -4,6 +4,7 @@
 //! first taken out of the set and drained, so no request reaches a stopped process.
 
 use super::planned_times::PlannedBatch;
+use super::threads::RouterThreads;
 use super::{serve, Backend, BackendSpec, Callers, PlannedServiceTimes, Router, RouterConfig, WindowStats};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
@@ -47,6 +48,9 @@ struct ServiceRouter {
     port: u16,
     backends: BTreeMap<String, Arc<Backend>>,
     latest: Arc<Mutex<Option<WindowStats>>>,
+    /// The router thread it runs on (its backends' connections too: a request's tasks
+    /// never cross threads).
+    runtime: Handle,
     _stop: oneshot::Sender<()>,
 }
 
@@ -58,7 +62,7 @@ pub struct Routers {
     ports: [u16; 2],
     /// Service → port, kept across agent restarts so that clients keep their endpoint.
     ports_file: PathBuf,
-    runtime: Handle,
+    threads: RouterThreads,
     routers: Mutex<BTreeMap<String, ServiceRouter>>,
     /// Who may call each service, from the latest desired state (a router started later
     /// starts with its service's).
@@ -76,13 +80,13 @@ pub enum RoutingError {
 }
 
 impl Routers {
-    pub fn new(host: String, ports: [u16; 2], state_dir: PathBuf, runtime: Handle) -> Self {
+    pub fn new(host: String, ports: [u16; 2], state_dir: PathBuf, threads: RouterThreads) -> Self {
         Routers {
             windows: Arc::default(),
             host,
             ports,
             ports_file: state_dir.join("router-ports.json"),
-            runtime,
+            threads,
             routers: Mutex::new(BTreeMap::new()),
             callers: Mutex::default(),
         }
@@ -129,7 +133,7 @@ impl Routers {
     pub fn sync(&self, service: &str, slo_ms: f64, active: &[ActiveProcess]) -> Result<Vec<String>, RoutingError> {
         // New processes are probed for readiness without holding the lock (a server may take
         // seconds to load its model), so metrics and other services are not held up.
-        let unknown: Vec<&ActiveProcess> = {
+        let (runtime, unknown): (Handle, Vec<&ActiveProcess>) = {
             let mut routers = self.routers.lock().expect("routers lock");
             if !routers.contains_key(service) {
                 let taken: BTreeSet<u16> = routers.values().map(|r| r.port).collect();
@@ -141,7 +145,7 @@ impl Routers {
             if r.router.slo_ms().to_bits() != slo_ms.to_bits() {
                 r.router.set_slo_ms(slo_ms);
             }
-            active.iter().filter(|p| !r.backends.contains_key(&p.id)).collect()
+            (r.runtime.clone(), active.iter().filter(|p| !r.backends.contains_key(&p.id)).collect())
         };
         let mut ready: BTreeMap<String, Arc<Backend>> = BTreeMap::new();
         for p in unknown {
@@ -152,8 +156,12 @@ impl Routers {
                 max_batch: p.max_batch,
                 model: p.model.clone(),
             };
-            let b = Backend::connect_lazy(spec).map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?;
-            if self.wait_ready(&b) {
+            let b = {
+                // The channel's tasks start on the runtime current where it is made.
+                let _on_router_thread = runtime.enter();
+                Backend::connect_lazy(spec).map_err(|e| RoutingError::Router { service: service.into(), message: e.to_string() })?
+            };
+            if wait_ready(&runtime, &b) {
                 ready.insert(p.id.clone(), b);
             } else {
                 tracing::info!(service, process = %p.id, "process not ready yet; not routed to");
@@ -175,20 +183,6 @@ impl Routers {
         Ok(added)
     }
 
-    fn wait_ready(&self, backend: &Arc<Backend>) -> bool {
-        let b = backend.clone();
-        self.runtime.block_on(async move {
-            let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-            while tokio::time::Instant::now() < deadline {
-                if b.ready().await.unwrap_or(false) {
-                    return true;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            false
-        })
-    }
-
     fn start_router(&self, service: &str, slo_ms: f64, port: u16) -> Result<ServiceRouter, RoutingError> {
         let addr = format!("{}:{port}", self.host);
         let listener = std::net::TcpListener::bind(&addr)
@@ -206,14 +200,15 @@ impl Routers {
         let keep = latest.clone();
         let queue = self.windows.clone();
         let service_name = service.to_string();
-        let _guard = self.runtime.enter();
+        let runtime = self.threads.assign();
+        let _guard = runtime.enter();
         let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| RoutingError::Listen {
             service: service.into(),
             addr: addr.clone(),
             source,
         })?;
         let name = service.to_string();
-        self.runtime.spawn(async move {
+        runtime.spawn(async move {
             if let Err(e) = serve(serving, listener, async move {
                 let _ = stopped.await;
             })
@@ -222,7 +217,7 @@ impl Routers {
                 tracing::error!(service = %name, error = %e, "router stopped");
             }
         });
-        self.runtime.spawn(async move {
+        runtime.spawn(async move {
             while let Ok(w) = windows.recv().await {
                 {
                     let mut queue = queue.lock().expect("windows lock");
@@ -235,7 +230,8 @@ impl Routers {
             }
         });
         tracing::info!(service, %addr, "router listening");
-        Ok(ServiceRouter { router, times, port, backends: BTreeMap::new(), latest, _stop: stop })
+        drop(_guard);
+        Ok(ServiceRouter { router, times, port, backends: BTreeMap::new(), latest, runtime, _stop: stop })
     }
 
     /// Takes process `id` out of its router's active set and waits for its in-flight
@@ -262,7 +258,7 @@ impl Routers {
                 .collect()
         };
         for (service, backend) in retired {
-            let drained = self.runtime.block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, backend.drained()).await.is_ok() });
+            let drained = self.threads.any().block_on(async { tokio::time::timeout(DRAIN_TIMEOUT, backend.drained()).await.is_ok() });
             if !drained {
                 tracing::warn!(service = %service, process = id, "drain timed out");
             }
@@ -279,8 +275,14 @@ impl Routers {
     pub fn probe_ready(&self, port: u16, model: &str) -> bool {
         let spec =
             BackendSpec { id: format!("probe-{port}"), addr: format!("127.0.0.1:{port}"), gpcs: 1, max_batch: 1, model: model.into() };
-        let Ok(backend) = Backend::connect_lazy(spec) else { return false };
-        self.runtime.block_on(async move { tokio::time::timeout(PROBE_TIMEOUT, backend.ready()).await.is_ok_and(|r| r.unwrap_or(false)) })
+        let runtime = self.threads.any();
+        let Ok(backend) = ({
+            let _on_router_thread = runtime.enter();
+            Backend::connect_lazy(spec)
+        }) else {
+            return false;
+        };
+        runtime.block_on(async move { tokio::time::timeout(PROBE_TIMEOUT, backend.ready()).await.is_ok_and(|r| r.unwrap_or(false)) })
     }
 
     /// Busy time of every routed process, by process id (see [`Backend::busy_time`]).
@@ -311,4 +313,19 @@ impl Routers {
             })
             .collect()
     }
+}
+
+/// Polls `backend`'s readiness on its router thread until ready or [`READY_TIMEOUT`].
+fn wait_ready(runtime: &Handle, backend: &Arc<Backend>) -> bool {
+    let b = backend.clone();
+    runtime.block_on(async move {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if b.ready().await.unwrap_or(false) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    })
 }

@@ -20,7 +20,7 @@ use crate::backend::{select_backend, BackendOptions, GpuBackend};
 use crate::config::AgentConfig;
 use crate::executor::Executor;
 use crate::mps::{MpsControl, NvidiaMps, SimMps};
-use crate::router::Routers;
+use crate::router::{RouterThreads, Routers};
 use crate::supervisor::Supervisor;
 use crate::telemetry::AgentMetrics;
 use std::collections::BTreeMap;
@@ -84,7 +84,8 @@ impl Agent {
         tracing::info!(node = %cfg.node, backend = backend.name(), gpus = gpus.len(), adopted, "agent starting");
         let models = gpus.iter().map(|g| (g.uuid.clone(), g.model)).collect();
         let host = cfg.advertise.rsplit_once(':').map_or(cfg.advertise.as_str(), |(h, _)| h).to_string();
-        let routers = Arc::new(Routers::new(host, cfg.router_ports, cfg.state_dir.clone(), tokio::runtime::Handle::current()));
+        let threads = RouterThreads::start(cfg.router_threads).map_err(|e| anyhow::anyhow!("starting the router threads: {e}"))?;
+        let routers = Arc::new(Routers::new(host, cfg.router_ports, cfg.state_dir.clone(), threads));
         let executor = Executor {
             backend,
             mps,
