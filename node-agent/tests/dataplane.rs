@@ -451,3 +451,52 @@ async fn a_message_over_the_limit_is_refused_and_a_slow_client_stalls_nobody() {
     drop(slow);
     sim.drain_and_stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holding_every_connection_of_its_endpoint_takes_none_from_another_service() {
+    use node_agent::router::connections::MAX_ROUTER_CONNECTIONS;
+    use tokio::io::AsyncReadExt;
+    let sim = start_sim("s", "resnet50", 3, 0.1).await;
+    let flooded = router("resnet50", 100.0, 1000, 0.1, vec![backend("s", "resnet50", sim.addr, 3)]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(flooded.clone(), listener, std::future::pending()));
+    // A client connected before the flood keeps its connection and its service.
+    let mut held = InferenceClient::connect(format!("http://{addr}")).await.unwrap();
+    assert_eq!(id_of(held.model_infer(request(1, 1)).await.unwrap().get_ref()), 1);
+    let other = router("resnet50", 100.0, 1000, 0.1, vec![backend("s", "resnet50", sim.addr, 3)]);
+    let mut other_client = serve_router(&other).await;
+
+    // The flood: idle connections until the endpoint is full.
+    let mut idle = Vec::new();
+    for _ in 0..MAX_ROUTER_CONNECTIONS - 1 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // One more is accepted by the kernel, then closed by the router: it reads end of file.
+    let mut past = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(10), past.read(&mut buf)).await.expect("the router closes it");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    // A new client of the full endpoint is not served; the held one and the other service are.
+    if let Ok(mut late) = InferenceClient::connect(format!("http://{addr}")).await {
+        assert!(late.model_infer(request(2, 1)).await.is_err(), "a new client of a full endpoint is not served");
+    }
+    for id in 10..20 {
+        assert_eq!(id_of(held.model_infer(request(id, 1)).await.unwrap().get_ref()), id);
+        assert_eq!(id_of(other_client.model_infer(request(id, 1)).await.unwrap().get_ref()), id);
+    }
+    // The flood ends: its slots come back.
+    drop(idle);
+    let mut fresh = None;
+    for _ in 0..100 {
+        if let Ok(mut c) = InferenceClient::connect(format!("http://{addr}")).await {
+            if c.model_infer(request(30, 1)).await.is_ok() {
+                fresh = Some(c);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(fresh.is_some(), "a client after the flood is served");
+    sim.drain_and_stop().await.unwrap();
+}

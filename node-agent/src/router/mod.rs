@@ -5,6 +5,7 @@
 
 pub mod admission;
 pub mod backend;
+pub mod connections;
 pub mod planned_times;
 pub mod queue;
 pub mod rest;

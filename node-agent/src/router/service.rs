@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 /// Static settings of one service's router.
@@ -543,10 +542,12 @@ pub async fn serve(router: Router, listener: TcpListener, shutdown: impl Future<
     // gRPC and REST on one port: tonic's routes are an axum router, and HTTP/1.1 is
     // accepted beside HTTP/2 for the REST clients.
     let routes = tonic::service::Routes::new(router.clone().into_service()).into_axum_router().merge(super::rest::routes(router));
+    let incoming = super::connections::LimitedIncoming::new(listener, super::connections::MAX_ROUTER_CONNECTIONS);
     let result = tonic::transport::Server::builder()
         .accept_http1(true)
+        .max_concurrent_streams(Some(super::connections::MAX_STREAMS_PER_CONNECTION))
         .add_routes(tonic::service::Routes::from(routes))
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     ticker.abort();
     Ok(result?)
