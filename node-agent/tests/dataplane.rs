@@ -309,6 +309,7 @@ async fn a_request_a_backend_fails_under_is_sent_again_to_another() {
     // Only the dead one active: a request waits for the set to change (a shadow taking
     // over) and is answered by the new backend.
     r.set_active(vec![backend("dead", "resnet50", dead, 7)]);
+    let resends_before = r.counts().resends;
     let pending = tokio::spawn({
         let mut client = client.clone();
         async move { client.model_infer(request(99, 1)).await }
@@ -317,9 +318,12 @@ async fn a_request_a_backend_fails_under_is_sent_again_to_another() {
     r.set_active(vec![backend("live-2", "resnet50", live.addr, 3)]);
     let answer = pending.await.unwrap().unwrap().into_inner();
     assert_eq!((id_of(&answer), open_inference::served_by(&answer)), (99, "live"));
+    let resends = r.counts().resends;
+    assert!(resends > resends_before, "the resend is counted: {resends}");
     // A refusal of the request itself is not sent again: it would be refused anywhere.
     let wrong = client.model_infer(ModelInferRequest { model_name: "svc".into(), ..request(5, 64) }).await.unwrap_err();
     assert_eq!(wrong.code(), Code::InvalidArgument, "{wrong}");
+    assert_eq!(r.counts().resends, resends);
     live.drain_and_stop().await.unwrap();
 }
 
@@ -485,6 +489,8 @@ async fn a_tenant_holding_every_connection_of_its_endpoint_takes_none_from_anoth
         assert_eq!(id_of(held.model_infer(request(id, 1)).await.unwrap().get_ref()), id);
         assert_eq!(id_of(other_client.model_infer(request(id, 1)).await.unwrap().get_ref()), id);
     }
+    assert!(flooded.counts().connections_refused >= 1, "{:?}", flooded.counts());
+    assert_eq!(other.counts().connections_refused, 0);
     // The flood ends: its slots come back.
     drop(idle);
     let mut fresh = None;

@@ -46,13 +46,10 @@ pub struct LimitedIncoming {
 }
 
 impl LimitedIncoming {
-    pub fn new(listener: TcpListener, max: usize) -> Self {
-        LimitedIncoming { listener, slots: Arc::new(Semaphore::new(max)), refused: Arc::default(), backoff: None }
-    }
-
-    /// Connections closed at once so far, the endpoint being full.
-    pub fn refused(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.refused)
+    /// Accepts from `listener`, at most `max` at once; counts in `refused` the connections
+    /// closed at once, the endpoint being full.
+    pub fn new(listener: TcpListener, max: usize, refused: Arc<AtomicU64>) -> Self {
+        LimitedIncoming { listener, slots: Arc::new(Semaphore::new(max)), refused, backoff: None }
     }
 }
 
@@ -142,8 +139,8 @@ mod tests {
     async fn past_the_bound_a_connection_is_closed_and_a_closed_one_frees_its_slot() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut incoming = LimitedIncoming::new(listener, 2);
-        let refused = incoming.refused();
+        let refused = Arc::new(AtomicU64::new(0));
+        let mut incoming = LimitedIncoming::new(listener, 2, Arc::clone(&refused));
         // An echo server over what is accepted.
         tokio::spawn(async move {
             while let Some(Ok(mut conn)) = incoming.next().await {

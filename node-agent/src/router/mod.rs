@@ -19,6 +19,6 @@ pub use admission::{Admission, Callers};
 pub use backend::{Backend, BackendAddrError, BackendSpec};
 pub use planned_times::PlannedServiceTimes;
 pub use routers::{ActiveProcess, Routers, RoutingError};
-pub use service::{serve, ActiveSet, Router, RouterConfig, RouterError, Swap};
+pub use service::{serve, ActiveSet, Router, RouterConfig, RouterCounts, RouterError, Swap};
 pub use threads::{RouterThreads, MAX_ROUTER_THREADS, ROUTER_THREAD};
 pub use window::{Window, WindowStats};

@@ -5,7 +5,7 @@
 
 use super::planned_times::PlannedBatch;
 use super::threads::RouterThreads;
-use super::{serve, Backend, BackendSpec, Callers, PlannedServiceTimes, Router, RouterConfig, WindowStats};
+use super::{serve, Backend, BackendSpec, Callers, PlannedServiceTimes, Router, RouterConfig, RouterCounts, WindowStats};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -283,6 +283,12 @@ impl Routers {
             return false;
         };
         runtime.block_on(async move { tokio::time::timeout(PROBE_TIMEOUT, backend.ready()).await.is_ok_and(|r| r.unwrap_or(false)) })
+    }
+
+    /// Every router's counters, by service.
+    pub fn counts(&self) -> BTreeMap<String, RouterCounts> {
+        let routers = self.routers.lock().expect("routers lock");
+        routers.iter().map(|(service, r)| (service.clone(), r.router.counts())).collect()
     }
 
     /// Busy time of every routed process, by process id (see [`Backend::busy_time`]).

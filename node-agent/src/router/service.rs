@@ -150,6 +150,23 @@ struct Inner {
     /// The SLO ELSA routes for, ms (f64 bits): the Service's, which may change while the
     /// router runs.
     slo_ms: AtomicU64,
+    counts: Arc<RouterCounters>,
+}
+
+/// What a router counts for operators, since it started.
+#[derive(Debug, Default)]
+pub struct RouterCounters {
+    /// Requests sent again to another backend after one failed under them.
+    pub resends: AtomicU64,
+    /// Connections closed as they were accepted, the endpoint being full.
+    pub connections_refused: Arc<AtomicU64>,
+}
+
+/// A router's counters read at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouterCounts {
+    pub resends: u64,
+    pub connections_refused: u64,
 }
 
 /// One service's router; clones share state.
@@ -195,6 +212,7 @@ impl Router {
                 windows,
                 callers: ArcSwap::from_pointee(Callers::default()),
                 admission: Arc::default(),
+                counts: Arc::default(),
             }),
         })
     }
@@ -228,6 +246,12 @@ impl Router {
         if **self.inner.callers.load() != callers {
             self.inner.callers.store(Arc::new(callers));
         }
+    }
+
+    /// Its counters now.
+    pub fn counts(&self) -> RouterCounts {
+        let c = &self.inner.counts;
+        RouterCounts { resends: c.resends.load(Ordering::Relaxed), connections_refused: c.connections_refused.load(Ordering::Relaxed) }
     }
 
     /// Requests in flight through the router now.
@@ -383,6 +407,7 @@ impl Router {
                     tracing::debug!(service = %self.inner.config.service, backend = backend.id(), %status, "backend failed a request; sending it to another");
                     failed.push(backend);
                     last_failure = Some(status);
+                    self.inner.counts.resends.fetch_add(1, Ordering::Relaxed);
                 }
                 other => return other,
             }
@@ -541,8 +566,9 @@ pub async fn serve(router: Router, listener: TcpListener, shutdown: impl Future<
     });
     // gRPC and REST on one port: tonic's routes are an axum router, and HTTP/1.1 is
     // accepted beside HTTP/2 for the REST clients.
+    let refused = Arc::clone(&router.inner.counts.connections_refused);
     let routes = tonic::service::Routes::new(router.clone().into_service()).into_axum_router().merge(super::rest::routes(router));
-    let incoming = super::connections::LimitedIncoming::new(listener, super::connections::MAX_ROUTER_CONNECTIONS);
+    let incoming = super::connections::LimitedIncoming::new(listener, super::connections::MAX_ROUTER_CONNECTIONS, refused);
     let result = tonic::transport::Server::builder()
         .accept_http1(true)
         .max_concurrent_streams(Some(super::connections::MAX_STREAMS_PER_CONNECTION))

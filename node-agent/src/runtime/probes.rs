@@ -27,6 +27,7 @@ impl Agent {
                     services: self.routers.metrics(),
                     observed,
                     busy: self.routers.busy_times(),
+                    routers: self.routers.counts(),
                 }))
             }
             "/healthz" => Response::text(200, "ok\n"),

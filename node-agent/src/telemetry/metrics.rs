@@ -35,6 +35,8 @@ pub struct AgentSnapshot {
     pub observed: Option<proto::ReportRequest>,
     /// Busy time of each routed process, by process id.
     pub busy: BTreeMap<String, Duration>,
+    /// Each service's router's counters.
+    pub routers: BTreeMap<String, crate::router::RouterCounts>,
 }
 
 /// The registry and its series; cheap to clone (shared).
@@ -59,6 +61,8 @@ struct Inner {
     reports_answered: Counter,
     cold_starts: Family<Labels, Histogram>,
     server_pages: Family<Labels, Counter>,
+    router_resends: Family<Labels, Counter>,
+    router_connections_refused: Family<Labels, Counter>,
     /// Per service, the newest cold start since the last report took them.
     recent_cold_starts: Mutex<BTreeMap<String, f64>>,
     render: Mutex<()>,
@@ -91,6 +95,8 @@ impl Default for AgentMetrics {
         let controller_connections = Counter::default();
         let reports_answered = Counter::default();
         let server_pages = Family::<Labels, Counter>::default();
+        let router_resends = Family::<Labels, Counter>::default();
+        let router_connections_refused = Family::<Labels, Counter>::default();
         r.register("shadow_switches", "Switches of a service to its warm standbys (failovers)", shadow_switches.clone());
         r.register("service_p99_ms", "p99 latency of the service router's latest one-second window", service_p99_ms.clone());
         r.register("service_throughput_rps", "Completed requests per second in the router's latest window", service_throughput.clone());
@@ -120,6 +126,16 @@ impl Default for AgentMetrics {
             "Metrics pages of a service's inference servers the agent read, by outcome: read (believed), unreachable (no answer, an error status or over the size bound in time) or refused (malformed)",
             server_pages.clone(),
         );
+        r.register(
+            "router_resends",
+            "Requests a service's router sent again to another backend after one failed under them (its process died, hung or answered garbage); each is a failure its callers did not see",
+            router_resends.clone(),
+        );
+        r.register(
+            "router_connections_refused",
+            "Connections a service's router endpoint closed as it accepted them, holding MAX_ROUTER_CONNECTIONS already",
+            router_connections_refused.clone(),
+        );
         let inner = Inner {
             registry: root,
             shadow_switches,
@@ -136,6 +152,8 @@ impl Default for AgentMetrics {
             reports_answered,
             cold_starts,
             server_pages,
+            router_resends,
+            router_connections_refused,
             recent_cold_starts: Mutex::default(),
             render: Mutex::new(()),
         };
@@ -190,6 +208,14 @@ impl AgentMetrics {
         // A process's busy time lives as long as its router backend; a replaced process
         // starts again from zero, which rate() reads as a counter reset.
         i.busy_seconds.clear();
+        // A router's counts live as long as it does, like the busy time.
+        i.router_resends.clear();
+        i.router_connections_refused.clear();
+        for (service, c) in &snap.routers {
+            let l = labels(&[("service", service)]);
+            i.router_resends.get_or_create(&l).inc_by(c.resends);
+            i.router_connections_refused.get_or_create(&l).inc_by(c.connections_refused);
+        }
         for s in &snap.services {
             let l = labels(&[("service", &s.service)]);
             i.service_p99_ms.get_or_create(&l).set(s.p99_ms);
@@ -289,6 +315,7 @@ mod tests {
                 .into_iter()
                 .map(|(id, ms)| (id.to_string(), Duration::from_millis(ms)))
                 .collect(),
+            routers: [("web".to_string(), crate::router::RouterCounts { resends: 4, connections_refused: 7 })].into(),
         };
         let text = m.render(&snap);
         assert_eq!(value(&text, "gpuplane_agent_shadow_switches_total{service=\"web\"}"), Some(2.0), "{text}");
@@ -306,6 +333,8 @@ mod tests {
         assert_eq!(value(&text, "gpuplane_agent_applied_version"), Some(9.0));
         assert_eq!(value(&text, "gpuplane_agent_server_pages_total{service=\"web\",outcome=\"read\"}"), Some(2.0));
         assert_eq!(value(&text, "gpuplane_agent_server_pages_total{service=\"web\",outcome=\"refused\"}"), Some(1.0));
+        assert_eq!(value(&text, "gpuplane_agent_router_resends_total{service=\"web\"}"), Some(4.0), "{text}");
+        assert_eq!(value(&text, "gpuplane_agent_router_connections_refused_total{service=\"web\"}"), Some(7.0));
         let busy = |instance: &str, service: &str, role: &str| {
             value(
                 &text,
