@@ -129,7 +129,12 @@ impl Supervisor {
         if p.exited_at.is_none() && records::is_same_process(p.record.pid, p.record.start_ticks) {
             records::signal(p.record.pid, libc::SIGTERM);
             let deadline = Instant::now() + grace;
-            while Instant::now() < deadline && records::is_same_process(p.record.pid, p.record.start_ticks) && !reaped(&mut p.child) {
+            // The grace is for the server's children too (they had the SIGTERM with it); the
+            // leader is reaped first, or its zombie would keep the group alive.
+            let pgid = p.record.pid;
+            while Instant::now() < deadline
+                && ((!reaped(&mut p.child) && records::is_same_process(pgid, p.record.start_ticks)) || records::group_has_members(pgid))
+            {
                 std::thread::sleep(Duration::from_millis(10));
             }
             if records::is_same_process(p.record.pid, p.record.start_ticks) {
@@ -138,6 +143,11 @@ impl Supervisor {
             if let Some(c) = p.child.as_mut() {
                 let _ = c.wait();
             }
+        }
+        // Children that outlived their leader (it died before, or they ignored SIGTERM) hold
+        // GPU memory and would outlive the agent's record of them.
+        if records::kill_leftovers(p.record.pid, p.record.start_ticks) {
+            tracing::warn!(id, "killed processes its server left behind");
         }
         self.save()
     }
@@ -156,6 +166,10 @@ impl Supervisor {
             let exited_at = *p.exited_at.get_or_insert(now);
             if now.duration_since(exited_at) < restart_delay(p.record.restarts) {
                 continue;
+            }
+            // What the dead server left behind goes before its successor starts.
+            if records::kill_leftovers(p.record.pid, p.record.start_ticks) {
+                tracing::warn!(id, "killed processes the exited server left behind");
             }
             let cmd = p.record.command.clone();
             let (child, ticks) = self.spawn(&id, &cmd)?;
@@ -319,5 +333,70 @@ mod tests {
         let (mut s, _) = Supervisor::open(dir.path()).unwrap();
         let err = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(CommandSpec::new("/nonexistent/sim-infer"), 7000)).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/sim-infer"), "{err}");
+    }
+
+    /// A leader (`sh`) with a child (`sleep`) in its group, as a server with its stubs.
+    fn with_child() -> CommandSpec {
+        CommandSpec::new("sh").arg("-c").arg("sleep 600 & wait")
+    }
+
+    /// The members of group `pgid` other than its leader, once the child has started.
+    fn children_of(pgid: u32) -> Vec<u32> {
+        for _ in 0..500 {
+            let found: Vec<u32> = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|&pid| pid != pgid && records::process_group(pid) == Some(pgid))
+                .collect();
+            if !found.is_empty() {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no child in group {pgid}");
+    }
+
+    fn gone(pid: u32) -> bool {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+        stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("Z")
+    }
+
+    #[test]
+    fn children_a_dead_leader_left_behind_are_killed_when_it_is_stopped_or_restarted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, _) = Supervisor::open(dir.path()).unwrap();
+        // Stopped after its leader was killed: the child goes too.
+        let id = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(with_child(), 7000)).unwrap();
+        let leader = s.get(&id).unwrap().pid;
+        let children = children_of(leader);
+        kill_leader(leader);
+        s.stop(&id, Duration::from_secs(1)).unwrap();
+        assert!(children.iter().all(|&c| gone(c)), "{children:?} outlived the stop");
+
+        // Restarted after its leader was killed: the old child goes before the new launch.
+        let id = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(with_child(), 7001)).unwrap();
+        let leader = s.get(&id).unwrap().pid;
+        let children = children_of(leader);
+        kill_leader(leader);
+        let t0 = Instant::now();
+        while s.check(Instant::now()).unwrap().is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(30), "not restarted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(children.iter().all(|&c| gone(c)), "{children:?} outlived the restart");
+        s.stop(&id, Duration::from_secs(1)).unwrap();
+    }
+
+    /// SIGKILL to the leader alone, not its group (a server that crashes); returns once it
+    /// is dead.
+    fn kill_leader(pid: u32) {
+        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our child, alive.
+        unsafe {
+            libc::kill(libc::pid_t::try_from(pid).unwrap(), libc::SIGKILL);
+        }
+        while !gone(pid) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

@@ -126,3 +126,35 @@ pub fn signal(pid: u32, sig: libc::c_int) {
         libc::kill(-pid, sig);
     }
 }
+
+/// The process group of `pid` (field 5 of its stat), if it exists and is not a zombie.
+pub fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name: state (3), ppid (4), pgrp (5).
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(1)?.parse().ok()
+}
+
+/// Whether a live process is left in the group `pgid` (zombies hold nothing): a workload
+/// whose leader died may leave its children (Triton's python-backend stubs, MLServer's
+/// workers) holding GPU memory. Reads every `/proc/<pid>/stat`: done only when a process is
+/// stopped or restarted.
+pub fn group_has_members(pgid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    dir.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).any(|pid| process_group(pid) == Some(pgid))
+}
+
+/// SIGKILLs what is left of the group of the leader `pgid` (started at `leader_ticks`) once
+/// the leader is gone; true if anything was. Not when another process holds the leader's
+/// number: the kernel reuses no number while a group of it has members, so that group is
+/// empty and the number is someone else's now.
+pub fn kill_leftovers(pgid: u32, leader_ticks: u64) -> bool {
+    if start_ticks(pgid).is_some_and(|t| t != leader_ticks) || !group_has_members(pgid) {
+        return false;
+    }
+    signal(pgid, libc::SIGKILL);
+    true
+}
