@@ -88,40 +88,64 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Fn(&str) -> Response 
     }
 }
 
-/// GETs `path` from a server at `addr` over HTTP/1.0 and returns the status code and body:
-/// what a probe or a scrape does, for tests and tools that check these endpoints.
+/// GETs `path` from a server at `addr` and returns the status code and body: what a probe
+/// or a scrape does, for tests and tools that check these endpoints.
 pub async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     get_bounded(addr, path, usize::MAX).await
 }
 
-/// Bytes of an answer's status line and headers [`get_bounded`] reads besides the body.
+/// Bytes of an answer's status line and headers a bounded request reads besides the body.
 pub const MAX_HEAD_BYTES: usize = 16 << 10;
 
-/// [`get`] of an untrusted server: reads at most `max_body` bytes of body (plus
-/// [`MAX_HEAD_BYTES`] of head) and fails on more, on a body that is not UTF-8, or on a
-/// chunked answer (an HTTP/1.0 request is answered in one piece).
+/// [`get`] of an untrusted server: reads at most `max_body` bytes of body (plus about
+/// [`MAX_HEAD_BYTES`] of head) and fails on more or on a body that is not UTF-8.
 pub async fn get_bounded(addr: std::net::SocketAddr, path: &str, max_body: usize) -> std::io::Result<(u16, String)> {
+    request_bounded(addr, Method::GET, path, max_body).await
+}
+
+/// POSTs an empty body to `path`, the answer read as by [`get_bounded`]: an action on an
+/// untrusted server's API (the agent loading a model through the repository extension).
+pub async fn post_bounded(addr: std::net::SocketAddr, path: &str, max_body: usize) -> std::io::Result<(u16, String)> {
+    request_bounded(addr, Method::POST, path, max_body).await
+}
+
+/// One HTTP/1.1 request on a connection of its own, through hyper's client: the answer's
+/// end is its length or its chunks, not the server closing the connection (Triton 2.51
+/// answers a first model load without closing it).
+async fn request_bounded(addr: std::net::SocketAddr, method: Method, path: &str, max_body: usize) -> std::io::Result<(u16, String)> {
+    use http_body_util::{BodyExt, Empty, Limited};
     use std::io::{Error, ErrorKind};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-    let limit = max_body.saturating_add(MAX_HEAD_BYTES).saturating_add(1);
-    let mut raw = Vec::new();
-    (&mut stream).take(u64::try_from(limit).unwrap_or(u64::MAX)).read_to_end(&mut raw).await?;
-    let bad = |why: &str| Error::new(ErrorKind::InvalidData, format!("{addr}{path}: {why}"));
-    let raw = String::from_utf8(raw).map_err(|_| bad("the answer is not UTF-8"))?;
-    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(|| bad("not an HTTP answer"))?;
-    if head.len() > MAX_HEAD_BYTES {
-        return Err(bad(&format!("headers over {MAX_HEAD_BYTES} bytes")));
-    }
-    if body.len() > max_body {
-        return Err(bad(&format!("a body over {max_body} bytes")));
-    }
-    if head.lines().any(|l| l.to_ascii_lowercase().replace(' ', "") == "transfer-encoding:chunked") {
-        return Err(bad("a chunked answer to an HTTP/1.0 request"));
-    }
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| bad("no status code"))?;
-    Ok((status, body.to_string()))
+    let bad = |why: String| Error::new(ErrorKind::InvalidData, format!("{addr}{path}: {why}"));
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+        .max_buf_size(MAX_HEAD_BYTES.max(8192))
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    // Ends when the answer is read and `sender` is dropped.
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .header(hyper::header::CONNECTION, "close")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| bad(e.to_string()))?;
+    let answer = sender.send_request(request).await.map_err(|e| bad(e.to_string()))?;
+    let status = answer.status().as_u16();
+    let body = Limited::new(answer.into_body(), max_body)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                bad(format!("a body over {max_body} bytes"))
+            } else {
+                bad(e.to_string())
+            }
+        })?
+        .to_bytes();
+    let body = String::from_utf8(body.to_vec()).map_err(|_| bad("the answer is not UTF-8".into()))?;
+    Ok((status, body))
 }
 
 #[cfg(test)]
