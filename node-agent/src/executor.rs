@@ -4,13 +4,14 @@
 
 use crate::backend::{BackendError, GpuBackend, GpuInfo, MigInstance};
 use crate::desired::{Slot, WorkloadSpec};
+use crate::model_load::{LoadTarget, ModelLoads};
 use crate::mps::{MpsControl, MpsError};
 use crate::reconcile::{GpuObserved, NodeObserved, Role, Running, Step};
 use crate::router::{ActiveProcess, Routers, RoutingError};
 use crate::shadow::{Action, Event};
 use crate::supervisor::template::{launch_command, uses, LaunchParams, Template};
 use crate::supervisor::{Launch, MetricsEndpoint, Supervisor, SupervisorError};
-use model::ServingRuntimeSpec;
+use model::{ModelControl, ServingRuntimeSpec};
 use planner::mig::Placement;
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -64,6 +65,9 @@ pub struct Executor {
     pub gpus: Vec<GpuInfo>,
     /// The per-service routers; `None` when the agent routes nothing (tests of the steps).
     pub routers: Option<Arc<Routers>>,
+    /// The model loads the agent asked servers for (runtimes with `model_control = repository`);
+    /// `None` when the agent loads none (tests of the steps).
+    pub model_loads: Option<ModelLoads>,
 }
 
 impl Executor {
@@ -254,6 +258,27 @@ impl Executor {
         Ok(())
     }
 
+    /// Asks the server of each process whose runtime has the agent load its model to load it,
+    /// once per launch (`crate::model_load`).
+    pub fn load_models(&mut self) {
+        let Some(loads) = &mut self.model_loads else { return };
+        let targets: Vec<LoadTarget> = self
+            .supervisor
+            .records()
+            .filter(|r| r.load_model)
+            .filter_map(|r| {
+                Some(LoadTarget {
+                    process: r.id.clone(),
+                    pid: r.pid,
+                    service: r.spec.service.clone(),
+                    model: r.spec.model.clone(),
+                    http_port: r.http_port?,
+                })
+            })
+            .collect();
+        loads.sync(&targets);
+    }
+
     /// The cold starts measured since the last call.
     pub fn take_cold_starts(&mut self) -> Vec<ColdStart> {
         std::mem::take(&mut self.cold_starts)
@@ -348,8 +373,12 @@ impl Executor {
             gpu_name: self.gpu(gpu)?.name.clone(),
         };
         let command = launch_command(&launch_spec, &params);
+        let load_model = launch_spec.model_control == ModelControl::Repository && http_port.is_some();
         let metrics = metrics_port.zip(launch_spec.metrics_path).map(|(port, path)| MetricsEndpoint { port, path });
-        self.supervisor.start(gpu, spec, role, &Launch { command, port, http_port, metrics })?;
+        self.supervisor.start(gpu, spec, role, &Launch { command, port, http_port, metrics, load_model })?;
+        if load_model {
+            self.load_models();
+        }
         Ok(())
     }
 }

@@ -6,6 +6,7 @@ pub mod config;
 pub mod desired;
 pub mod executor;
 pub mod inflight;
+pub mod model_load;
 pub mod mps;
 pub mod reconcile;
 pub mod router;

@@ -63,7 +63,9 @@ async fn seed(client: &Client, root: &Path, dir: &Path) {
     let point = json!([{"gpcs": 3, "batch": 8, "throughput_rps": 400, "latency_ms": 18}]);
     let triton = json!({
         "program": root.join("bin/tritonserver"),
-        "args": ["--model-repository={model_uri}", "--model-control-mode=explicit", "--load-model={model}",
+        // The agent loads the model through the repository API once Triton is up.
+        "model_control": "repository",
+        "args": ["--model-repository={model_uri}", "--model-control-mode=explicit",
                  "--grpc-port={port}", "--http-port={http_port}", "--metrics-port={metrics_port}",
                  "--grpc-address=127.0.0.1", "--http-address=127.0.0.1", "--metrics-address=127.0.0.1",
                  "--exit-timeout-secs=5"],
@@ -277,6 +279,9 @@ async fn real_triton_and_mlserver_serve_behind_the_agent_and_fail_over_without_a
         metrics.contains("gpuplane_workload_cold_start_seconds_count{service=\"triton-svc\",runtime=\"triton\"}"),
         "cold starts measured: {metrics}"
     );
+    // Triton started with no model: the agent loaded it (its command line does not).
+    assert!(!command.iter().any(|a| a.as_str().unwrap().starts_with("--load-model")), "{command:?}");
+    assert!(series_sum(&metrics, "gpuplane_agent_model_loads_total{service=\"triton-svc\",outcome=\"loaded\"}") >= 1.0, "{metrics}");
 
     // Steady load on both services from here on.
     let (triton_load, mut tasks) = load(triton_url.clone(), "triton-svc", FixtureModel::TritonDouble, 3);

@@ -382,6 +382,25 @@ pub struct ServingRuntimeSpec {
     pub metrics_path: Option<String>,
     /// Expected time from launch to ready, s: what a restart costs until one is measured.
     pub cold_start_s: f64,
+    /// How the server gets its model.
+    #[serde(default)]
+    pub model_control: ModelControl,
+}
+
+/// How a server gets its model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelControl {
+    /// Its arguments load it at launch (Triton's `--load-model={model}`, MLServer's model
+    /// directory).
+    #[default]
+    Launch,
+    /// The server starts with no model and the agent loads it through the Open Inference
+    /// Protocol's repository extension, `POST /v2/repository/models/{model}/load` on
+    /// `{http_port}` (Triton's `--model-control-mode=explicit`, MLServer), retrying with
+    /// back-off: a model that fails to load is logged with the server's own reason and
+    /// tried again without paying the server's start again.
+    Repository,
 }
 
 /// The placeholders of a ServingRuntime's arguments and environment. `{port}` is the

@@ -5,7 +5,7 @@
 
 use super::limits::*;
 use super::validate::{bounded_list, bounded_text, non_negative};
-use super::{FieldError, ServingRuntimeSpec, RUNTIME_PLACEHOLDERS};
+use super::{FieldError, ModelControl, ServingRuntimeSpec, RUNTIME_PLACEHOLDERS};
 
 /// Environment variables the agent sets itself: the device and MPS settings of the plan and
 /// gpuplane's own. A runtime that set them could escape its GPU partition.
@@ -45,6 +45,13 @@ pub fn validate_serving_runtime(r: &ServingRuntimeSpec) -> Result<(), FieldError
                 "is set but no argument or variable passes {metrics_port}: the server would not serve its metrics where the agent reads them",
             ));
         }
+    }
+    let passes_http_port = r.args.iter().chain(r.env.values()).any(|a| a.contains("{http_port}"));
+    if r.model_control == ModelControl::Repository && !passes_http_port {
+        return Err(FieldError::invalid(
+            "spec.model_control",
+            "is repository but no argument or variable passes {http_port}: the agent loads the model on the server's HTTP port",
+        ));
     }
     non_negative("spec.cold_start_s", r.cold_start_s, MAX_COLD_START_S)
 }
@@ -117,6 +124,13 @@ mod tests {
             "cold_start_s": 8
         }))
         .unwrap();
+        runtime(serde_json::json!({
+            "program": "tritonserver",
+            "args": ["--model-control-mode=explicit", "--grpc-port={port}", "--http-port={http_port}"],
+            "model_control": "repository",
+            "cold_start_s": 8
+        }))
+        .unwrap();
     }
 
     #[test]
@@ -145,6 +159,10 @@ mod tests {
         assert_eq!(refused(with("args", serde_json::json!(many))).field, "spec.args");
         assert_eq!(refused(with("args", serde_json::json!(["x".repeat(MAX_RUNTIME_TEXT_LEN + 1)]))).field, "spec.args[0]");
         assert_eq!(refused(with("args", serde_json::json!(["a\nb"]))).field, "spec.args[0]");
+        let e = refused(with("model_control", serde_json::json!("repository")));
+        assert_eq!(e.field, "spec.model_control");
+        assert!(e.reason.contains("{http_port}"), "{e:?}");
+        assert_eq!(refused(with("model_control", serde_json::json!("lazy"))).field, "spec.model_control");
         let e = refused(with("protocol", serde_json::json!("http")));
         assert_eq!(e.field, "spec.protocol");
     }

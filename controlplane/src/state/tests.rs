@@ -378,6 +378,7 @@ fn runtime(program: &str) -> Spec {
         env: Default::default(),
         metrics_path: None,
         cold_start_s: 8.0,
+        model_control: ModelControl::Launch,
     })
 }
 

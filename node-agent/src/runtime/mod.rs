@@ -86,6 +86,10 @@ impl Agent {
         let host = cfg.advertise.rsplit_once(':').map_or(cfg.advertise.as_str(), |(h, _)| h).to_string();
         let threads = RouterThreads::start(cfg.router_threads).map_err(|e| anyhow::anyhow!("starting the router threads: {e}"))?;
         let routers = Arc::new(Routers::new(host, cfg.router_ports, cfg.state_dir.clone(), threads));
+        let telemetry = AgentMetrics::default();
+        // Model loads run on the agent's runtime beside its other IO (`Agent::open` is called on it).
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| anyhow::anyhow!("the agent opens on its tokio runtime: {e}"))?;
+        let model_loads = Some(crate::model_load::ModelLoads::new(runtime, telemetry.clone()));
         let executor = Executor {
             backend,
             mps,
@@ -96,6 +100,7 @@ impl Agent {
             ports: cfg.port_range,
             gpus,
             routers: Some(routers.clone()),
+            model_loads,
         };
         let desired_file = cfg.state_dir.join("desired.pb");
         Ok(Agent {
@@ -107,7 +112,7 @@ impl Agent {
             desired_file,
             routers,
             last_report: Mutex::new(None),
-            telemetry: AgentMetrics::default(),
+            telemetry,
             registered: AtomicBool::new(false),
             has_desired: AtomicBool::new(false),
             watch_session: AtomicU64::new(0),

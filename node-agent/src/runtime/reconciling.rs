@@ -49,6 +49,8 @@ fn reconcile_once(
     telemetry: &AgentMetrics,
 ) -> anyhow::Result<usize> {
     executor.supervisor.check(std::time::Instant::now())?;
+    // Processes the supervisor relaunched after a crash load their model again.
+    executor.load_models();
     executor.runtimes.clone_from(&desired.runtimes);
     executor.refresh(desired)?;
     // Before any request reaches a router this round: who may call each service now.

@@ -88,6 +88,7 @@ impl Supervisor {
             port: launch.port,
             http_port: launch.http_port,
             metrics: launch.metrics.clone(),
+            load_model: launch.load_model,
             command: launch.command.clone(),
             restarts: 0,
         };

@@ -26,6 +26,9 @@ pub struct ProcessRecord {
     pub http_port: Option<u16>,
     #[serde(default)]
     pub metrics: Option<MetricsEndpoint>,
+    /// Whether the agent loads its model on its HTTP port (`crate::model_load`).
+    #[serde(default)]
+    pub load_model: bool,
     pub command: CommandSpec,
     pub restarts: u32,
 }
@@ -44,12 +47,14 @@ pub struct Launch {
     pub port: u16,
     pub http_port: Option<u16>,
     pub metrics: Option<MetricsEndpoint>,
+    /// Whether the agent loads its model on `http_port` once it is launched.
+    pub load_model: bool,
 }
 
 impl Launch {
     /// A launch with one port (tests, and servers told only their gRPC port).
     pub fn on_port(command: CommandSpec, port: u16) -> Self {
-        Launch { command, port, http_port: None, metrics: None }
+        Launch { command, port, http_port: None, metrics: None, load_model: false }
     }
 
     /// Every port the process holds.

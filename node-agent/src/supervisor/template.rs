@@ -4,7 +4,7 @@
 //! parameters give the exact program, arguments and environment, which tests check.
 
 use crate::command::CommandSpec;
-use model::{RuntimeProtocol, ServingRuntimeSpec};
+use model::{ModelControl, RuntimeProtocol, ServingRuntimeSpec};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -43,6 +43,7 @@ impl Template {
                 env: BTreeMap::new(),
                 metrics_path: None,
                 cold_start_s: 0.0,
+                model_control: ModelControl::Launch,
             },
         }
     }
@@ -71,6 +72,7 @@ fn triton(program: &str, repository: &str) -> ServingRuntimeSpec {
         env: BTreeMap::new(),
         metrics_path: Some("/metrics".into()),
         cold_start_s: 10.0,
+        model_control: ModelControl::Launch,
     }
 }
 
@@ -206,6 +208,7 @@ mod tests {
                 .into(),
             metrics_path: Some("/metrics".into()),
             cold_start_s: 5.0,
+            model_control: ModelControl::Launch,
         };
         let c = launch_command(&spec, &params());
         assert_eq!(c.command_line(), "mlserver start /models");

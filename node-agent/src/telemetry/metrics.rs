@@ -61,6 +61,7 @@ struct Inner {
     reports_answered: Counter,
     cold_starts: Family<Labels, Histogram>,
     server_pages: Family<Labels, Counter>,
+    model_loads: Family<Labels, Counter>,
     router_resends: Family<Labels, Counter>,
     router_connections_refused: Family<Labels, Counter>,
     /// Per service, the newest cold start since the last report took them.
@@ -95,6 +96,7 @@ impl Default for AgentMetrics {
         let controller_connections = Counter::default();
         let reports_answered = Counter::default();
         let server_pages = Family::<Labels, Counter>::default();
+        let model_loads = Family::<Labels, Counter>::default();
         let router_resends = Family::<Labels, Counter>::default();
         let router_connections_refused = Family::<Labels, Counter>::default();
         r.register("shadow_switches", "Switches of a service to its warm standbys (failovers)", shadow_switches.clone());
@@ -127,6 +129,11 @@ impl Default for AgentMetrics {
             server_pages.clone(),
         );
         r.register(
+            "model_loads",
+            "Loads of a service's model the agent asked its servers for through the repository API (a runtime with model_control = repository), by outcome: loaded, or refused (the server answered an error; tried again with back-off)",
+            model_loads.clone(),
+        );
+        r.register(
             "router_resends",
             "Requests a service's router sent again to another backend after one failed under them (its process died, hung or answered garbage); each is a failure its callers did not see",
             router_resends.clone(),
@@ -152,6 +159,7 @@ impl Default for AgentMetrics {
             reports_answered,
             cold_starts,
             server_pages,
+            model_loads,
             router_resends,
             router_connections_refused,
             recent_cold_starts: Mutex::default(),
@@ -186,6 +194,11 @@ impl AgentMetrics {
     /// Counts one metrics page of `service`'s servers by what came of it.
     pub fn server_page(&self, service: &str, outcome: &str) {
         self.inner.server_pages.get_or_create(&labels(&[("service", service), ("outcome", outcome)])).inc();
+    }
+
+    /// Counts one model load a server of `service` answered, by outcome.
+    pub fn model_load(&self, service: &str, outcome: &str) {
+        self.inner.model_loads.get_or_create(&labels(&[("service", service), ("outcome", outcome)])).inc();
     }
 
     /// Counts one report a controller answered.
