@@ -48,6 +48,16 @@ impl Provisioner {
         Provisioner { input: planning_input(state), rules: service_rules(state), strategy, previous: None }
     }
 
+    /// Every service's processes take `seconds` to serve again when restarted (the
+    /// simulated cold start), unless its runtime says otherwise: what a consolidation's
+    /// restarts are weighed at.
+    pub fn restarts_take(mut self, seconds: f64) -> Self {
+        for s in &self.input.services {
+            self.rules.restart_s.entry(s.name.clone()).or_insert(seconds);
+        }
+        self
+    }
+
     /// Plans every service for `rates` (services absent keep their manifest's rate),
     /// incrementally from the previous plan, as a pass a change woke (consolidation left
     /// owed); what each service gets, and the plan (for the node assignment).

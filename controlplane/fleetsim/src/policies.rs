@@ -386,7 +386,7 @@ pub struct Gpuplane {
 
 impl Gpuplane {
     pub fn new(scenario: &Scenario, initial: &[f64], settings: GpuplaneSettings) -> Self {
-        let mut provisioner = Provisioner::new(&scenario.state, MigStrategy::Parvagpu);
+        let mut provisioner = Provisioner::new(&scenario.state, MigStrategy::Parvagpu).restarts_take(f64::from(settings.reconfigure_s));
         let target = settings.autoscale.saturation_threshold;
         let provisioned: Vec<f64> = initial.iter().map(|r| (r / target).max(1.0)).collect();
         let rates = scenario.services.iter().zip(&provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();

@@ -8,9 +8,12 @@
 //! The node assignment uses it to put a changed GPU where most of its workloads already
 //! run, and the fleet simulator to count restarts as the agents make them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::resources::GpuAssignment;
+use planner::plan::Plan;
+
+use super::assign::{assign_to_nodes, FleetGpu};
+use crate::resources::{GpuAssignment, PlanSpec};
 
 /// A workload as the agent runs it: what decides whether its processes are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -92,6 +95,48 @@ pub fn restarted_services<'a>(before: Option<&'a GpuAssignment>, after: Option<&
     out
 }
 
+/// Process-seconds of restarts that moving from plan `from` to plan `to` makes, as
+/// placement makes them: `from` placed on GPUs of its own, then `to` placed over it
+/// (`assign_to_nodes`, which keeps what it can), with as many more GPUs of each type as `to`
+/// needs. Each service with a workload that starts or stops on some GPU restarts every
+/// process it has in `to`, and its warm standbys, for `restart_s(service)` each. O(GPUs ·
+/// log) and two placements: for the provisioner's periodic pass, not for every change.
+pub fn restart_process_seconds(from: &Plan, to: &Plan, restart_s: &dyn Fn(&str) -> f64) -> f64 {
+    let mut per_type: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for g in &from.gpus {
+        per_type.entry(&g.gpu_type).or_default().0 += 1;
+    }
+    for g in &to.gpus {
+        per_type.entry(&g.gpu_type).or_default().1 += 1;
+    }
+    let fleet: Vec<FleetGpu> = per_type
+        .iter()
+        .flat_map(|(model, &(a, b))| {
+            (0..a.max(b)).map(move |i| FleetGpu {
+                node: String::new(),
+                uuid: format!("{model}/{i}"),
+                model: model.to_string(),
+                autoscaled: false,
+            })
+        })
+        .collect();
+    let (before, _) = assign_to_nodes(from, &fleet, None);
+    let current = PlanSpec { gpus: before.into(), ..PlanSpec::default() };
+    let (after, _) = assign_to_nodes(to, &fleet, Some(&current));
+    let before: BTreeMap<&str, &GpuAssignment> = current.gpus.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect();
+    let after: BTreeMap<&str, &GpuAssignment> = after.iter().map(|g| (g.gpu_uuid.as_str(), g)).collect();
+    let mut restarted = BTreeSet::new();
+    for f in &fleet {
+        restarted.extend(restarted_services(before.get(f.uuid.as_str()).copied(), after.get(f.uuid.as_str()).copied()));
+    }
+    let mut processes: BTreeMap<&str, u32> = BTreeMap::new();
+    for w in to.gpus.iter().flat_map(|g| &g.workloads).filter(|w| restarted.contains(w.service.as_str())) {
+        // Each workload keeps a warm standby (the agent's shadow policy), restarted with it.
+        *processes.entry(&w.service).or_default() += w.processes + 1;
+    }
+    processes.into_iter().map(|(service, n)| f64::from(n) * restart_s(service)).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +163,49 @@ mod tests {
             mig_layout: layout.iter().map(|&(p, start)| MigPlacement { profile: p.into(), start }).collect(),
             workloads,
         }
+    }
+
+    fn planned(service: &str, batch: u32, processes: u32) -> planner::plan::Workload {
+        planner::plan::Workload {
+            service: service.into(),
+            mig_instance: None,
+            mps_percent: 50.0,
+            batch_size: batch,
+            processes,
+            shadow_percent: 0.0,
+            predicted_throughput: 100.0,
+            predicted_latency_ms: 5.0,
+        }
+    }
+
+    fn plan_of(gpus: Vec<Vec<planner::plan::Workload>>) -> Plan {
+        let gpus = gpus
+            .into_iter()
+            .enumerate()
+            .map(|(i, workloads)| planner::plan::GpuPlan {
+                slot: i as u32,
+                gpu_type: "T4".into(),
+                sharing: planner::plan::Sharing::MpsOnly,
+                workloads,
+            })
+            .collect();
+        Plan { strategy: "t".into(), gpus, predictions: vec![], infeasible: vec![] }
+    }
+
+    #[test]
+    fn restarts_are_the_processes_and_standbys_of_the_services_whose_workloads_change() {
+        let restart_s = |s: &str| if s == "b" { 30.0 } else { 10.0 };
+        let from = plan_of(vec![vec![planned("a", 8, 2), planned("b", 8, 1)], vec![planned("c", 4, 1)]]);
+        assert_eq!(restart_process_seconds(&from, &from, &restart_s), 0.0);
+        // b's batch changes: its one process and its standby restart, at its 30 s.
+        let to = plan_of(vec![vec![planned("a", 8, 2), planned("b", 16, 1)], vec![planned("c", 4, 1)]]);
+        assert_eq!(restart_process_seconds(&from, &to, &restart_s), 2.0 * 30.0);
+        // The GPUs in another order change nothing; a new service beside c starts its own
+        // process and standby (2 x 10 s) and c keeps running.
+        let reordered = plan_of(vec![vec![planned("c", 4, 1)], vec![planned("b", 8, 1), planned("a", 8, 2)]]);
+        assert_eq!(restart_process_seconds(&from, &reordered, &restart_s), 0.0);
+        let moved = plan_of(vec![vec![planned("a", 8, 2), planned("b", 8, 1)], vec![planned("c", 4, 1), planned("d", 4, 1)]]);
+        assert_eq!(restart_process_seconds(&from, &moved, &restart_s), 20.0);
     }
 
     #[test]

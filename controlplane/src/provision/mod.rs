@@ -181,6 +181,10 @@ pub fn service_rules(cluster: &ClusterState) -> ServiceRules {
         if s.priority > 0 {
             rules.priorities.insert(r.name.clone(), s.priority);
         }
+        let runtime = s.runtime.as_deref().and_then(|name| cluster.get(Kind::ServingRuntime, name));
+        if let Some(Spec::ServingRuntime(rt)) = runtime.map(|r| &r.spec) {
+            rules.restart_s.insert(r.name.clone(), rt.cold_start_s);
+        }
     }
     for t in cluster.list(Kind::Tenant) {
         let Spec::Tenant(spec) = &t.spec else { continue };

@@ -32,6 +32,10 @@ pub struct ServiceRules {
     pub priorities: BTreeMap<String, u32>,
     /// Per tenant, its weight in the fair share of a fleet that cannot grow (default 1).
     pub weights: BTreeMap<String, f64>,
+    /// Per service with a ServingRuntime, the seconds one of its processes takes from launch
+    /// to ready (the runtime's `cold_start_s`): what restarting it costs
+    /// (`replan::DEFAULT_RESTART_S` for the others).
+    pub restart_s: BTreeMap<String, f64>,
 }
 
 impl ServiceRules {

@@ -9,7 +9,9 @@
 //! planned again alone when a member changed, left or joined; the other groups keep their
 //! plans. Consolidation: a pass that is asked to ([`Previous::consolidate`]) also plans
 //! everything again and takes that plan when it saves at least [`CONSOLIDATION_SAVING`] of
-//! the GPU cost; one that is not leaves the check owed ([`PoolPlans::owes_consolidation`])
+//! the GPU cost and its saving over [`CONSOLIDATION_HORIZON_H`] pays for the restarts it
+//! makes ([`consolidation_pays`]: each restarted process's cold start, priced at a second of
+//! the dearest GPU); one that is not leaves the check owed ([`PoolPlans::owes_consolidation`])
 //! to a later pass, so that a change costs what it changes and not a full plan too (the
 //! provisioner consolidates on its periodic pass only). Anything else (a new service, a model, a
 //! profile, a GPU type, a strategy, or more than [`MAX_INCREMENTAL_CHANGES`] changes at
@@ -21,6 +23,7 @@ use planner::input::PlanningInput;
 use planner::plan::Plan;
 use planner::strategy::{igniter, parvagpu};
 
+use super::kept::restart_process_seconds;
 use super::pools::{guarded, members, merge, plan_each_pool, plan_isolated, pool_input, Group, Members, Pool};
 use super::{MigStrategy, ServiceRules};
 
@@ -37,6 +40,14 @@ pub const MAX_INCREMENTAL_CHANGES: usize = 64;
 /// Weighed on the provisioner's periodic pass only, rather than on every change's, 2% costs
 /// 0.2% more again, for 24,750 reconfigurations.
 pub const CONSOLIDATION_SAVING: f64 = 0.02;
+
+/// Seconds a restarted process of a service without a ServingRuntime takes to serve again
+/// (the host template's server; fleet-sim's default cold start).
+pub const DEFAULT_RESTART_S: f64 = 10.0;
+
+/// Hours a consolidation's saving is counted over against its restarts: about how long a
+/// repacked fleet lasts before the day's traffic moves it again.
+pub const CONSOLIDATION_HORIZON_H: f64 = 1.0;
 
 /// What a pass planned, per pool, for the next pass to start from. Leader memory: a new
 /// leader plans in full once.
@@ -102,7 +113,11 @@ pub fn plan_pools_from(
             // fall; when planning everything again saves enough, that plan is taken.
             let full = plan_each_pool(input, &members, stop)?;
             let cost = |plans: &BTreeMap<Group, Plan>| plans.values().map(|p| p.cost_per_hour(&input.gpu_types)).sum::<f64>();
-            if cost(&full) < cost(&plans) * (1.0 - CONSOLIDATION_SAVING) {
+            let restart_s = |service: &str| rules.restart_s.get(service).copied().unwrap_or(DEFAULT_RESTART_S);
+            // Two placements, made only for a plan that saves enough to be weighed further.
+            let restarts =
+                || restart_process_seconds(&merge(input, plans.clone(), strategy), &merge(input, full.clone(), strategy), &restart_s);
+            if consolidation_pays(cost(&plans), cost(&full), restart_price_per_s(input), restarts) {
                 (members, full, false, false)
             } else {
                 (members, plans, true, false)
@@ -120,6 +135,23 @@ pub fn plan_pools_from(
     let pools =
         PoolPlans { input: input.clone(), rules: rules.clone(), strategy, members, plans, incremental: is_incremental, owes_consolidation };
     Some((plan, pools))
+}
+
+/// Dollars one second of one restarting process costs: a second of the dearest GPU type
+/// the plan may use. Make-before-break holds capacity for the new process, up to a whole
+/// GPU, while the old one serves, and the restart puts its service's windows at risk; WPM
+/// (arXiv 2409.06646) prices migrations against GPUs used the same way.
+pub fn restart_price_per_s(input: &PlanningInput) -> f64 {
+    input.gpu_types.iter().map(|t| t.price_per_hour).filter(|p| p.is_finite() && *p > 0.0).fold(0.0, f64::max) / 3600.0
+}
+
+/// Whether a full plan costing `full_per_h` replaces the minimal re-plan costing
+/// `minimal_per_h`: it must save [`CONSOLIDATION_SAVING`] of the cost, and its saving over
+/// [`CONSOLIDATION_HORIZON_H`] must pay for the process-seconds of restarts moving to it
+/// makes (`restart_process_s`, asked only when the saving is enough) at `price_per_s`.
+pub fn consolidation_pays(minimal_per_h: f64, full_per_h: f64, price_per_s: f64, restart_process_s: impl FnOnce() -> f64) -> bool {
+    let saving = minimal_per_h - full_per_h;
+    saving > minimal_per_h * CONSOLIDATION_SAVING && saving * CONSOLIDATION_HORIZON_H >= restart_process_s() * price_per_s
 }
 
 enum Incremental {
@@ -486,6 +518,34 @@ mod tests {
         let (kept, paid) = plan(&inp, consolidating(&owing));
         assert!(paid.incremental && !paid.owes_consolidation());
         assert_eq!(kept, changed, "weighed and kept: nothing moves");
+    }
+
+    #[test]
+    fn a_consolidation_whose_saving_does_not_pay_for_its_restarts_is_not_made() {
+        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
+        let plan = |inp: &PlanningInput, rules: &ServiceRules, from: Option<Previous>| {
+            plan_pools_from(inp, rules, MigStrategy::Parvagpu, from, &|| false).unwrap()
+        };
+        let quick = ServiceRules::default();
+        let (_, memory) = plan(&input(&rates), &quick, None);
+        // Rates fall to a fifth: a repack saves GPUs at the default cold start (10 s) ...
+        let inp = input(&rates.iter().map(|r| r * 0.2).collect::<Vec<_>>());
+        let (repacked_not, owing) = plan(&inp, &quick, minimal(&memory));
+        let (_, paid) = plan(&inp, &quick, consolidating(&owing));
+        assert!(!paid.incremental, "worth repacking when restarts are quick");
+        let full = super::super::plan_pools(&inp, &quick, MigStrategy::Parvagpu);
+        let types = &inp.gpu_types;
+        let saving = repacked_not.cost_per_hour(types) - full.cost_per_hour(types);
+        // ... but not when each restart takes an hour: the saving over the horizon pays for
+        // a fraction of one restart.
+        let slow = ServiceRules { restart_s: inp.services.iter().map(|s| (s.name.clone(), 3600.0)).collect(), ..Default::default() };
+        let (_, memory) = plan(&input(&rates), &slow, None);
+        let (kept_minimal, owing) = plan(&inp, &slow, minimal(&memory));
+        let restarts = restart_process_seconds(&kept_minimal, &full, &|_| 3600.0);
+        assert!(saving * CONSOLIDATION_HORIZON_H < restarts * restart_price_per_s(&inp), "{saving} per hour against {restarts} s");
+        let (kept, weighed) = plan(&inp, &slow, consolidating(&owing));
+        assert!(weighed.incremental && !weighed.owes_consolidation(), "weighed, and not worth it");
+        assert_eq!(kept, kept_minimal, "nothing moves");
     }
 
     #[test]
