@@ -566,7 +566,10 @@ impl Policy for Gpuplane {
         }
         self.windows.clear();
         for (i, s) in self.services.iter().enumerate() {
-            if loads[i] <= 0.0 {
+            // As the tuner's `fresh_measurements`: a service whose processes are still
+            // switching runs on an agent that has not applied the desired state, whose
+            // windows measure the old configuration.
+            if loads[i] <= 0.0 || self.switching.contains_key(&i) {
                 continue;
             }
             let capacity = self.serving(i, t).capacity_rps;
