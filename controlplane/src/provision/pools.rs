@@ -34,11 +34,25 @@ pub struct ServiceRules {
     pub weights: BTreeMap<String, f64>,
     /// Per service with a ServingRuntime, the seconds one of its processes takes from launch
     /// to ready (the runtime's `cold_start_s`): what restarting it costs
-    /// (`replan::DEFAULT_RESTART_S` for the others).
+    /// (`replan::DEFAULT_RESTART_S` for the others). It weighs a consolidation only, so it
+    /// is neither in the inputs' digest nor compared by [`ServiceRules::plans_as`].
+    #[serde(skip)]
     pub restart_s: BTreeMap<String, f64>,
 }
 
 impl ServiceRules {
+    /// Whether `other` plans every service as these rules do: all but the restart seconds
+    /// (a Service moved to another runtime is no reason to plan the fleet again).
+    pub fn plans_as(&self, other: &ServiceRules) -> bool {
+        let ServiceRules { strategies, boundaries, quotas, admitted, priorities, weights, restart_s: _ } = self;
+        *strategies == other.strategies
+            && *boundaries == other.boundaries
+            && *quotas == other.quotas
+            && *admitted == other.admitted
+            && *priorities == other.priorities
+            && *weights == other.weights
+    }
+
     /// Where service `name` stands among its tenant's when a quota or a fair share holds
     /// only some: higher priority first, then admitted earlier, then by name (sort
     /// ascending).

@@ -171,7 +171,7 @@ fn incremental(
 ) -> Incremental {
     use Incremental::*;
     let same_ground = prev.strategy == strategy
-        && prev.rules == *rules
+        && prev.rules.plans_as(rules)
         && prev.input.gpu_types == input.gpu_types
         && prev.input.profiles == input.profiles
         && prev.input.services.len() == input.services.len();
@@ -546,6 +546,16 @@ mod tests {
         let (kept, weighed) = plan(&inp, &slow, consolidating(&owing));
         assert!(weighed.incremental && !weighed.owes_consolidation(), "weighed, and not worth it");
         assert_eq!(kept, kept_minimal, "nothing moves");
+    }
+
+    #[test]
+    fn other_restart_seconds_keep_a_pass_incremental() {
+        let rates: Vec<f64> = (0..12).map(|i| 2000.0 + 300.0 * f64::from(i)).collect();
+        let (_, memory) = plan_pools_from(&input(&rates), &ServiceRules::default(), MigStrategy::Parvagpu, None, &|| false).unwrap();
+        // s03 moved to a runtime that starts in 60 s: nothing to plan again.
+        let moved = ServiceRules { restart_s: [("s03".to_string(), 60.0)].into(), ..Default::default() };
+        let (_, next) = plan_pools_from(&input(&rates), &moved, MigStrategy::Parvagpu, minimal(&memory), &|| false).unwrap();
+        assert!(next.incremental);
     }
 
     #[test]

@@ -176,6 +176,31 @@ mod tests {
         assert!((1..=MAX_RUNNING_HANDLERS).contains(&most), "{most} handlers ran at once");
     }
 
+    /// A server that never answers: the caller gives up, and its connection does not stay
+    /// open behind it (the scrape asks every server each interval).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_given_up_on_closes_its_connection() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = tokio::spawn(async move { listener.accept().await.unwrap().0 });
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(100), get_bounded(addr, "/metrics", 1000)).await;
+        assert!(gave_up.is_err(), "the server never answers");
+        let mut conn = accepted.await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        // The request, then the end of the stream: the client closed. (Bounded so that a
+        // connection left open fails the test instead of hanging it.)
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                if conn.read(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the connection stayed open after its caller gave up");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bounded_get_refuses_a_body_over_its_bound_and_reads_one_at_it() {
         let handler = Arc::new(|path: &str| Response::text(200, if path == "/big" { "x".repeat(1001) } else { "x".repeat(1000) }));
