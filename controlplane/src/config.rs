@@ -127,9 +127,9 @@ pub struct LoopsConfig {
     pub cooldown_s: Option<f64>,
     /// HetSev's λ per second of launch latency (default 0.001).
     pub lambda_per_s: Option<f64>,
-    /// The throughput saturation autoscaling services are sized to, in (0, 1] (default 0.8,
-    /// HetSev's; lower leaves headroom for bursts and interference, `fleet-sim` shows the
-    /// trade).
+    /// The highest throughput saturation an autoscaling service is sized to, in (0, 1]
+    /// (default 0.8, HetSev's); each is sized below it as far as its SLO and its observed
+    /// windows need.
     pub target_saturation: Option<f64>,
     /// Run the GSLICE tuner (default true).
     pub tuner: Option<bool>,

@@ -5,14 +5,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use controlplane::provision::sizing::{ServiceSizing, SizingInput};
 use controlplane::provision::MigStrategy;
 use controlplane::resources::InstanceTypeSpec;
 use controlplane::tuning::Measurement;
 use planner::plan::Plan;
 use planner::policy::hetsev::{
-    decide, decide_rate, record_sample, AutoscaleConfig, InstanceType, LoadSample, ModelProfile, RateDecision, RateRange, RunningInstance,
-    ScaleDecision, ScaleInput,
+    decide, record_sample, AutoscaleConfig, InstanceType, LoadSample, ModelProfile, RateRange, RunningInstance, ScaleDecision, ScaleInput,
 };
+use planner::policy::slo_headroom::{Prediction, Window};
 
 use crate::fleet::{Fleet, LAMBDA_PER_S};
 use crate::placement::Placement;
@@ -28,8 +29,6 @@ pub const TARGET: f64 = 0.8;
 pub const DECIDE_EVERY_S: u32 = 10;
 /// The p99 an overloaded window reports, as a multiple of the SLO.
 const OVERLOADED_P99: f64 = 10.0;
-/// Provisioned rates move only for a change of more than this fraction (as the autoscaler).
-const MIN_CHANGE: f64 = 0.05;
 
 /// The controller settings every autoscaling policy shares (README's defaults).
 pub fn autoscale_config() -> AutoscaleConfig {
@@ -372,7 +371,6 @@ pub struct Gpuplane {
     weighed_at: u32,
     services: Vec<SimService>,
     provisioned: Vec<f64>,
-    samples: Vec<VecDeque<LoadSample>>,
     settings: GpuplaneSettings,
     /// Per GPU model: since when the fleet has had a terminable surplus.
     surplus_since: BTreeMap<String, u32>,
@@ -382,6 +380,9 @@ pub struct Gpuplane {
     /// Per service being reconfigured: until when, and what serves meanwhile (its previous
     /// configuration).
     switching: BTreeMap<usize, (u32, Serving)>,
+    /// The autoscaler's sizing (HetSev's controller per service at the saturation its SLO
+    /// leaves it, within its restart budget), as the leader runs it.
+    sizing: ServiceSizing,
 }
 
 impl Gpuplane {
@@ -408,8 +409,8 @@ impl Gpuplane {
             provision_every_s: (controlplane::loops::LoopSettings::default().provision_interval.as_secs() as u32).max(1),
             weighed_at: 0,
             services: scenario.services.clone(),
-            samples: vec![VecDeque::new(); provisioned.len()],
             provisioned,
+            sizing: ServiceSizing::new(settings.autoscale.clone()),
             settings,
             surplus_since: BTreeMap::new(),
             reconfigurations: 0,
@@ -417,6 +418,12 @@ impl Gpuplane {
             available: BTreeMap::new(),
             switching: BTreeMap::new(),
         }
+    }
+
+    /// What the plan predicts for service `i`, as the leader reads it from the Plan.
+    fn prediction(&self, i: usize) -> Option<Prediction> {
+        let p = self.planned.services.get(&self.services[i].name)?;
+        Some(Prediction { capacity_rps: p.capacity_rps, batch_ms: p.batch_ms })
     }
 
     /// Places `plan` on the hosts there are at `t`; the services reconfigured.
@@ -475,20 +482,19 @@ impl Policy for Gpuplane {
         "gpuplane"
     }
     fn step(&mut self, t: u32, arrivals: &[f64]) {
-        let config = &self.settings.autoscale;
         let deciding = t.is_multiple_of(self.settings.decide_every_s.max(1));
         let mut resized = BTreeSet::new();
         for (i, s) in self.services.iter().enumerate() {
-            let sample = LoadSample { t_s: f64::from(t), arrival_rate: arrivals[i], capacity: self.provisioned[i] };
-            // Over this run's window and cool-down (not the defaults).
-            record_sample(&mut self.samples[i], sample, f64::from(t) - config.cooldown_s.max(config.window_s));
             if !deciding {
                 continue;
             }
-            let range = RateRange { provisioned_rps: self.provisioned[i], min_rps: 1.0, max_rps: 100.0 * s.base_rps.max(1.0) };
-            if let Ok(RateDecision::Raise { to_rps } | RateDecision::Lower { to_rps }) =
-                decide_rate(self.samples[i].make_contiguous(), range, f64::from(t), config, MIN_CHANGE)
-            {
+            let input = SizingInput {
+                range: RateRange { provisioned_rps: self.provisioned[i], min_rps: 1.0, max_rps: 100.0 * s.base_rps.max(1.0) },
+                arrival_rps: arrivals[i],
+                slo_ms: s.slo_ms,
+                prediction: self.prediction(i),
+            };
+            if let Ok(Some(to_rps)) = self.sizing.decide(&s.name, f64::from(t), input) {
                 self.provisioned[i] = to_rps;
                 resized.insert(s.name.clone());
             }
@@ -561,6 +567,15 @@ impl Policy for Gpuplane {
         &mut self.fleet
     }
     fn observe(&mut self, t: u32, loads: &[f64], p99_ms: &[f64]) {
+        for i in 0..self.services.len() {
+            // As the autoscaler's: windows of agents that have applied the plan only.
+            if self.switching.contains_key(&i) {
+                continue;
+            }
+            let Some(prediction) = self.prediction(i) else { continue };
+            let p99_ms = if p99_ms[i].is_finite() { p99_ms[i] } else { OVERLOADED_P99 * self.services[i].slo_ms };
+            self.sizing.learn(&self.services[i].name, f64::from(t), Window { arrival_rps: loads[i], p99_ms }, prediction);
+        }
         if !(t + 1).is_multiple_of(self.tune_every_s) {
             return;
         }

@@ -109,8 +109,29 @@ impl Report {
                     "{}: {} re-plans, {} of them of every service; reconfigured: {} resized services, {} others ({} of them in the full re-plans), {} as hosts came and went, {} by the tuner\n",
                     p.name, r.replans, r.full_replans, r.of_resized, r.of_others, r.of_others_in_full, r.of_fleet_changes, r.of_tuner
                 ));
+                let per = |n: u32| self.per_service_day(n);
+                out.push_str(&format!(
+                    "{}: restarts per service per day {:.2}: of services resized {:.2}, not resized {:.2} (moved by re-plans {:.2}, by host changes {:.2}, by the tuner {:.2})\n",
+                    p.name,
+                    per(p.reconfigurations),
+                    per(r.of_resized),
+                    per(r.of_others + r.of_fleet_changes + r.of_tuner),
+                    per(r.of_others),
+                    per(r.of_fleet_changes),
+                    per(r.of_tuner)
+                ));
             }
         }
         out
+    }
+
+    /// `count` over the run as a rate per service per day.
+    fn per_service_day(&self, count: u32) -> f64 {
+        let service_days = self.services as f64 * f64::from(self.seconds) / 86_400.0;
+        if service_days > 0.0 {
+            f64::from(count) / service_days
+        } else {
+            0.0
+        }
     }
 }

@@ -15,7 +15,7 @@ pub mod watch_ends;
 
 pub use desired::{desired_state, placement, Placed, Placement, SentVersions};
 pub use report_pace::ReportPace;
-pub use reports::{AgentReports, Heard, NodeReport};
+pub use reports::{AgentReports, Heard, NodeReport, ServiceWindow};
 pub use status_pace::StatusPace;
 pub use status_writer::StatusWriter;
 pub use watch_ends::WatchEnds;

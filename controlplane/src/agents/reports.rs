@@ -8,6 +8,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// A service's latest window summed over the nodes that serve it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ServiceWindow {
+    pub arrival_rps: f64,
+    /// The worst p99 of the nodes that run the current plan and completed requests, ms.
+    pub p99_ms: Option<f64>,
+}
+
 /// One agent's latest report and when it arrived.
 #[derive(Clone, Debug)]
 pub struct NodeReport {
@@ -111,16 +119,24 @@ impl AgentReports {
         self.inner.lock().expect("reports lock").latest.get(node).cloned()
     }
 
-    /// Each service's arrival rate summed over the nodes' latest reports: one pass under the
-    /// lock, without copying the reports (the autoscaler's view, every second).
-    pub fn arrivals_by_service(&self) -> BTreeMap<String, f64> {
+    /// Each service's window over the nodes' latest reports: arrivals summed over them
+    /// all, and the worst p99 of those whose agent `converged(node, applied_version)` to
+    /// the node's current desired state (a window of an agent still applying a change
+    /// measured the old configuration). One pass under the lock, without copying the
+    /// reports (the autoscaler's view, every second).
+    pub fn windows_by_service(&self, converged: impl Fn(&str, u64) -> bool) -> BTreeMap<String, ServiceWindow> {
         let inner = self.inner.lock().expect("reports lock");
-        let mut out: BTreeMap<String, f64> = BTreeMap::new();
-        for m in inner.latest.values().flat_map(|r| &r.report.metrics) {
-            match out.get_mut(m.service.as_str()) {
-                Some(sum) => *sum += m.arrival_rps,
-                None => {
-                    out.insert(m.service.clone(), m.arrival_rps);
+        let mut out: BTreeMap<String, ServiceWindow> = BTreeMap::new();
+        for (node, r) in &inner.latest {
+            let applied = converged(node, r.report.applied_version);
+            for m in &r.report.metrics {
+                let w = match out.get_mut(m.service.as_str()) {
+                    Some(w) => w,
+                    None => out.entry(m.service.clone()).or_default(),
+                };
+                w.arrival_rps += m.arrival_rps;
+                if applied && m.p99_ms > 0.0 && m.arrival_rps > 0.0 {
+                    w.p99_ms = Some(w.p99_ms.map_or(m.p99_ms, |p| p.max(m.p99_ms)));
                 }
             }
         }
@@ -173,21 +189,32 @@ mod tests {
     }
 
     #[test]
-    fn arrivals_are_summed_per_service_over_every_nodes_latest_report() {
+    fn windows_sum_arrivals_over_every_nodes_latest_report_and_take_the_worst_converged_p99() {
         let reports = AgentReports::default();
         let t0 = Instant::now();
-        let with = |node: &str, rates: &[(&str, f64)]| proto::ReportRequest {
+        let with = |node: &str, applied_version: u64, rates: &[(&str, f64, f64)]| proto::ReportRequest {
+            applied_version,
             metrics: rates
                 .iter()
-                .map(|(s, r)| proto::ServiceMetrics { service: s.to_string(), arrival_rps: *r, ..Default::default() })
+                .map(|(s, r, p99_ms)| proto::ServiceMetrics {
+                    service: s.to_string(),
+                    arrival_rps: *r,
+                    p99_ms: *p99_ms,
+                    ..Default::default()
+                })
                 .collect(),
             ..report(node, 1)
         };
-        reports.record(with("a", &[("web", 10.0), ("ocr", 1.0)]), t0);
-        reports.record(with("b", &[("web", 5.0)]), t0);
+        reports.record(with("a", 3, &[("web", 10.0, 40.0), ("ocr", 1.0, 0.0)]), t0);
+        reports.record(with("b", 3, &[("web", 5.0, 90.0)]), t0);
         // Only a node's latest report counts.
-        reports.record(with("b", &[("web", 7.0)]), t0 + Duration::from_secs(1));
-        assert_eq!(reports.arrivals_by_service(), [("ocr".to_string(), 1.0), ("web".to_string(), 17.0)].into());
+        reports.record(with("b", 3, &[("web", 7.0, 50.0)]), t0 + Duration::from_secs(1));
+        // "c" still applies version 4: its arrivals count, its p99 (of the old shares) does not.
+        reports.record(with("c", 3, &[("web", 2.0, 500.0)]), t0);
+        let desired = |node: &str| if node == "c" { 4 } else { 3 };
+        let windows = reports.windows_by_service(|node, applied| applied >= desired(node));
+        assert_eq!(windows["web"], ServiceWindow { arrival_rps: 19.0, p99_ms: Some(50.0) });
+        assert_eq!(windows["ocr"], ServiceWindow { arrival_rps: 1.0, p99_ms: None }, "nothing completed, no p99");
     }
 
     #[test]

@@ -1,29 +1,33 @@
 //! The autoscaler (HetSev Sec. 4.1, at fleet level): services with an autoscaling range are
 //! re-sized by HetSev's scaling controller for a provisioned rate
-//! (`planner::policy::hetsev::decide_rate`: raised to the arrival rate at 80% saturation once
-//! the load has stayed above it for the window, lowered to the cool-down's peak once the
-//! cool-down has passed) from the history of arrival rates this loop keeps; nodes are
+//! (`planner::policy::hetsev::decide_rate`: raised to the arrival rate at the service's
+//! saturation target once the load has stayed above it for the window, lowered to the
+//! cool-down's peak once the cool-down has passed) from the history of arrival rates this
+//! loop keeps. The target is the service's own (`planner::policy::slo_headroom`: its SLO
+//! over the plan's batch time and an M/D/1 queue, corrected by the windows of agents that
+//! run the plan), at most `target_saturation`. Nodes are
 //! launched through the [`NodeProvider`] when the plan needs more GPUs than the healthy
 //! fleet has, of the instance type with the least price-and-launch-latency objective, and
 //! launched nodes that hold nothing for the cool-down are terminated.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
-use planner::policy::hetsev::{decide_rate, record_sample, AutoscaleConfig, LoadSample, RateDecision, RateRange};
+use planner::policy::hetsev::{AutoscaleConfig, RateRange};
+use planner::policy::slo_headroom::{Prediction, Window};
 
 use super::provisioner::{drain, Drained, FleetFingerprints};
 use super::runner::{Pass, ProviderCall, Reconciler, Settled, Write};
 use super::LoopSettings;
+use crate::agents::ServiceWindow;
 use crate::cloud::AUTOSCALED_LABEL;
 use crate::controller::Controller;
 use crate::provision::scaling::{idle_nodes, launch_room, launches_for, shortfall};
+use crate::provision::sizing::{ServiceSizing, SizingInput};
 use crate::provision::{fleet_gpus_by_model, instance_types, plan_services, GpuDemand, MigStrategy};
 use crate::resources::{InstanceTypeSpec, Kind, ServiceStatus, Spec};
 use crate::state::{ClusterState, Command};
 
-/// Provisioned rates move only for a change of more than this fraction (no churn).
-const MIN_CHANGE: f64 = 0.05;
 #[derive(Debug, Clone, PartialEq)]
 struct Pending {
     instance_type: String,
@@ -110,9 +114,10 @@ pub(crate) struct Autoscaler {
     /// Launched nodes are named `auto-<type>-<controller id>-<n>`.
     controller_id: u64,
     started: Instant,
-    /// Per service: its arrival rates and provisioned rates over the window and cool-down
-    /// (sample-and-hold, equal neighbours merged), HetSev's load history.
-    history: BTreeMap<String, VecDeque<LoadSample>>,
+    /// Per service: HetSev's load history, its saturation target from its SLO corrected by
+    /// its windows (the configured threshold, `target_saturation`, is its upper bound), and
+    /// its restart budget.
+    sizing: ServiceSizing,
     /// Launches in flight, by node.
     pending: BTreeMap<String, Pending>,
     /// Launched nodes the plan leaves empty, since when.
@@ -142,12 +147,24 @@ struct Resize {
     to: f64,
 }
 
+/// A service with an autoscaling range, as a pass reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Autoscaled {
+    name: String,
+    min_rps: f64,
+    max_rps: f64,
+    /// The rate it is provisioned for now.
+    current_rps: f64,
+    slo_ms: f64,
+    /// What the committed plan predicts for it (none while it is not planned).
+    prediction: Option<Prediction>,
+}
+
 /// What a pass reads.
 pub(crate) struct ScaleView {
-    /// Arrival rate per service, summed over the nodes' latest reports.
-    arrivals: BTreeMap<String, f64>,
-    /// Services with an autoscaling range: (name, min, max, provisioned now).
-    services: Vec<(String, f64, f64, f64)>,
+    /// Each service's window over the nodes' latest reports.
+    windows: BTreeMap<String, ServiceWindow>,
+    services: Vec<Autoscaled>,
     /// The state, when the fleet view is to be made again: `true` when its inputs changed
     /// (else only the plan did). `None`: the view stands.
     refresh: Option<(ClusterState, bool)>,
@@ -171,21 +188,23 @@ impl Autoscaler {
         signals: Option<tokio::sync::broadcast::Receiver<crate::raft::WatchSignal>>,
         now: Instant,
     ) -> Self {
+        let policy = AutoscaleConfig {
+            // HetSev's 80% (Sec. 4.1, "based on experience") unless configured: the upper
+            // bound of each service's own target.
+            saturation_threshold: settings.target_saturation,
+            window_s: settings.scale_window_s,
+            cooldown_s: settings.cooldown_s,
+            lambda_per_s: settings.lambda_per_s,
+            min_instances: 0,
+        };
         Autoscaler {
             heartbeat: settings.heartbeat_interval,
-            policy: AutoscaleConfig {
-                // HetSev's 80% (Sec. 4.1, "based on experience") unless configured.
-                saturation_threshold: settings.target_saturation,
-                window_s: settings.scale_window_s,
-                cooldown_s: settings.cooldown_s,
-                lambda_per_s: settings.lambda_per_s,
-                min_instances: 0,
-            },
+            sizing: ServiceSizing::new(policy.clone()),
+            policy,
             strategy: settings.mig_strategy,
             provider: settings.provider.is_some(),
             controller_id,
             started: now,
-            history: BTreeMap::new(),
             pending: BTreeMap::new(),
             idle_since: BTreeMap::new(),
             launched: 0,
@@ -202,28 +221,33 @@ impl Autoscaler {
         }
     }
 
-    /// Services whose provisioned rate is due to move, as HetSev's controller decides from
-    /// each one's load history with this pass's sample added. A service without a reported
-    /// rate keeps its history and is not decided on.
-    fn resizes(&mut self, arrivals: &BTreeMap<String, f64>, services: &[(String, f64, f64, f64)], t: f64) -> Vec<Resize> {
+    /// Services whose provisioned rate is due to move (`provision::sizing`: HetSev's
+    /// controller at the saturation each one's SLO leaves it, learnt from this pass's window
+    /// first, within its restart budget). A service without a reported rate keeps its
+    /// history and is not decided on.
+    fn resizes(&mut self, windows: &BTreeMap<String, ServiceWindow>, services: &[Autoscaled], t: f64) -> Vec<Resize> {
         let mut out = Vec::new();
-        let horizon = self.policy.window_s.max(self.policy.cooldown_s);
-        // Histories of services no longer autoscaled go (one pass over each, not one per pair).
-        let names: BTreeSet<&str> = services.iter().map(|(s, ..)| s.as_str()).collect();
-        self.history.retain(|name, _| names.contains(name.as_str()));
-        for (name, min, max, current) in services {
-            let Some(&arrival) = arrivals.get(name) else { continue };
-            let samples = self.history.entry(name.clone()).or_default();
-            record_sample(samples, LoadSample { t_s: t, arrival_rate: arrival, capacity: *current }, t - horizon);
-            let range = RateRange { provisioned_rps: *current, min_rps: *min, max_rps: *max };
-            match decide_rate(samples.make_contiguous(), range, t, &self.policy, MIN_CHANGE) {
-                Ok(RateDecision::Raise { to_rps } | RateDecision::Lower { to_rps }) => {
-                    out.push(Resize { service: name.clone(), arrival, from: *current, to: to_rps })
-                }
-                Ok(RateDecision::Hold { .. }) => {}
+        // What is kept of services no longer autoscaled goes (one pass over each).
+        let names: BTreeSet<&str> = services.iter().map(|s| s.name.as_str()).collect();
+        self.sizing.retain(|name| names.contains(name));
+        for s in services {
+            let Some(window) = windows.get(&s.name) else { continue };
+            let arrival = window.arrival_rps;
+            if let (Some(prediction), Some(p99_ms)) = (s.prediction, window.p99_ms) {
+                self.sizing.learn(&s.name, t, Window { arrival_rps: arrival, p99_ms }, prediction);
+            }
+            let input = SizingInput {
+                range: RateRange { provisioned_rps: s.current_rps, min_rps: s.min_rps, max_rps: s.max_rps },
+                arrival_rps: arrival,
+                slo_ms: s.slo_ms,
+                prediction: s.prediction,
+            };
+            match self.sizing.decide(&s.name, t, input) {
+                Ok(Some(to)) => out.push(Resize { service: s.name.clone(), arrival, from: s.current_rps, to }),
+                Ok(None) => {}
                 // The inputs were checked when the Service was applied; a refusal here is a
                 // bug to see in the log, and the service stays as it is.
-                Err(e) => tracing::warn!(service = %name, error = %e, "autoscaler: HetSev refused the service's inputs"),
+                Err(e) => tracing::warn!(service = %s.name, error = %e, "autoscaler: HetSev refused the service's inputs"),
             }
         }
         out
@@ -294,18 +318,34 @@ impl Reconciler for Autoscaler {
     }
 
     fn view(&mut self, controller: &Controller) -> ScaleView {
-        let arrivals = controller.reports.arrivals_by_service();
-        let services = controller.read(|d| {
-            d.cluster
+        let (windows, services) = controller.read(|d| {
+            let desired = d.cluster.desired();
+            let windows = controller.reports.windows_by_service(|node, applied| applied >= desired.version(node));
+            let predictions: BTreeMap<&str, Prediction> = match d.cluster.get(Kind::Plan, "current").map(|r| &r.spec) {
+                Some(Spec::Plan(p)) => p
+                    .services
+                    .iter()
+                    .filter(|p| p.infeasible_reason.is_none())
+                    .map(|p| (p.service.as_str(), Prediction { capacity_rps: p.capacity_rps, batch_ms: p.latency_ms }))
+                    .collect(),
+                _ => BTreeMap::new(),
+            };
+            let services = d
+                .cluster
                 .list(Kind::Service)
                 .filter_map(|s| match &s.spec {
-                    Spec::Service(spec) => spec.slo.autoscaling.as_ref().map(|a| {
-                        let current = ServiceStatus::provisioned_rps(&s.status).unwrap_or(a.min_rps);
-                        (s.name.clone(), a.min_rps, a.max_rps, current)
+                    Spec::Service(spec) => spec.slo.autoscaling.as_ref().map(|a| Autoscaled {
+                        name: s.name.clone(),
+                        min_rps: a.min_rps,
+                        max_rps: a.max_rps,
+                        current_rps: ServiceStatus::provisioned_rps(&s.status).unwrap_or(a.min_rps),
+                        slo_ms: spec.slo.latency_ms,
+                        prediction: predictions.get(s.name.as_str()).copied(),
                     }),
                     _ => None,
                 })
-                .collect()
+                .collect();
+            (windows, services)
         });
         // The fleet view is made again only when what it is made of changed: at 10,000
         // hosts it is a planning pass over 80,000 GPUs.
@@ -320,13 +360,13 @@ impl Reconciler for Autoscaler {
             let inputs = inputs || new_demand;
             (self.fleet.is_none() || inputs || plan).then(|| (controller.read(|d| d.cluster.resources_only()), inputs))
         });
-        ScaleView { arrivals, services, refresh, demand }
+        ScaleView { windows, services, refresh, demand }
     }
 
     fn pass(&mut self, view: ScaleView, now: Instant, _cancelled: &dyn Fn() -> bool) -> Pass {
         let t = now.saturating_duration_since(self.started).as_secs_f64();
         let mut pass = Pass::default();
-        self.resizing = self.resizes(&view.arrivals, &view.services, t);
+        self.resizing = self.resizes(&view.windows, &view.services, t);
         for r in &self.resizing {
             let status = ServiceStatus { provisioned_rps: r.to, arrival_rps: r.arrival }.to_json();
             let command = Command::PutStatus { kind: Kind::Service, name: r.service.clone(), status: status.into(), expected_version: 0 };
@@ -459,10 +499,15 @@ mod tests {
         t0 + std::time::Duration::from_secs(s)
     }
 
+    fn web(provisioned: f64, prediction: Option<Prediction>) -> Autoscaled {
+        Autoscaled { name: "web".into(), min_rps: 10.0, max_rps: 1000.0, current_rps: provisioned, slo_ms: 100.0, prediction }
+    }
+
+    /// "web" not planned yet: sized at the configured saturation.
     fn view(arrival: f64, provisioned: f64) -> ScaleView {
         ScaleView {
-            arrivals: [("web".to_string(), arrival)].into(),
-            services: vec![("web".into(), 10.0, 1000.0, provisioned)],
+            windows: [("web".to_string(), ServiceWindow { arrival_rps: arrival, p99_ms: None })].into(),
+            services: vec![web(provisioned, None)],
             refresh: None,
             demand: None,
         }
@@ -498,6 +543,37 @@ mod tests {
         assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 13), &|| false)).is_empty());
         assert!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 42), &|| false)).is_empty(), "the cool-down counts from 13");
         assert_eq!(resized_to(&a.pass(view(20.0, 125.0), at(t0, 43), &|| false)), vec![25.0]);
+    }
+
+    #[test]
+    fn a_service_slower_than_its_profile_is_sized_for_less_saturation_than_one_as_profiled() {
+        let t0 = Instant::now();
+        // Planned for 125 req/s in 20 ms batches, SLO 100 ms; load 100 req/s (ρ = 0.8 of it).
+        let plan = Prediction { capacity_rps: 125.0, batch_ms: 20.0 };
+        let run = |slowdown: f64| {
+            let mut a = Autoscaler::with(&settings(false), 1, None, t0);
+            let (mut provisioned, mut to) = (125.0, Vec::new());
+            for s in 0..=600 {
+                let p99_ms = slowdown * planner::policy::slo_headroom::predicted_p99_ms(20.0, 0.8);
+                let view = ScaleView {
+                    windows: [("web".to_string(), ServiceWindow { arrival_rps: 100.0, p99_ms: Some(p99_ms) })].into(),
+                    services: vec![web(provisioned, Some(plan))],
+                    refresh: None,
+                    demand: None,
+                };
+                let moved = resized_to(&a.pass(view, at(t0, s), &|| false));
+                provisioned = moved.last().copied().unwrap_or(provisioned);
+                to.extend(moved);
+            }
+            to
+        };
+        // As profiled: 3 batch times at ρ = 0.8 is 60 ms, within 100 ms; 0.8 is the bound.
+        assert!(run(1.0).is_empty(), "within the configured saturation: no move");
+        // Twice as slow: 2 · 20 · (1 + ρ / (2 (1 − ρ))) ≤ 100 gives ρ ≤ 0.75, so 100 req/s
+        // needs 133 provisioned, raised once the correction has learnt it.
+        let to = run(2.0);
+        assert_eq!(to.len(), 1, "{to:?}");
+        assert!((to[0] - 100.0 / 0.75).abs() < 1.0, "{to:?}");
     }
 
     fn a2_fleet(planned: u32, available: u32, autoscaled: &[&str], plan_nodes: &[&str]) -> FleetView {
@@ -537,7 +613,7 @@ mod tests {
         let demand: GpuDemand = std::sync::Arc::new([("A100-80GB".to_string(), 4)].into());
         // No service in the state: planned itself, the view would need nothing.
         let refresh = |demand: Option<GpuDemand>| ScaleView {
-            arrivals: BTreeMap::new(),
+            windows: BTreeMap::new(),
             services: Vec::new(),
             refresh: Some((ClusterState::default(), true)),
             demand,
@@ -552,7 +628,7 @@ mod tests {
     fn the_shortfall_is_launched_once_and_an_idle_launched_node_goes_after_the_cool_down() {
         let t0 = Instant::now();
         let mut a = Autoscaler::with(&settings(true), 7, None, t0);
-        let quiet = || ScaleView { arrivals: BTreeMap::new(), services: Vec::new(), refresh: None, demand: None };
+        let quiet = || ScaleView { windows: BTreeMap::new(), services: Vec::new(), refresh: None, demand: None };
         // The plan needs 4 GPUs, the fleet has 1: two 2-GPU nodes.
         a.fleet = Some(a2_fleet(4, 1, &[], &[]));
         let pass = a.pass(quiet(), at(t0, 0), &|| false);

@@ -54,7 +54,8 @@ pub struct LoopSettings {
     pub cooldown_s: f64,
     /// HetSev's λ: weight of the launch latency against the price, per second.
     pub lambda_per_s: f64,
-    /// The throughput saturation services are sized to (HetSev's 80%).
+    /// The highest throughput saturation a service is sized to (HetSev's 80%); each is sized
+    /// below it as far as its SLO needs (`planner::policy::slo_headroom`).
     pub target_saturation: f64,
     /// Run the GSLICE tuner on the MPS-only GPUs of the committed plan.
     pub tuner: bool,

@@ -11,6 +11,7 @@ pub mod pools;
 pub mod quota;
 mod replan;
 pub mod scaling;
+pub mod sizing;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::{gpu_price, instance_types, planning_input};
