@@ -15,7 +15,14 @@
 //!   the sum the plan validation and the agents bound) never exceed 100. Decreases are
 //!   applied first so that what they free is there for increases in the same pass;
 //!   increases then go in plan order and are clipped to the free share (the decision says
-//!   so). GSLICE Sec. 3.2.3 would instead re-divide the whole GPU by weighted max-min fair
+//!   so).
+//! * A decrease is made only when an increase on the same GPU in the same pass needs the
+//!   share it frees, and only as many as that needs (plan order). A share is fixed when its
+//!   process creates its CUDA context, so every move restarts the process: a decrease that
+//!   frees share no one here asks for gains nothing until the next re-plan, which sizes the
+//!   GPU afresh anyway, and costs a restart (issue 59: a move must pay for its restart).
+//!   GSLICE decreases to make room for other functions it then places; gpuplane places
+//!   only by re-planning. GSLICE Sec. 3.2.3 would instead re-divide the whole GPU by weighted max-min fair
 //!   share; taking share from other services' workloads is left to a re-plan.
 //! * Shares never go below the GSLICE floor ([`TunerConfig::min_gpu_pct`]; Algorithm 1's
 //!   lower bound) and are whole percents: the agent rounds `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
@@ -137,6 +144,9 @@ pub enum ShareOutcome {
     /// An increase with less than a whole percent free on the GPU. Algorithm 1 took the
     /// decision, so its hold-down runs: a full GPU is not asked again on every pass.
     NoFreeShare { from_pct: f64, wanted_pct: f64 },
+    /// A decrease no increase on the GPU needs in this pass: not worth its restart. As with
+    /// [`ShareOutcome::NoFreeShare`], its hold-down runs.
+    NotNeeded { from_pct: f64, wanted_pct: f64 },
     /// A change smaller than the whole percent the share is set in.
     RoundsToCurrent { from_pct: f64, wanted_pct: f64 },
     /// Algorithm 1 holds; the reason is in the decision.
@@ -284,34 +294,48 @@ fn observe_gpu(
     proposals
 }
 
-/// Applies the moves to `gpu`: decreases first, then increases within the free share.
-/// Returns the decisions in plan order.
+/// Applies the moves to `gpu`: the decreases the increases need first (in plan order, as
+/// far as they need them), then the increases within the free share. Returns the decisions
+/// in plan order.
 fn apply_to_gpu(gpu: &mut GpuAssignment, proposals: Vec<Proposal>, settings: &TuningSettings) -> Vec<ShareDecision> {
     let floor_pct = settings.gslice.min_gpu_pct.ceil();
     let mut used: f64 = gpu.workloads.iter().map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum();
     let mut decisions: Vec<(usize, ShareDecision)> = Vec::new();
-    let mut increases = Vec::new();
+    let (mut increases, mut decreases) = (Vec::new(), Vec::new());
     for proposal in proposals {
         match proposal {
             Proposal::Decided { index, decision } => decisions.push((index, decision)),
-            Proposal::Move { index, workload, decision, to_pct } => {
-                let w = &mut gpu.workloads[index];
-                let from_pct = w.mps_percent;
-                if to_pct > from_pct {
-                    increases.push((index, workload, decision, to_pct));
-                    continue;
-                }
-                let wanted_pct = to_pct.round().max(floor_pct);
-                let outcome = if wanted_pct >= from_pct {
-                    ShareOutcome::RoundsToCurrent { from_pct, wanted_pct }
-                } else {
-                    w.mps_percent = wanted_pct;
-                    used -= (from_pct - wanted_pct) * f64::from(w.processes);
-                    ShareOutcome::Changed { from_pct, to_pct: wanted_pct }
-                };
-                decisions.push((index, ShareDecision { workload, gslice: Some(decision), outcome }));
+            Proposal::Move { index, workload, decision, to_pct } if to_pct > gpu.workloads[index].mps_percent => {
+                increases.push((index, workload, decision, to_pct))
             }
+            Proposal::Move { index, workload, decision, to_pct } => decreases.push((index, workload, decision, to_pct)),
         }
+    }
+    // What the increases ask beyond the GPU's free share, in whole percents.
+    let mut short: f64 = increases
+        .iter()
+        .map(|(index, _, _, to_pct)| {
+            let w = &gpu.workloads[*index];
+            (to_pct.round().min(100.0) - w.mps_percent).max(0.0) * f64::from(w.processes)
+        })
+        .sum::<f64>()
+        - (100.0 - used).max(0.0);
+    for (index, workload, decision, to_pct) in decreases {
+        let w = &mut gpu.workloads[index];
+        let from_pct = w.mps_percent;
+        let wanted_pct = to_pct.round().max(floor_pct);
+        let outcome = if wanted_pct >= from_pct {
+            ShareOutcome::RoundsToCurrent { from_pct, wanted_pct }
+        } else if short <= 0.0 {
+            ShareOutcome::NotNeeded { from_pct, wanted_pct }
+        } else {
+            w.mps_percent = wanted_pct;
+            let freed = (from_pct - wanted_pct) * f64::from(w.processes);
+            used -= freed;
+            short -= freed;
+            ShareOutcome::Changed { from_pct, to_pct: wanted_pct }
+        };
+        decisions.push((index, ShareDecision { workload, gslice: Some(decision), outcome }));
     }
     for (index, workload, decision, to_pct) in increases {
         let w = &mut gpu.workloads[index];
@@ -437,20 +461,28 @@ mod tests {
     }
 
     #[test]
-    fn headroom_in_both_residuals_lowers_the_share() {
+    fn headroom_in_both_residuals_lowers_the_share_only_for_a_neighbour_that_needs_it() {
         let p = plan(vec![gpu("n1", "GPU-0", vec![wl("web", 60.0, 10.0)])]);
         // residualL = 40 − 36 = 4 (10%), residualT = 110 − 100 = 10 (10%): changeFactor =
-        // max(4/36, 10/110) = 1/9, so 60 − 6.67 = 53.3 → 53.
-        let pass = tune_shares(
-            &p,
-            &slos(&[("web", 50.0)]),
-            &measured(&[("n1", "web", 36.0, 110.0, 100.0)]),
-            0.0,
-            &instant(),
-            &mut TunerState::default(),
+        // max(4/36, 10/110) = 1/9, so 60 − 6.67 = 53.3 → 53. No one on the GPU needs the
+        // 7 points: not worth a restart.
+        let headroom = measured(&[("n1", "web", 36.0, 110.0, 100.0)]);
+        let pass = tune_shares(&p, &slos(&[("web", 50.0)]), &headroom, 0.0, &instant(), &mut TunerState::default());
+        assert_eq!(outcomes(&pass), vec![ShareOutcome::NotNeeded { from_pct: 60.0, wanted_pct: 53.0 }]);
+        assert!(matches!(pass.decisions[0].gslice.unwrap().action, TuningAction::Decrease { .. }));
+        assert_eq!(pass.plan, None);
+        // A full GPU whose other workload misses its target: the decrease makes room for it.
+        let full = plan(vec![gpu("n1", "GPU-0", vec![wl("web", 60.0, 10.0), wl("ocr", 30.0, 0.0)])]);
+        let m = measured(&[("n1", "web", 36.0, 110.0, 100.0), ("n1", "ocr", 80.0, 100.0, 100.0)]);
+        let pass = tune_shares(&full, &slos(&[("web", 50.0), ("ocr", 50.0)]), &m, 0.0, &instant(), &mut TunerState::default());
+        assert_eq!(
+            outcomes(&pass),
+            vec![
+                ShareOutcome::Changed { from_pct: 60.0, to_pct: 53.0 },
+                ShareOutcome::Clipped { from_pct: 30.0, wanted_pct: 45.0, to_pct: 37.0 }
+            ]
         );
-        assert_eq!(outcomes(&pass), vec![ShareOutcome::Changed { from_pct: 60.0, to_pct: 53.0 }]);
-        assert_eq!(pass.plan.unwrap().gpus[0].workloads[0].mps_percent, 53.0);
+        assert_eq!(total(&pass.plan.unwrap().gpus[0]), 100.0);
         // Latency headroom alone (throughput only 2% over the arrivals) holds.
         let pass = tune_shares(
             &p,
@@ -462,6 +494,25 @@ mod tests {
         );
         assert_eq!(outcomes(&pass), vec![ShareOutcome::Held]);
         assert_eq!(pass.plan, None);
+    }
+
+    #[test]
+    fn only_the_decreases_an_increase_needs_are_made() {
+        // A full GPU: "a" and "b" have headroom, "c" misses its target (40 ms).
+        let p = plan(vec![gpu("n1", "GPU-0", vec![wl("a", 40.0, 0.0), wl("b", 40.0, 0.0), wl("c", 20.0, 0.0)])]);
+        let m = measured(&[("n1", "a", 36.0, 110.0, 100.0), ("n1", "b", 36.0, 110.0, 100.0), ("n1", "c", 44.0, 100.0, 100.0)]);
+        let pass = tune_shares(&p, &slos(&[("a", 50.0), ("b", 50.0), ("c", 50.0)]), &m, 0.0, &instant(), &mut TunerState::default());
+        // c: 40 − 44 = −4, changeFactor 4/44: 20 → 21.8 → 22, 2 points short. a's decrease
+        // (40 → 36) covers them; b's is not needed.
+        assert_eq!(
+            outcomes(&pass),
+            vec![
+                ShareOutcome::Changed { from_pct: 40.0, to_pct: 36.0 },
+                ShareOutcome::NotNeeded { from_pct: 40.0, wanted_pct: 36.0 },
+                ShareOutcome::Changed { from_pct: 20.0, to_pct: 22.0 },
+            ]
+        );
+        assert_eq!(total(&pass.plan.unwrap().gpus[0]), 98.0);
     }
 
     #[test]
@@ -540,18 +591,19 @@ mod tests {
 
     #[test]
     fn shares_never_go_below_the_gslice_floor() {
-        let slo = slos(&[("web", 50.0)]);
-        let idle = measured(&[("n1", "web", 1.0, 1000.0, 100.0)]);
-        let p = plan(vec![gpu("n1", "GPU-0", vec![wl("web", 20.0, 10.0)])]);
-        let pass = tune_shares(&p, &slo, &idle, 0.0, &instant(), &mut TunerState::default());
-        assert_eq!(outcomes(&pass), vec![ShareOutcome::Changed { from_pct: 20.0, to_pct: 5.0 }]);
+        let slo = slos(&[("web", 50.0), ("hungry", 50.0)]);
+        // "web" idles on a full GPU next to "hungry", which misses its target badly.
+        let m = measured(&[("n1", "web", 1.0, 1000.0, 100.0), ("n1", "hungry", 400.0, 100.0, 100.0)]);
+        let p = plan(vec![gpu("n1", "GPU-0", vec![wl("web", 20.0, 10.0), wl("hungry", 70.0, 0.0)])]);
+        let pass = tune_shares(&p, &slo, &m, 0.0, &instant(), &mut TunerState::default());
+        assert_eq!(outcomes(&pass)[0], ShareOutcome::Changed { from_pct: 20.0, to_pct: 5.0 });
         // At the floor: held there.
-        let pass = tune_shares(&pass.plan.unwrap(), &slo, &idle, 0.0, &instant(), &mut TunerState::default());
+        let pass = tune_shares(&pass.plan.unwrap(), &slo, &m, 0.0, &instant(), &mut TunerState::default());
         assert_eq!(pass.decisions[0].gslice.unwrap().action, TuningAction::Hold { reason: HoldReason::AtBound { bound_pct: 5.0 } });
         // A fractional floor is rounded up, never down.
         let floor = TuningSettings::new(0.8, TunerConfig { ewma_weight: 1.0, min_gpu_pct: 7.5, ..TunerConfig::default() }).unwrap();
-        let pass = tune_shares(&p, &slo, &idle, 0.0, &floor, &mut TunerState::default());
-        assert_eq!(outcomes(&pass), vec![ShareOutcome::Changed { from_pct: 20.0, to_pct: 8.0 }]);
+        let pass = tune_shares(&p, &slo, &m, 0.0, &floor, &mut TunerState::default());
+        assert_eq!(outcomes(&pass)[0], ShareOutcome::Changed { from_pct: 20.0, to_pct: 8.0 });
     }
 
     #[test]
