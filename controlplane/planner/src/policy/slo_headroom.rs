@@ -85,7 +85,8 @@ pub enum Skipped {
 /// M/D/1 (Pollaczek–Khinchine) mean sojourn time at utilisation `rho`, in batch times of
 /// `batch_ms`, ms; infinite at or past saturation.
 pub fn predicted_p99_ms(batch_ms: f64, rho: f64) -> f64 {
-    if !(rho < 1.0) {
+    // NaN too.
+    if rho.is_nan() || rho >= 1.0 {
         return f64::INFINITY;
     }
     let rho = rho.max(0.0);
