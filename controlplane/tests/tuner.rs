@@ -1,8 +1,9 @@
 //! The GSLICE tuner on a 3-node cluster: a committed plan with an MPS-only GPU, an agent
 //! reporting windows for one of its services; the leader raises that service's share while
 //! the p99 misses the target, no sooner than the hold-down after the previous change and
-//! never past the GPU's free share, lowers it when latency and throughput have headroom, and
-//! the provisioner neither reverts the tuned plan nor stops re-planning when its inputs change.
+//! never past the GPU's free share, keeps it when latency and throughput have headroom but no
+//! neighbour needs the share, and the provisioner neither reverts the tuned plan nor stops
+//! re-planning when its inputs change.
 
 mod common;
 
@@ -191,22 +192,15 @@ async fn the_leader_tunes_mps_shares_from_reported_windows_with_hold_down_and_th
         "the second change came within the hold-down of the first (both after {deficit_from:?})"
     );
 
-    // Headroom in both residuals (10 ms against 40, 130 served for 100 arriving): down, once
-    // the averages have come round.
+    // Headroom in both residuals (10 ms against 40, 130 served for 100 arriving): GSLICE would
+    // lower web's share, but nothing on the GPU asks for it (batch reports no window), so the
+    // tuner does not restart web for it. Three hold-downs later, new inputs (batch's rate):
+    // the next committed plan is the provisioner's re-plan, not a tuner's write.
     *window.lock().unwrap() = (10.0, 130.0, 100.0);
-    let third = next_plan(&mut plans).await;
-    let s3 = tuned(&third);
-    assert!((5.0..s2).contains(&s3), "lowered from {s2} to {s3}, not below GSLICE's 5% floor");
-    assert!(third.version > second.version);
-
-    // New inputs (batch's rate): the provisioner re-plans from them, replacing the tuned plan.
+    tokio::time::sleep(Duration::from_secs_f64(3.0 * HOLD_DOWN_S)).await;
     client.put(service("batch", 20.0, 200.0), proto::WriteMode::Update).await.unwrap();
-    let replanned = loop {
-        let seen = next_plan(&mut plans).await;
-        if seen.digest() != digest {
-            break seen;
-        }
-    };
+    let replanned = next_plan(&mut plans).await;
+    assert_ne!(replanned.digest(), digest, "no lowering of a share no one needs came first: {replanned:?}");
     assert!(!replanned.digest().is_empty());
     assert!(replanned.share("web").is_none(), "the provisioner's own plan places nothing on the T4: {replanned:?}");
     agent.abort();
