@@ -574,7 +574,8 @@ impl Policy for Gpuplane {
             }
             let Some(prediction) = self.prediction(i) else { continue };
             let p99_ms = if p99_ms[i].is_finite() { p99_ms[i] } else { OVERLOADED_P99 * self.services[i].slo_ms };
-            self.sizing.learn(&self.services[i].name, f64::from(t), Window { arrival_rps: loads[i], p99_ms }, prediction);
+            let s = &self.services[i];
+            self.sizing.learn(&s.name, f64::from(t), s.slo_ms, Window { arrival_rps: loads[i], p99_ms }, prediction);
         }
         if !(t + 1).is_multiple_of(self.tune_every_s) {
             return;

@@ -234,7 +234,7 @@ impl Autoscaler {
             let Some(window) = windows.get(&s.name) else { continue };
             let arrival = window.arrival_rps;
             if let (Some(prediction), Some(p99_ms)) = (s.prediction, window.p99_ms) {
-                self.sizing.learn(&s.name, t, Window { arrival_rps: arrival, p99_ms }, prediction);
+                self.sizing.learn(&s.name, t, s.slo_ms, Window { arrival_rps: arrival, p99_ms }, prediction);
             }
             let input = SizingInput {
                 range: RateRange { provisioned_rps: s.current_rps, min_rps: s.min_rps, max_rps: s.max_rps },

@@ -126,9 +126,10 @@ impl ServiceSizing {
     }
 
     /// Learns from `service`'s window at `t_s` (of agents that run the current plan, whose
-    /// `prediction` it is). A window it cannot learn from (idle, saturated) is not learnt from.
-    pub fn learn(&mut self, service: &str, t_s: f64, window: Window, prediction: Prediction) {
-        let _ = self.headroom.observe(service, t_s, window, prediction);
+    /// `prediction` it is; its SLO `slo_ms`). A window the correction cannot learn from
+    /// (idle, saturated) still counts as met or missed.
+    pub fn learn(&mut self, service: &str, t_s: f64, slo_ms: f64, window: Window, prediction: Prediction) {
+        let _ = self.headroom.observe(service, t_s, slo_ms, window, prediction);
     }
 
     /// The rate `service` is to be provisioned for from `t_s` on, when it moves.

@@ -201,13 +201,13 @@ impl LatencyCorrection {
     }
 
     /// `k(ρ) = exp(fit(ρ) + z √(residual variance))` at `now_s`, within [`MIN_FACTOR`,
-    /// `MAX_FACTOR`]: the ratio's [`GOAL_Z`] quantile at utilisation `rho`.
-    pub fn factor(&self, now_s: f64, rho: f64) -> f64 {
+    /// `MAX_FACTOR`]: the ratio's `z` quantile at utilisation `rho`.
+    pub fn factor(&self, now_s: f64, rho: f64, z: f64) -> f64 {
         let c = self.relaxed(now_s);
         let b = c.slope();
         let fit = c.mean + b * (rho - c.mean_rho);
         let residual = c.variance - 2.0 * b * c.covariance + b * b * c.var_rho;
-        let k = (fit + GOAL_Z * residual.max(0.0).sqrt()).exp();
+        let k = (fit + z * residual.max(0.0).sqrt()).exp();
         if k.is_finite() {
             k.clamp(MIN_FACTOR, MAX_FACTOR)
         } else {
@@ -228,10 +228,68 @@ pub struct Headroom {
     pub capacity_cannot_meet_slo: bool,
 }
 
+/// The share of its windows a service misses its SLO in that it is allowed: half the goal's
+/// 0.1%, as margin for the services that miss more whatever they are given.
+pub const MISS_BUDGET: f64 = 0.0005;
+/// The time constant of the missed share's EWMA, s: a budget of 0.05% needs hours of windows
+/// to be told from zero.
+pub const ATTAINMENT_TIME_CONSTANT_S: f64 = 7200.0;
+/// Bounds of the quantile the correction aims at (95% and beyond the goal's 99.9%).
+pub const MIN_Z: f64 = 1.645;
+pub const MAX_Z: f64 = 4.0;
+/// How fast the quantile follows the missed share: per second, times the log of the missed
+/// share over the budget (bounded to ±ln 10), so about 0.6 an hour when nothing is missed.
+const Z_RATE_PER_S: f64 = 1.0 / 14_400.0;
+
+/// What a service's windows show of its SLO: the share missed, and the quantile its
+/// correction aims at, moved by that share against [`MISS_BUDGET`]. [`GOAL_Z`] aims each
+/// window at the goal where the load reaches the autoscaler's trigger, which it does only
+/// part of the day: a service that misses none for hours is sized with less margin, one
+/// that misses more than its budget with more (an integral controller on the share missed).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attainment {
+    missed: f64,
+    z: f64,
+    at_s: Option<f64>,
+}
+
+impl Default for Attainment {
+    fn default() -> Self {
+        // Neutral: the quantile stays put until the windows say otherwise.
+        Attainment { missed: MISS_BUDGET * 0.9, z: GOAL_Z, at_s: None }
+    }
+}
+
+impl Attainment {
+    /// One window at `now_s` that met its SLO or `missed` it.
+    pub fn observe(&mut self, now_s: f64, missed: bool) {
+        if !now_s.is_finite() {
+            return;
+        }
+        let dt = self.at_s.map_or(1.0, |at| (now_s - at).clamp(0.0, MAX_WINDOW_S));
+        let a = 1.0 - (-dt / ATTAINMENT_TIME_CONSTANT_S).exp();
+        self.missed += a * (f64::from(u8::from(missed)) - self.missed);
+        let error = ((self.missed + MISS_BUDGET / 10.0) / MISS_BUDGET).ln().clamp(-(10f64.ln()), 10f64.ln());
+        self.z = (self.z + error * dt * Z_RATE_PER_S).clamp(MIN_Z, MAX_Z);
+        self.at_s = Some(self.at_s.map_or(now_s, |at| at.max(now_s)));
+    }
+
+    /// The quantile the correction aims at.
+    pub fn z(&self) -> f64 {
+        self.z
+    }
+
+    /// The share of windows missed (EWMA).
+    pub fn missed(&self) -> f64 {
+        self.missed
+    }
+}
+
 /// What is kept of one service.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Service {
     correction: LatencyCorrection,
+    attainment: Attainment,
     /// The widest batch time of the plans seen for it within [`BATCH_MEMORY_S`], ms, and
     /// since when it has been the widest.
     widest_batch: Option<(f64, f64)>,
@@ -266,15 +324,21 @@ impl SloHeadroom {
 
     fn service(&mut self, name: &str) -> &mut Service {
         if !self.services.contains_key(name) {
-            let fresh = Service { correction: LatencyCorrection::new(self.time_constant_s), widest_batch: None };
+            let fresh =
+                Service { correction: LatencyCorrection::new(self.time_constant_s), attainment: Attainment::default(), widest_batch: None };
             self.services.insert(name.to_string(), fresh);
         }
         self.services.get_mut(name).expect("inserted above")
     }
 
-    /// Learns from `service`'s window at `now_s`.
-    pub fn observe(&mut self, service: &str, now_s: f64, window: Window, prediction: Prediction) -> Result<(), Skipped> {
-        self.service(service).correction.observe(now_s, window, prediction)
+    /// Learns from `service`'s window at `now_s` (its SLO `slo_ms`): the correction, and
+    /// whether the window met the SLO (any window with completions, saturated ones too).
+    pub fn observe(&mut self, service: &str, now_s: f64, slo_ms: f64, window: Window, prediction: Prediction) -> Result<(), Skipped> {
+        let s = self.service(service);
+        if window.arrival_rps > 0.0 && window.p99_ms > 0.0 && slo_ms > 0.0 {
+            s.attainment.observe(now_s, window.p99_ms > slo_ms);
+        }
+        s.correction.observe(now_s, window, prediction)
     }
 
     /// The saturation to size `service` for at `now_s`, at most `upper`, from its current
@@ -289,8 +353,8 @@ impl SloHeadroom {
             }
         }
         let widest = s.widest_batch.map_or(batch, |(b, _)| b);
-        let correction = s.correction;
-        let factor_at = |rho| correction.factor(now_s, rho);
+        let (correction, z) = (s.correction, s.attainment.z());
+        let factor_at = |rho| correction.factor(now_s, rho, z);
         match saturation_for_slo(slo_ms, widest, factor_at, upper) {
             Some(saturation) => Headroom { saturation, factor: factor_at(saturation), capacity_cannot_meet_slo: false },
             None => {
@@ -377,7 +441,7 @@ mod tests {
     #[test]
     fn the_correction_converges_on_a_service_30_percent_slower_than_its_profile() {
         let mut c = LatencyCorrection::new(DEFAULT_TIME_CONSTANT_S);
-        assert_eq!(c.factor(0.0, 0.5), 1.0, "the profile until something is seen");
+        assert_eq!(c.factor(0.0, 0.5, GOAL_Z), 1.0, "the profile until something is seen");
         // Without noise, at loads from 0.3 to 0.7: k → 1.3 at every load.
         for t in 0..6_000 {
             let rho = 0.3 + 0.4 * f64::from(t % 50) / 50.0;
@@ -385,11 +449,11 @@ mod tests {
             c.observe(f64::from(t), Window { arrival_rps: rho * PLAN.capacity_rps, p99_ms: p99 }, PLAN).unwrap();
         }
         for rho in [0.3, 0.5, 0.8] {
-            assert!((c.factor(6_000.0, rho) - 1.3).abs() < 0.01, "at {rho}: {}", c.factor(6_000.0, rho));
+            assert!((c.factor(6_000.0, rho, GOAL_Z) - 1.3).abs() < 0.01, "at {rho}: {}", c.factor(6_000.0, rho, GOAL_Z));
         }
         // Sized with it: the corrected p99 at the target meets the SLO, a grid step short.
-        let rho = saturation_for_slo(100.0, 20.0, |r| c.factor(6_000.0, r), 1.0).unwrap();
-        assert!(on_grid_below(Some(rho), closed_form(100.0, 20.0, c.factor(6_000.0, rho))), "{rho}");
+        let rho = saturation_for_slo(100.0, 20.0, |r| c.factor(6_000.0, r, GOAL_Z), 1.0).unwrap();
+        assert!(on_grid_below(Some(rho), closed_form(100.0, 20.0, c.factor(6_000.0, rho, GOAL_Z))), "{rho}");
 
         // With log-normal noise of σ = 0.1 around it: k → 1.3 · e^(3.09 · 0.1) ≈ 1.77, the
         // ratio's 99.9th percentile.
@@ -398,7 +462,7 @@ mod tests {
             let p99 = 1.3 * (0.1 * z(t)).exp() * predicted_p99_ms(20.0, 0.6);
             c.observe(f64::from(t), Window { arrival_rps: 60.0, p99_ms: p99 }, PLAN).unwrap();
         }
-        let k = c.factor(20_000.0, 0.6);
+        let k = c.factor(20_000.0, 0.6, GOAL_Z);
         let expected = 1.3 * (GOAL_Z * 0.1_f64).exp();
         assert!((k / expected - 1.0).abs() < 0.08, "k {k}, expected about {expected}");
     }
@@ -416,12 +480,12 @@ mod tests {
         }
         // The trend is the fit's, not spread: the factor at the heavy end is far below what a
         // constant correction with its variance would give.
-        let (light, heavy) = (c.factor(6_000.0, 0.3), c.factor(6_000.0, 0.7));
+        let (light, heavy) = (c.factor(6_000.0, 0.3, GOAL_Z), c.factor(6_000.0, 0.7, GOAL_Z));
         assert!(heavy < light, "{light} {heavy}");
         assert!(heavy < 0.75, "{heavy}");
         let mut constant = c;
         (constant.var_rho, constant.covariance) = (0.0, 0.0);
-        assert!(constant.factor(6_000.0, 0.7) > 1.0, "{}", constant.factor(6_000.0, 0.7));
+        assert!(constant.factor(6_000.0, 0.7, GOAL_Z) > 1.0, "{}", constant.factor(6_000.0, 0.7, GOAL_Z));
     }
 
     #[test]
@@ -434,7 +498,7 @@ mod tests {
             let arrival = f64::from(t % 7) * 13.0 + 1.0;
             c.observe(f64::from(t), Window { arrival_rps: arrival, p99_ms: p99 }, PLAN).unwrap();
             for rho in [0.0, 0.5, 1.0, 10.0] {
-                let k = c.factor(f64::from(t), rho);
+                let k = c.factor(f64::from(t), rho, GOAL_Z);
                 assert!((MIN_FACTOR..=MAX_FACTOR).contains(&k), "{k}");
             }
         }
@@ -442,9 +506,9 @@ mod tests {
         for t in 0..600 {
             c.observe(f64::from(t), Window { arrival_rps: 50.0, p99_ms: 2.0 * predicted_p99_ms(20.0, 0.5) }, PLAN).unwrap();
         }
-        assert!((c.factor(600.0, 0.5) - 2.0).abs() < 0.01);
+        assert!((c.factor(600.0, 0.5, GOAL_Z) - 2.0).abs() < 0.01);
         // An hour without windows (sixty time constants): back to the profile.
-        assert!((c.factor(600.0 + 3_600.0, 0.5) - 1.0).abs() < 1e-6, "{}", c.factor(4_200.0, 0.5));
+        assert!((c.factor(600.0 + 3_600.0, 0.5, GOAL_Z) - 1.0).abs() < 1e-6, "{}", c.factor(4_200.0, 0.5, GOAL_Z));
         // Refused windows change nothing.
         let before = c;
         let bad = [
@@ -464,13 +528,52 @@ mod tests {
     }
 
     #[test]
+    fn the_quantile_follows_the_share_of_windows_missed() {
+        let day = |miss_every: Option<u32>| {
+            let mut a = Attainment::default();
+            for t in 0..86_400 {
+                a.observe(f64::from(t), miss_every.is_some_and(|n| t % n == 0));
+            }
+            a
+        };
+        // None missed for a day: the least margin.
+        assert_eq!(day(None).z(), MIN_Z);
+        // One in a hundred: the most.
+        assert_eq!(day(Some(100)).z(), MAX_Z);
+        // About the budget (one in 2,000 = 0.05%): near where it started.
+        let at_budget = day(Some(2_000));
+        assert!((at_budget.z() - GOAL_Z).abs() < 1.0, "{at_budget:?}");
+        assert!((at_budget.missed() / MISS_BUDGET - 1.0).abs() < 0.8, "{at_budget:?}");
+        // A bad clock changes nothing.
+        let mut a = Attainment::default();
+        a.observe(f64::NAN, true);
+        assert_eq!(a, Attainment::default());
+    }
+
+    #[test]
+    fn a_service_that_misses_nothing_for_hours_is_sized_with_less_margin() {
+        let mut h = SloHeadroom::new(600.0);
+        let noisy = |t: u32| (0.1 * z(t)).exp() * predicted_p99_ms(20.0, 0.5);
+        let at = |h: &mut SloHeadroom, now: f64| h.saturation("web", now, 100.0, PLAN, 0.95).saturation;
+        for t in 0..600 {
+            h.observe("web", f64::from(t), 100.0, Window { arrival_rps: 50.0, p99_ms: noisy(t) }, PLAN).unwrap();
+        }
+        let early = at(&mut h, 600.0);
+        for t in 600..6 * 3_600 {
+            h.observe("web", f64::from(t), 100.0, Window { arrival_rps: 50.0, p99_ms: noisy(t) }, PLAN).unwrap();
+        }
+        let late = at(&mut h, 6.0 * 3_600.0);
+        assert!(late > early, "{early} → {late}");
+    }
+
+    #[test]
     fn each_service_has_its_own_headroom_and_a_hopeless_one_is_not_given_more() {
         let mut h = SloHeadroom::new(60.0);
         // "fast" runs as profiled; "slow" at twice its profile.
         for t in 0..1_000 {
             let now = f64::from(t);
-            h.observe("fast", now, Window { arrival_rps: 50.0, p99_ms: predicted_p99_ms(20.0, 0.5) }, PLAN).unwrap();
-            h.observe("slow", now, Window { arrival_rps: 50.0, p99_ms: 2.0 * predicted_p99_ms(20.0, 0.5) }, PLAN).unwrap();
+            h.observe("fast", now, 100.0, Window { arrival_rps: 50.0, p99_ms: predicted_p99_ms(20.0, 0.5) }, PLAN).unwrap();
+            h.observe("slow", now, 100.0, Window { arrival_rps: 50.0, p99_ms: 2.0 * predicted_p99_ms(20.0, 0.5) }, PLAN).unwrap();
         }
         let fast = h.saturation("fast", 1_000.0, 100.0, PLAN, 0.8);
         let slow = h.saturation("slow", 1_000.0, 100.0, PLAN, 0.8);
