@@ -16,9 +16,12 @@
 //!   (arrivals over the planned capacity) feeds time-weighted EWMAs of the moments of ρ and
 //!   `ln r` (the first window sets the means), which fit `ln r` as a line in ρ: the model is
 //!   off by an amount that depends on the load, and a constant correction would take that
-//!   trend for spread. The factor at ρ is `k(ρ) = exp(fit(ρ) + z √(residual variance))`,
-//!   `z` the normal quantile of the SLO goal ([`GOAL_Z`], 99.9% of windows): the ratio's
-//!   high percentile must fit, not its mean. The slope is bounded ([`MAX_SLOPE`], and a
+//!   trend for spread. The factor at ρ is `k(ρ) = exp(fit(ρ) + z √(residual variance))`:
+//!   the ratio's high percentile must fit, not its mean. `z` starts at the normal quantile
+//!   of the SLO goal ([`GOAL_Z`], 99.9% of windows) and follows the service's share of
+//!   windows missed against [`MISS_BUDGET`] ([`Attainment`]), as the goal's quantile at the
+//!   autoscaler's trigger point is more margin than a load that sits there only part of the
+//!   day needs. The slope is bounded ([`MAX_SLOPE`], and a
 //!   ridge keeps it near 0 until the load has spread), and so are `k` and every window's
 //!   ratio ([[`MIN_FACTOR`], [`MAX_FACTOR`]]); a gap in the windows relaxes the fit toward
 //!   0 (k → 1: the profile again) at the same time constant, so a correction does not
@@ -46,7 +49,8 @@ pub const MIN_SATURATION: f64 = 0.2;
 /// Windows at or above this utilisation of the planned capacity teach nothing about the
 /// model (its prediction diverges at 1): they are the autoscaler's to answer.
 pub const MAX_LEARNING_UTILISATION: f64 = 0.95;
-/// The standard normal quantile of the SLO goal, 99.9% of one-second windows.
+/// The standard normal quantile of the SLO goal, 99.9% of one-second windows: where each
+/// service's quantile starts ([`Attainment`] moves it).
 pub const GOAL_Z: f64 = 3.09;
 /// The EWMA's time constant by default, s: a correction follows a change in about this.
 pub const DEFAULT_TIME_CONSTANT_S: f64 = 600.0;
