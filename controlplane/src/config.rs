@@ -135,7 +135,7 @@ pub struct LoopsConfig {
     pub tuner: Option<bool>,
     /// Seconds between tuning passes (default 5).
     pub tune_interval_s: Option<f64>,
-    /// The tuner's latency target as a fraction of the SLO, in (0, 1] (default 0.8).
+    /// The tuner's latency target as a fraction of the SLO, in (0, 1] (default 1.0).
     pub tune_slo_fraction: Option<f64>,
     /// Seconds between two share changes of one workload (default 10, GSLICE's hold-down).
     pub tune_hold_down_s: Option<f64>,
@@ -436,7 +436,7 @@ heartbeat_interval_ms = 50
         let d = loops("").unwrap();
         assert!(d.tuner);
         assert_eq!(d.tune_interval, std::time::Duration::from_secs(5));
-        assert_eq!(d.tuning.slo_fraction(), 0.8);
+        assert_eq!(d.tuning.slo_fraction(), 1.0);
         assert_eq!(d.tuning.gslice().hold_down_s, 10.0);
 
         let s = loops("[loops]\ntuner = false\ntune_interval_s = 2\ntune_slo_fraction = 0.9\ntune_hold_down_s = 3").unwrap();

@@ -40,11 +40,13 @@ use planner::policy::InvalidField;
 
 use crate::resources::{GpuAssignment, PlanSpec};
 
-/// The fraction of the SLO the tuner aims at by default. The router reports the p99 of each
-/// one-second window and the SLO is itself a p99 target: a share tuned until the windows'
-/// p99 sits *at* the SLO misses it in about half of the windows (noise around the target),
-/// so the tuner aims below it.
-pub const DEFAULT_SLO_FRACTION: f64 = 0.8;
+/// The fraction of the SLO the tuner aims at by default: the SLO itself. The margin a
+/// service needs below its SLO (the windows' p99 is noisy around its mean) is the
+/// autoscaler's to size (`planner::policy::slo_headroom`, from the service's own windows);
+/// a tuner aiming at 0.8 of the SLO answered the same noise a second time, with a restart
+/// for every share it moved: in fleet-sim (seed 1, default settings) it made 580 restarts a
+/// day at 0.8 and 298 at 1.0, for 99.938% and 99.936% of windows met.
+pub const DEFAULT_SLO_FRACTION: f64 = 1.0;
 
 /// How the tuner runs Algorithm 1.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -417,7 +419,8 @@ mod tests {
 
     /// EWMA weight 1 (each window replaces the averages), so the arithmetic is by hand.
     fn instant() -> TuningSettings {
-        TuningSettings::new(DEFAULT_SLO_FRACTION, TunerConfig { ewma_weight: 1.0, ..TunerConfig::default() }).unwrap()
+        // The cases below were worked by hand at a target of 0.8 of the SLO.
+        TuningSettings::new(0.8, TunerConfig { ewma_weight: 1.0, ..TunerConfig::default() }).unwrap()
     }
 
     fn outcomes(pass: &TuningPass) -> Vec<ShareOutcome> {
@@ -743,7 +746,7 @@ mod tests {
         }
         let err = TuningSettings::new(0.8, TunerConfig { hold_down_s: -1.0, ..TunerConfig::default() }).unwrap_err();
         assert_eq!(err.field, "config.hold_down_s");
-        assert_eq!(TuningSettings::default().slo_fraction(), 0.8);
+        assert_eq!(TuningSettings::default().slo_fraction(), 1.0);
         assert_eq!(TuningSettings::new(1.0, TunerConfig::default()).unwrap().slo_fraction(), 1.0);
     }
 }
