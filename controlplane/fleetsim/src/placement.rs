@@ -10,7 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use controlplane::provision::kept::restarted_services;
-use controlplane::provision::{assign_to_nodes, FleetGpu};
+use controlplane::provision::tuned::assign_over_tuned;
+use controlplane::provision::FleetGpu;
 use controlplane::resources::{GpuAssignment, PlanSpec};
 use controlplane::tuning::{tune_shares, Measurement, Measurements, TunerState, TuningSettings};
 use planner::plan::{Plan, Sharing};
@@ -19,10 +20,12 @@ use planner::plan::{Plan, Sharing};
 #[derive(Default)]
 pub struct Placement {
     current: PlanSpec,
+    /// The last placement with the planner's shares, by which the tuner's are told.
+    as_planned: PlanSpec,
     tuner: TunerState,
     settings: TuningSettings,
-    /// Per service, its MPS shares (`mps_percent × processes`) on MPS-only GPUs as placed
-    /// from the plan, before any tuning.
+    /// Per service, its MPS shares (`mps_percent × processes`) on MPS-only GPUs as the plan
+    /// has them, without the tuner's.
     planned_share: BTreeMap<String, f64>,
     /// Per service, the fraction of its planned throughput on MPS-only GPUs.
     mps_fraction: BTreeMap<String, f64>,
@@ -33,12 +36,13 @@ pub struct Placement {
 
 impl Placement {
     /// Places `plan` on `fleet`, keeping what runs where it can; the services reconfigured.
-    /// Every GPU gets the plan's content, so shares the tuner changed go back to the plan's
-    /// (as the provisioner writes them), which restarts those workloads.
+    /// As the provisioner places it: a GPU whose planned content stays keeps the shares the
+    /// tuner gave it (`provision::tuned`); one whose content changed gets the plan's.
     pub fn assign(&mut self, plan: &Plan, fleet: &[FleetGpu]) -> BTreeSet<String> {
-        let (mut gpus, _unplaced) = assign_to_nodes(plan, fleet, Some(&self.current));
-        gpus.sort_by(|a, b| (&a.node, &a.gpu_uuid).cmp(&(&b.node, &b.gpu_uuid)));
-        let next = PlanSpec { strategy: plan.strategy.clone(), gpus: gpus.into_iter().collect(), ..PlanSpec::default() };
+        let (gpus, _unplaced, tuned) = assign_over_tuned(plan, fleet, Some(&self.current), Some(&self.as_planned));
+        self.as_planned = PlanSpec { strategy: plan.strategy.clone(), gpus: gpus.into(), ..PlanSpec::default() };
+        let mut next = self.as_planned.clone();
+        tuned.keep_tuned(&mut next.gpus);
         let changed = reconfigured(&self.current, &next);
         self.current = next;
         let (mut on_mps, mut all): (BTreeMap<String, f64>, BTreeMap<String, f64>) = Default::default();
@@ -52,7 +56,7 @@ impl Placement {
         }
         self.mps_fraction = all.iter().map(|(s, &t)| (s.clone(), on_mps.get(s).copied().unwrap_or(0.0) / t.max(1e-9))).collect();
         self.index();
-        self.planned_share = self.share.clone();
+        self.planned_share = mps_shares(&self.as_planned);
         changed
     }
 
@@ -190,8 +194,10 @@ mod tests {
             .map(|w| w.mps_percent)
             .sum();
         assert!(on_gpu <= 100.0, "shares within the GPU: {on_gpu}");
-        // A re-plan writes the plan's shares again: "a", whose share the tuner moved, restarts.
-        assert!(p.assign(&plan(), &hosts(&[1, 2])).contains("a"));
-        assert_eq!(p.capacity_factor("a"), 1.0);
+        // A re-plan that leaves a's planned workload as it was keeps the tuner's share, as
+        // the provisioner places it (`provision::tuned`): nothing restarts.
+        let factor = p.capacity_factor("a");
+        assert_eq!(p.assign(&plan(), &hosts(&[1, 2])), BTreeSet::new());
+        assert_eq!(p.capacity_factor("a"), factor);
     }
 }

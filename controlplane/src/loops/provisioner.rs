@@ -19,7 +19,7 @@ use super::PlanChange;
 use crate::controller::Controller;
 use crate::provision::{gather, inputs_digest, place, plan_inputs, MigStrategy, PoolPlans, Previous};
 use crate::raft::WatchSignal;
-use crate::resources::{Kind, Spec};
+use crate::resources::{Kind, PlanSpec, Spec};
 use crate::state::{ChangeEvent, ChangeType, ClusterState};
 
 /// Changes settle before a pass until none has come for this long (at most
@@ -51,6 +51,13 @@ pub(crate) struct Provisioner {
     planned_digest: Option<String>,
     /// The pool plans of the last pass, for minimal re-planning (`provision::replan`).
     memory: Option<PoolPlans>,
+    /// The last placement committed, with the planner's shares: a re-plan tells the
+    /// tuner's changes to the committed plan by it and keeps them where the planned content
+    /// stays (`provision::tuned`). Leader memory: a new leader's first plan puts the
+    /// planner's shares back.
+    placed: Option<PlanSpec>,
+    /// This pass's placement, as planned, until its commit settles.
+    proposed_placement: Option<PlanSpec>,
     /// Whether a change woke this pass (else it is the periodic one). A change's pass
     /// re-plans minimally and leaves consolidation (weighing a full plan, as much work
     /// again) owed to the periodic pass.
@@ -88,6 +95,8 @@ impl Provisioner {
             fleet_seen: FleetFingerprints::default(),
             planned_digest: None,
             memory: None,
+            placed: None,
+            proposed_placement: None,
             woken: false,
             weighed_at: None,
             trigger: None,
@@ -192,7 +201,8 @@ impl Reconciler for Provisioner {
         if cancelled() {
             return Pass::default();
         }
-        let plan = place(&inputs, &plan, digest.clone());
+        let placed = place(&inputs, &plan, digest.clone(), self.placed.as_ref());
+        let plan = placed.spec;
         // The patch from the committed plan, so the proposal carries only what moved.
         let change = PlanChange::between(inputs.current.as_ref().map(|c| (plan_version, c)), plan);
         if let (PlanChange::Patch { patch, .. }, Some(current)) = (&change, &inputs.current) {
@@ -205,6 +215,7 @@ impl Reconciler for Provisioner {
         }
         self.planned_digest = None;
         self.proposed = true;
+        self.proposed_placement = Some(placed.as_planned);
         Pass { writes: vec![Write::Plan(change)], next_in, ..Pass::default() }
     }
 
@@ -215,9 +226,17 @@ impl Reconciler for Provisioner {
         if let Some(demand) = self.demand.take() {
             controller.planned_demand.publish(demand);
         }
+        let placement = self.proposed_placement.take();
         match settled.writes.into_iter().next() {
-            Some(Ok(_)) => tracing::info!("committed a new plan"),
-            Some(Err(e)) => tracing::warn!(error = %e, "provisioning pass failed; retrying at the next one"),
+            Some(Ok(_)) => {
+                self.placed = placement;
+                tracing::info!("committed a new plan");
+            }
+            Some(Err(e)) => {
+                // The committed plan is not this placement (perhaps not the last either).
+                self.placed = None;
+                tracing::warn!(error = %e, "provisioning pass failed; retrying at the next one");
+            }
             None => {}
         }
     }

@@ -12,6 +12,7 @@ pub mod quota;
 mod replan;
 pub mod scaling;
 pub mod sizing;
+pub mod tuned;
 
 pub use assign::{assign_to_nodes, FleetGpu};
 pub use input::{gpu_price, instance_types, planning_input};
@@ -258,7 +259,7 @@ pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
 /// [`provision`] from inputs already gathered.
 pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
     let (plan, _) = plan_inputs(inputs, strategy, None, &|| false).expect("never stopped");
-    place(inputs, &plan, inputs_digest(inputs, strategy))
+    place(inputs, &plan, inputs_digest(inputs, strategy), None).spec
 }
 
 /// A pass's plan, before it meets the fleet ([`place`]), and its pool plans for the next
@@ -274,11 +275,23 @@ pub fn plan_inputs(
     quota::plan_within_limits(&inputs.input, &inputs.rules, strategy, previous, stop, inputs.capacity.as_ref())
 }
 
+/// A plan placed on the fleet ([`place`]).
+pub struct Placed {
+    /// What to commit: the tuner's shares kept where the planned content stays.
+    pub spec: PlanSpec,
+    /// The same placement with the planner's shares everywhere: what the next pass tells
+    /// the tuner's changes by ([`tuned::TunedGpus::between`]).
+    pub as_planned: PlanSpec,
+}
+
 /// `plan` placed on the fleet, keeping what the committed plan runs where it can, with what
 /// each service is predicted to get. `digest` is `inputs_digest(inputs, strategy)`, which
-/// the caller has computed already (it encodes every GPU of the fleet).
-pub fn place(inputs: &ProvisionInputs, plan: &planner::plan::Plan, digest: String) -> PlanSpec {
-    let (mut gpus, unplaced) = assign_to_nodes(plan, &inputs.fleet, inputs.current.as_ref());
+/// the caller has computed already (it encodes every GPU of the fleet). `placed_before`: the
+/// provisioner's last committed placement as planned (leader memory), so that a GPU whose
+/// planned content stays keeps the shares the tuner gave it since ([`tuned`]); without it
+/// every tuned share goes back to the planner's.
+pub fn place(inputs: &ProvisionInputs, plan: &planner::plan::Plan, digest: String, placed_before: Option<&PlanSpec>) -> Placed {
+    let (mut gpus, unplaced, tuned) = tuned::assign_over_tuned(plan, &inputs.fleet, inputs.current.as_ref(), placed_before);
     // Each workload carries its tenant's boundary, for the agent's own check.
     for w in gpus.iter_mut().flat_map(|g| g.workloads.iter_mut()) {
         if let Some(b) = inputs.rules.boundaries.get(&w.service) {
@@ -305,13 +318,17 @@ pub fn place(inputs: &ProvisionInputs, plan: &planner::plan::Plan, digest: Strin
         });
     }
     services.sort_by(|a, b| a.service.cmp(&b.service));
-    PlanSpec {
+    let as_planned = PlanSpec {
         strategy: plan.strategy.clone(),
         gpus: gpus.into(),
         services: services.into(),
         inputs_digest: digest,
         trace_parent: String::new(),
-    }
+    };
+    // A copy that shares the placement's chunks: only the tuned GPUs' are copied again.
+    let mut spec = as_planned.clone();
+    tuned.keep_tuned(&mut spec.gpus);
+    Placed { spec, as_planned }
 }
 
 #[cfg(test)]
