@@ -173,7 +173,18 @@ impl GpuAlloc {
 /// `r_lower`, the same on every GPU, so it is left out here (Eq. 19's `r_inter = r − r_lower`)
 /// without changing which GPU wins. Ties go to the lowest index (line 9's strict `<`).
 pub fn choose_gpu(hw: &HardwareCoeffs, grid: Grid, jobs: &[Job<'_>], gpus: &[GpuAlloc], w: usize) -> Option<(usize, Vec<u32>)> {
-    choose_gpu_needing(hw, grid, jobs, gpus, w, jobs[w].lower_units)
+    choose_gpu_needing(hw, grid, jobs, gpus, w, jobs[w].lower_units, Neighbours::MayGrow)
+}
+
+/// Whether placing a job may raise the shares of the jobs already on a GPU (Alg. 2's
+/// Constraint 14), which restarts them: an MPS share is fixed when a process creates its
+/// CUDA context.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Neighbours {
+    MayGrow,
+    /// A minimal re-plan moves the changed service alone (issue 59): a GPU where the
+    /// newcomer's interference would raise a neighbour's share is not taken.
+    Stay,
 }
 
 /// [`choose_gpu`] skipping every GPU whose free share is below `need` units, a share the
@@ -186,6 +197,7 @@ fn choose_gpu_needing(
     gpus: &[GpuAlloc],
     w: usize,
     need: u32,
+    neighbours: Neighbours,
 ) -> Option<(usize, Vec<u32>)> {
     let mut best: Option<(usize, Vec<u32>)> = None;
     let mut inter_min = u64::from(grid.max_units); // line 5: r_inter^min ← r_max
@@ -197,6 +209,9 @@ fn choose_gpu_needing(
         }
         let placed: Vec<(&Job<'_>, u32)> = g.jobs.iter().zip(&g.units).map(|(&i, &u)| (&jobs[i], u)).collect();
         let Some(ua) = alloc_gpus(hw, grid, &placed, &jobs[w]) else { continue };
+        if neighbours == Neighbours::Stay && ua[..g.units.len()] != g.units[..] {
+            continue;
+        }
         let after: u64 = ua.iter().map(|&u| u64::from(u)).sum();
         let inter = after - g.used_units() - u64::from(jobs[w].lower_units);
         if inter < inter_min {
@@ -222,7 +237,7 @@ pub fn place_all(hw: &HardwareCoeffs, grid: Grid, jobs: &[Job<'_>]) -> (Vec<GpuA
     let mut unplaced = Vec::new();
     for w in order {
         let need = fits_alone(hw, grid, &jobs[w]).unwrap_or(jobs[w].lower_units);
-        match choose_gpu_needing(hw, grid, jobs, &gpus, w, need) {
+        match choose_gpu_needing(hw, grid, jobs, &gpus, w, need, Neighbours::MayGrow) {
             // Line 16: adopt Alg. 2's shares on GPU q.
             Some((q, ua)) => {
                 gpus[q].jobs.push(w);
@@ -398,9 +413,10 @@ fn finish(mut gpus: Vec<GpuPlan>, infeasible: Vec<Infeasible>, input: &PlanningI
 /// scheme, which iGniter lacks, on iGniter's own rules): its workloads leave the GPUs of
 /// `previous`, it is sized again (Theorem 1, the type of Sec. 4.1), and each replica is
 /// placed by Alg. 1 lines 5-17 on the GPU where Alg. 2 adds the least interference, or a
-/// new GPU. Every other workload keeps its GPU, share and batch, except where Alg. 2 raises
-/// the share of a neighbour of a placed replica (Constraint 14). Removing a workload only
-/// lowers its neighbours' interference in Eq. 1-11, so they still meet their SLOs.
+/// new GPU. Every other workload keeps its GPU, share and batch: a GPU where Alg. 2 would
+/// raise a neighbour's share (Constraint 14) is passed over, since that restarts the
+/// neighbour; a consolidation repacks later if it pays. Removing a workload only lowers its
+/// neighbours' interference in Eq. 1-11, so they still meet their SLOs.
 ///
 /// `input` is the pool's input with the new demand of `changed`; `previous` was planned by
 /// iGniter on that input's GPU types and services. `None` when `previous` does not read
@@ -452,7 +468,7 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &str, cfg
             for _ in 0..sz.replicas {
                 jobs[k].push(sz.job);
                 let w = jobs[k].len() - 1;
-                match choose_gpu_needing(hw, grid, &jobs[k], &allocs[k], w, sz.solo_units) {
+                match choose_gpu_needing(hw, grid, &jobs[k], &allocs[k], w, sz.solo_units, Neighbours::Stay) {
                     Some((q, ua)) => {
                         allocs[k][q].jobs.push(w);
                         allocs[k][q].units = ua;

@@ -237,8 +237,8 @@ pub(crate) fn relocate(g: &Configured<'_>) -> Allocator {
 /// Minimal reconfiguration after the SLO or rate of `changed` (matched by name) changes
 /// (Sec. III-F): only that service's segments are recomputed (no re-profiling), removed from
 /// the map and relocated into free space first-fit; Allocation Optimization then runs only on
-/// the GPUs that hosted the service before or after, so every other service's instances keep
-/// their GPU, profile and start and need no reconfiguration. `previous` must be a ParvaGPU /
+/// the GPUs that hosted the service before or after and hold nothing else, so every other
+/// service's instances keep their GPU, profile and start and need no reconfiguration. `previous` must be a ParvaGPU /
 /// exact plan for `input` (minus the change).
 pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceDemand, cfg: &ParvaConfig) -> Plan {
     let mut services = input.services.clone();
@@ -335,6 +335,11 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
         if cfg.optimize {
             touched.sort_unstable();
             touched.dedup();
+            // Only GPUs that hold the changed service alone: emptying one moves that service
+            // and no other, whose demand did not change (issue 59: a change restarts only
+            // what must move). A GPU shared with others waits for a consolidation, which
+            // repacks when its saving pays for the restarts.
+            touched.retain(|&gi| a.gpus.get(gi).is_some_and(|g| g.segments.iter().all(|(_, s)| s.service == idx)));
             allocation_optimization(&mut a, &tris, cfg.optimization_threshold_gpcs, &touched);
         }
         gpus.extend(to_gpu_plans(&a, &name, &services));
