@@ -195,25 +195,39 @@ impl<'a> FreeGpus<'a> {
     }
 
     /// The free GPU of `model` that already runs the most of `workloads` (digests, sorted),
-    /// if one runs any: ties go to one with `layout`, then in the free sets' order.
-    fn most_kept(&self, model: &str, workloads: &[u64], layout: LayoutKey) -> Option<usize> {
-        // (workloads kept, same layout, the free set's order reversed): the greatest wins.
-        type Score = (usize, bool, std::cmp::Reverse<(bool, usize)>);
-        let mut best: Option<Score> = None;
+    /// by [`Kept`]'s weights, if one runs any: ties go to one with `layout`, then in the
+    /// free sets' order.
+    fn most_kept(&self, model: &str, workloads: &[u64], layout: LayoutKey, kept: &Kept) -> Option<usize> {
+        self.candidates(model, workloads, layout, kept)
+            .into_iter()
+            .max_by_key(|c| (c.kept, c.same_layout, std::cmp::Reverse(self.order(c.gpu))))
+            .map(|c| c.gpu)
+    }
+
+    /// The free GPUs of `model` that run any of `workloads` (digests, sorted), each with the
+    /// weight of those it keeps: at most [`CANDIDATES_PER_WORKLOAD`] per distinct workload.
+    fn candidates(&self, model: &str, workloads: &[u64], layout: LayoutKey, kept: &Kept) -> Vec<Candidate> {
+        let mut out: Vec<Candidate> = Vec::new();
         let mut seen = workloads.to_vec();
         seen.dedup();
         for w in seen {
-            for &slot in self.by_workload.get(&(model, w)).into_iter().flatten().take(CANDIDATES_PER_WORKLOAD) {
-                let k = slot.1;
-                let kept = kept::kept_count(self.running_on(k), workloads);
-                let same_layout = self.current[k] == Some(layout);
-                let score = (kept, same_layout, std::cmp::Reverse(slot));
-                if best.is_none_or(|b| score > b) {
-                    best = Some(score);
+            for &(_, k) in self.by_workload.get(&(model, w)).into_iter().flatten().take(CANDIDATES_PER_WORKLOAD) {
+                if out.iter().any(|c| c.gpu == k) {
+                    continue;
                 }
+                out.push(Candidate {
+                    gpu: k,
+                    kept: kept.weight(self.running_on(k), workloads),
+                    same_layout: self.current[k] == Some(layout),
+                });
             }
         }
-        best.map(|(_, _, std::cmp::Reverse((_, k)))| k)
+        out
+    }
+
+    /// A free GPU's place in the order GPUs are taken ([`FreeSet`]'s).
+    fn order(&self, k: usize) -> (bool, usize) {
+        (self.fleet[k].autoscaled, k)
     }
 
     fn first(set: Option<&FreeSet>) -> Option<usize> {
@@ -235,6 +249,153 @@ impl<'a> FreeGpus<'a> {
         for w in &self.running[start..end] {
             if let Some(s) = self.by_workload.get_mut(&(f.model.as_str(), *w)) {
                 s.remove(&slot);
+            }
+        }
+    }
+}
+
+/// A free physical GPU a planned one may take: how many of its workloads it runs already.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    gpu: usize,
+    kept: u64,
+    same_layout: bool,
+}
+
+/// What keeping a workload running is worth. A service whose planned workloads are not
+/// exactly those its GPUs run now (a new configuration, one more or one fewer: its demand
+/// changed) restarts whatever else is kept of it, so its kept workloads weigh 1; a workload
+/// of any other service weighs [`UNCHANGED_WEIGHT`]: keeping it may spare its service any
+/// restart (issue 59: a service whose demand did not change is not restarted by a change
+/// to others).
+struct Kept {
+    /// Digests of the planned workloads of services whose workloads stay as they run.
+    unchanged: std::collections::HashSet<u64, Hashing>,
+}
+
+/// The weight of a kept workload of a service without a new configuration.
+const UNCHANGED_WEIGHT: u64 = 64;
+
+impl Kept {
+    /// From the pending planned GPUs' workloads against what the GPUs not taken yet run
+    /// (`now`, by uuid; `taken`, by fleet index): the GPUs taken in round one run exactly
+    /// their planned content, so a service's workloads elsewhere stay as they are when the
+    /// two multisets are equal.
+    fn new(fleet: &[FleetGpu], now: &Map<&str, &GpuAssignment>, taken: &[bool], planned: &[GpuAssignment], pending: &[usize]) -> Kept {
+        let mut want: Map<&str, Vec<u64>> = Map::default();
+        for &i in pending {
+            for w in kept::running(&planned[i]) {
+                want.entry(w.service).or_default().push(digest(|h| w.hash(h)));
+            }
+        }
+        let mut have: Map<&str, Vec<u64>> = Map::default();
+        for (f, _) in fleet.iter().zip(taken).filter(|(_, &taken)| !taken) {
+            for w in now.get(f.uuid.as_str()).map(|a| kept::running(a)).unwrap_or_default() {
+                if want.contains_key(w.service) {
+                    have.entry(w.service).or_default().push(digest(|h| w.hash(h)));
+                }
+            }
+        }
+        let mut unchanged = std::collections::HashSet::default();
+        for (service, mut planned) in want {
+            let mut running = have.remove(service).unwrap_or_default();
+            planned.sort_unstable();
+            running.sort_unstable();
+            if planned == running {
+                unchanged.extend(planned);
+            }
+        }
+        Kept { unchanged }
+    }
+
+    /// The weight of the workloads of `after` (digests, sorted) that `before` (sorted) runs.
+    fn weight(&self, before: &[u64], after: &[u64]) -> u64 {
+        kept::kept_weight(before, after, |d| if self.unchanged.contains(d) { UNCHANGED_WEIGHT } else { 1 })
+    }
+}
+
+/// Most planned GPUs of one group matched exactly (`kept_match`); a larger group (a full
+/// re-plan's, where services run alike on many GPUs) is matched greedily in plan order.
+/// Kuhn-Munkres is O(n³): 48 rows are about 10⁵ steps.
+const MAX_EXACT_MATCH: usize = 48;
+
+/// Round two of [`assign_to_nodes`]: each planned GPU of `pending` (indices into `planned`,
+/// in plan order) takes the free GPU that runs most of its workloads, so that as few
+/// workloads restart as can be. Planned and free GPUs form groups (connected by "runs some
+/// of its workloads"); a group of at most [`MAX_EXACT_MATCH`] planned GPUs is matched to
+/// keep the most weight of workloads ([`Kept`]) in all (a maximum-weight bipartite matching, SpotServe's
+/// mapping of old instances onto a new plan, arXiv 2311.15566), the rest greedily. Greedy
+/// alone could hand a GPU to the planned one that keeps three of its workloads and leave
+/// the one that would keep five with none: in issue 59's property test, unchanged
+/// services restarted that way.
+fn kept_match(
+    free: &mut FreeGpus<'_>,
+    now: &Map<&str, &GpuAssignment>,
+    taken: &[bool],
+    planned: &[GpuAssignment],
+    plan: &Plan,
+    pending: &[usize],
+    picked: &mut [Option<usize>],
+) {
+    let digests: Vec<Vec<u64>> = pending.iter().map(|&i| workload_digests(&planned[i])).collect();
+    let layouts: Vec<LayoutKey> = pending.iter().map(|&i| layout_key(&planned[i].mig_layout)).collect();
+    let kept = Kept::new(free.fleet, now, taken, planned, pending);
+    let edges: Vec<Vec<Candidate>> =
+        pending.iter().enumerate().map(|(r, &i)| free.candidates(plan.gpus[i].gpu_type.as_str(), &digests[r], layouts[r], &kept)).collect();
+    // Groups: union-find over pending rows (0..n) and the free GPUs they may take (n..).
+    let mut node_of: Map<usize, usize> = Map::default();
+    for c in edges.iter().flatten() {
+        let next = pending.len() + node_of.len();
+        node_of.entry(c.gpu).or_insert(next);
+    }
+    let mut parent: Vec<usize> = (0..pending.len() + node_of.len()).collect();
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    for (r, cs) in edges.iter().enumerate() {
+        for c in cs {
+            let (a, b) = (root(&mut parent, r), root(&mut parent, node_of[&c.gpu]));
+            parent[a.max(b)] = a.min(b);
+        }
+    }
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for r in 0..pending.len() {
+        groups.entry(root(&mut parent, r)).or_default().push(r);
+    }
+    for rows in groups.into_values() {
+        if rows.len() == 1 || rows.len() > MAX_EXACT_MATCH {
+            for &r in &rows {
+                let i = pending[r];
+                if let Some(k) = free.most_kept(plan.gpus[i].gpu_type.as_str(), &digests[r], layouts[r], &kept) {
+                    free.take(k);
+                    picked[i] = Some(k);
+                }
+            }
+            continue;
+        }
+        let mut columns: Vec<usize> = rows.iter().flat_map(|&r| edges[r].iter().map(|c| c.gpu)).collect();
+        columns.sort_unstable_by_key(|&k| free.order(k));
+        columns.dedup();
+        // A workload kept outweighs any number of layouts kept (at most 48 of them).
+        let weight = |c: &Candidate| (c.kept as i64) * 64 + i64::from(c.same_layout);
+        const { assert!(MAX_EXACT_MATCH < 64) };
+        let width = columns.len().max(rows.len());
+        let mut weights = pathfinding::matrix::Matrix::new(rows.len(), width, 0i64);
+        for (row, &r) in rows.iter().enumerate() {
+            for c in &edges[r] {
+                let col = columns.iter().position(|&k| k == c.gpu).expect("a column per candidate");
+                weights[(row, col)] = weight(c);
+            }
+        }
+        let (_, columns_of) = pathfinding::kuhn_munkres::kuhn_munkres(&weights);
+        for (row, &col) in columns_of.iter().enumerate() {
+            if col < columns.len() && weights[(row, col)] > 0 {
+                free.take(columns[col]);
+                picked[pending[rows[row]]] = Some(columns[col]);
             }
         }
     }
@@ -272,16 +433,8 @@ pub fn assign_to_nodes(plan: &Plan, fleet: &[FleetGpu], current: Option<&PlanSpe
     }
     drop(exact);
     let mut free = FreeGpus::new(fleet, &now, &taken);
-    for (i, p) in planned.iter().enumerate() {
-        if picked[i].is_some() || p.workloads.is_empty() {
-            continue;
-        }
-        let model = plan.gpus[i].gpu_type.as_str();
-        if let Some(k) = free.most_kept(model, &workload_digests(p), layout_key(&p.mig_layout)) {
-            free.take(k);
-            picked[i] = Some(k);
-        }
-    }
+    let pending: Vec<usize> = (0..planned.len()).filter(|&i| picked[i].is_none() && !planned[i].workloads.is_empty()).collect();
+    kept_match(&mut free, &now, &taken, &planned, plan, &pending, &mut picked);
     for (i, p) in planned.iter().enumerate() {
         if picked[i].is_some() {
             continue;

@@ -46,22 +46,22 @@ pub fn running(gpu: &GpuAssignment) -> Vec<RunningWorkload<'_>> {
     out
 }
 
-/// How many of `after`'s workloads (sorted) keep running from `before` (sorted): the size
-/// of the two multisets' intersection.
-pub fn kept_count<T: Ord>(before: &[T], after: &[T]) -> usize {
-    let (mut i, mut j, mut n) = (0, 0, 0);
+/// The weight of `after`'s workloads (sorted) that keep running from `before` (sorted):
+/// `weight` summed over the two multisets' intersection (with a weight of 1, its size).
+pub fn kept_weight<T: Ord>(before: &[T], after: &[T], weight: impl Fn(&T) -> u64) -> u64 {
+    let (mut i, mut j, mut total) = (0, 0, 0);
     while i < before.len() && j < after.len() {
         match before[i].cmp(&after[j]) {
             std::cmp::Ordering::Less => i += 1,
             std::cmp::Ordering::Greater => j += 1,
             std::cmp::Ordering::Equal => {
-                n += 1;
+                total += weight(&after[j]);
                 i += 1;
                 j += 1;
             }
         }
     }
-    n
+    total
 }
 
 /// The services with a workload that starts or stops on this GPU when its assignment goes
@@ -217,7 +217,7 @@ mod tests {
             vec![w("b", Some(0), 100.0, 4), w("a", Some(1), 100.0, 8), w("c", Some(2), 100.0, 2)],
         );
         assert_eq!(restarted_services(Some(&before), Some(&after)), BTreeSet::from(["b", "c"]));
-        assert_eq!(kept_count(&running(&before), &running(&after)), 1);
+        assert_eq!(kept_weight(&running(&before), &running(&after), |_| 1), 1);
     }
 
     #[test]
@@ -248,7 +248,7 @@ mod tests {
     fn equal_workloads_count_as_many_times_as_they_run() {
         let two = gpu(&[], vec![w("a", None, 30.0, 4), w("a", None, 30.0, 4)]);
         let one = gpu(&[], vec![w("a", None, 30.0, 4)]);
-        assert_eq!(kept_count(&running(&two), &running(&one)), 1);
+        assert_eq!(kept_weight(&running(&two), &running(&one), |_| 1), 1);
         assert_eq!(restarted_services(Some(&two), Some(&one)), BTreeSet::from(["a"]));
     }
 }

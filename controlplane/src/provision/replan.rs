@@ -278,6 +278,7 @@ fn relocates(pool: Pool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provision::FleetGpu;
     use planner::input::{GpuType, Profiles, ServiceDemand};
     use planner::mig::GpuModel;
     use planner::perf::synthetic::example_models;
@@ -410,6 +411,74 @@ mod tests {
         let capacity = |p: &Plan, s: &str| p.predictions.iter().find(|x| x.service == s).map_or(0.0, |x| x.capacity_rps);
         assert!(capacity(&after, "small1") >= 36.0);
         assert_eq!(restarted(&before, &after), BTreeSet::from(["small1".to_string()]));
+    }
+
+    /// The fleet's physical GPUs with what each runs, from `gpus` (in (node, uuid) order).
+    fn running_on(gpus: &imbl::Vector<crate::resources::GpuAssignment>) -> BTreeMap<String, crate::resources::GpuAssignment> {
+        gpus.iter().map(|g| (g.gpu_uuid.clone(), g.clone())).collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// Issue 59: a change re-planned minimally restarts only the services that changed.
+        /// Every other service keeps every process where it runs, on both pools, with the
+        /// shares the tuner gave it since the last placement (the agents' rule,
+        /// `kept::restarted_services`, on every physical GPU).
+        #[test]
+        fn an_incremental_re_plan_restarts_only_the_services_whose_demand_changed(
+            rates in proptest::collection::vec(5.0f64..2000.0, 2..16),
+            changes in proptest::collection::vec((0usize..64, 0.05f64..10.0), 1..6),
+            tuned_gpus in proptest::collection::vec(0usize..64, 0..4),
+        ) {
+            use crate::provision::tuned::assign_over_tuned;
+            use crate::resources::PlanSpec;
+            let rules = ServiceRules::default();
+            let before = two_pools(&rates);
+            let (plan, memory) = plan_pools_from(&before, &rules, MigStrategy::Parvagpu, None, &|| false).unwrap();
+            let mut after = before.clone();
+            let mut changed = BTreeSet::new();
+            for &(k, factor) in &changes {
+                let s = &mut after.services[k % before.services.len()];
+                s.request_rate = (s.request_rate * factor).max(1.0);
+                changed.insert(s.name.clone());
+            }
+            let (next_plan, next) =
+                plan_pools_from(&after, &rules, MigStrategy::Parvagpu, minimal(&memory), &|| false).unwrap();
+            proptest::prop_assert!(next.incremental);
+            // Room for whatever either plan needs.
+            let fleet: Vec<FleetGpu> = ["A100-80GB", "T4"]
+                .iter()
+                .flat_map(|&model| {
+                    let n = [&plan, &next_plan].iter().map(|p| p.gpus.iter().filter(|g| g.gpu_type == model).count()).max().unwrap_or(0) + 8;
+                    (0..n).map(move |i| FleetGpu { node: format!("{model}-{i:03}"), uuid: format!("{model}/{i}"), model: model.into(), autoscaled: false })
+                })
+                .collect();
+            let (placed, unplaced, _) = assign_over_tuned(&plan, &fleet, None, None);
+            proptest::prop_assert!(unplaced.is_empty());
+            let as_planned = PlanSpec { gpus: placed.into(), ..PlanSpec::default() };
+            // The tuner lowers a share here and there on the MPS-only GPUs.
+            let mut committed = as_planned.clone();
+            let mps: Vec<usize> = (0..committed.gpus.len()).filter(|&i| committed.gpus[i].mig_layout.is_empty()).collect();
+            for k in tuned_gpus.iter().filter(|_| !mps.is_empty()).map(|k| mps[k % mps.len()]) {
+                let mut g = committed.gpus[k].clone();
+                if let Some(w) = g.workloads.first_mut().filter(|w| w.mps_percent >= 2.0) {
+                    w.mps_percent -= 1.0;
+                }
+                committed.gpus.set(k, g);
+            }
+            let (gpus, unplaced, tuned) = assign_over_tuned(&next_plan, &fleet, Some(&committed), Some(&as_planned));
+            proptest::prop_assert!(unplaced.is_empty());
+            let mut gpus: imbl::Vector<_> = gpus.into();
+            tuned.keep_tuned(&mut gpus);
+            let (was, now) = (running_on(&committed.gpus), running_on(&gpus));
+            let restarted: BTreeSet<String> = fleet
+                .iter()
+                .flat_map(|f| super::super::kept::restarted_services(was.get(&f.uuid), now.get(&f.uuid)))
+                .map(str::to_string)
+                .collect();
+            proptest::prop_assert!(restarted.is_subset(&changed), "restarted {:?}, changed {:?}", restarted, changed);
+        }
     }
 
     #[test]
