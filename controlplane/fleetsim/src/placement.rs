@@ -60,6 +60,19 @@ impl Placement {
         changed
     }
 
+    /// The services of `plan` with fewer workloads placed than it plans for them: waiting for
+    /// hosts (a launch that has not come yet, a host that failed).
+    pub fn short_of(&self, plan: &Plan) -> BTreeSet<String> {
+        let mut count: BTreeMap<&str, i64> = BTreeMap::new();
+        for w in plan.gpus.iter().flat_map(|g| &g.workloads) {
+            *count.entry(&w.service).or_default() += 1;
+        }
+        for w in self.current.gpus.iter().flat_map(|g| &g.workloads) {
+            *count.entry(&w.service).or_default() -= 1;
+        }
+        count.into_iter().filter(|&(_, n)| n > 0).map(|(s, _)| s.to_string()).collect()
+    }
+
     fn index(&mut self) {
         self.share = mps_shares(&self.current);
         self.nodes.clear();

@@ -505,12 +505,17 @@ impl Policy for Gpuplane {
             let rates = self.services.iter().zip(&self.provisioned).map(|(s, &r)| (s.name.clone(), r)).collect();
             let (planned, plan) = self.provisioner.plan(&rates);
             let before = self.servings(t);
+            // Services the last placement left short of their plan start what they lacked
+            // when hosts come: those restarts are the fleet's, whatever pass places them.
+            let waiting = self.placement.short_of(&self.plan);
             let changed = self.place(&plan, t);
             let r = &mut self.replanning;
             r.replans += 1;
             r.full_replans += u32::from(!planned.incremental);
-            let others = changed.iter().filter(|s| !resized.contains(*s)).count() as u32;
-            r.of_resized += changed.len() as u32 - others;
+            let others = changed.iter().filter(|s| !resized.contains(*s) && !waiting.contains(*s)).count() as u32;
+            let of_waiting = changed.iter().filter(|s| !resized.contains(*s) && waiting.contains(*s)).count() as u32;
+            r.of_resized += changed.len() as u32 - others - of_waiting;
+            r.of_fleet_changes += of_waiting;
             r.of_others += others;
             r.of_others_in_full += if planned.incremental { 0 } else { others };
             self.reconfigure(&changed, &before, t);

@@ -55,7 +55,8 @@ pub struct Replanning {
     /// Of those, in full re-plans.
     pub of_others_in_full: u32,
     /// Reconfigurations when hosts came (launched, replaced) or went (marked failed) and
-    /// the node assignment placed the same plan again.
+    /// the node assignment placed the same plan again, and of services a placement had
+    /// left short of their plan (waiting for hosts) when a re-plan placed what they lacked.
     pub of_fleet_changes: u32,
     /// Reconfigurations by the GSLICE tuner (an MPS share changed; the process restarts).
     pub of_tuner: u32,
