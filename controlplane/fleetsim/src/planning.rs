@@ -81,16 +81,16 @@ impl Provisioner {
         self.previous.as_ref().is_some_and(PoolPlans::owes_consolidation)
     }
 
-    /// The provisioner's periodic pass: when a consolidation is owed, weighs a full plan
-    /// against the current one; the full plan when it was taken.
+    /// The provisioner's periodic pass: when a consolidation is owed, weighs a full plan (and
+    /// a repack in small steps) against the current one; the plan when one was taken.
     pub fn consolidate(&mut self) -> Option<(Planned, Plan)> {
         let plans = self.previous.as_ref().filter(|p| p.owes_consolidation())?;
         let previous = Some(Previous { plans, consolidate: true });
         let (plan, pools) =
             plan_within_limits(&self.input, &self.rules, self.strategy, previous, &|| false, None).expect("a plan that is never stopped");
-        let taken = !pools.incremental;
+        let (taken, incremental) = (!pools.incremental || pools.compacted, pools.incremental);
         self.previous = Some(pools);
-        taken.then(|| (outcome(&plan), plan))
+        taken.then(|| (Planned { incremental, ..outcome(&plan) }, plan))
     }
 }
 

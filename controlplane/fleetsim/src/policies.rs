@@ -532,9 +532,9 @@ impl Policy for Gpuplane {
                 let changed = self.place(&plan, t);
                 let r = &mut self.replanning;
                 r.replans += 1;
-                r.full_replans += 1;
+                r.full_replans += u32::from(!planned.incremental);
                 r.of_others += changed.len() as u32;
-                r.of_others_in_full += changed.len() as u32;
+                r.of_others_in_full += if planned.incremental { 0 } else { changed.len() as u32 };
                 self.reconfigure(&changed, &before, t);
                 (self.planned, self.plan) = (planned, plan);
             }

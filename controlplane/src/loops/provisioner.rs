@@ -187,7 +187,7 @@ impl Reconciler for Provisioner {
         };
         self.planned = true;
         self.demand = Some(pools.gpus_by_model());
-        let (weighed_and_kept, owes) = (planned_already && pools.incremental, pools.owes_consolidation());
+        let (weighed_and_kept, owes) = (planned_already && pools.incremental && !pools.compacted, pools.owes_consolidation());
         if !owes {
             self.weighed_at = Some(now);
         }

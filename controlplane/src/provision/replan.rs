@@ -11,7 +11,9 @@
 //! everything again and takes that plan when it saves at least [`CONSOLIDATION_SAVING`] of
 //! the GPU cost and its saving over [`CONSOLIDATION_HORIZON_H`] pays for the restarts it
 //! makes ([`consolidation_pays`]: each restarted process's cold start, priced at a second of
-//! the dearest GPU); one that is not leaves the check owed ([`PoolPlans::owes_consolidation`])
+//! the dearest GPU). When it does not, a repack in small steps is weighed the same way
+//! (`parvagpu::compact`: the sparsest MIG GPUs emptied into the others' free slots, so only
+//! their services move); one that is not leaves the check owed ([`PoolPlans::owes_consolidation`])
 //! to a later pass, so that a change costs what it changes and not a full plan too (the
 //! provisioner consolidates on its periodic pass only). Anything else (a new service, a model, a
 //! profile, a GPU type, a strategy, or more than [`MAX_INCREMENTAL_CHANGES`] changes at
@@ -60,6 +62,9 @@ pub struct PoolPlans {
     plans: BTreeMap<Group, Plan>,
     /// Whether this plan was made incrementally (for tests and logs).
     pub incremental: bool,
+    /// Whether a consolidating pass took a repack in small steps (`parvagpu::compact`): an
+    /// incremental plan that moves services although no input changed.
+    pub compacted: bool,
     /// Services were re-planned minimally since a full plan was last weighed against the
     /// minimal one: a consolidating pass should weigh it.
     owes_consolidation: bool,
@@ -107,6 +112,7 @@ pub fn plan_pools_from(
     // Services re-planned minimally since a full plan was last weighed: by this pass or one before.
     let owed = previous.is_some_and(|p| p.plans.owes_consolidation || p.plans.input.services != input.services);
     let consolidate = previous.is_some_and(|p| p.consolidate);
+    let mut compacted = false;
     let (members, plans, is_incremental, owes_consolidation) = match step {
         Incremental::Planned(members, plans) if owed && consolidate => {
             // Consolidation: relocating services one by one leaves GPUs part-used as rates
@@ -120,7 +126,17 @@ pub fn plan_pools_from(
             if consolidation_pays(cost(&plans), cost(&full), restart_price_per_s(input), restarts) {
                 (members, full, false, false)
             } else {
-                (members, plans, true, false)
+                // A repack in small steps: only the services on the GPUs it empties move.
+                let repacked = compact(input, &members, &plans);
+                let restarts = || {
+                    restart_process_seconds(&merge(input, plans.clone(), strategy), &merge(input, repacked.clone(), strategy), &restart_s)
+                };
+                if consolidation_pays(cost(&plans), cost(&repacked), restart_price_per_s(input), restarts) {
+                    compacted = true;
+                    (members, repacked, true, false)
+                } else {
+                    (members, plans, true, false)
+                }
             }
         }
         Incremental::Planned(members, plans) => (members, plans, true, owed),
@@ -132,8 +148,16 @@ pub fn plan_pools_from(
         }
     };
     let plan = merge(input, plans.clone(), strategy);
-    let pools =
-        PoolPlans { input: input.clone(), rules: rules.clone(), strategy, members, plans, incremental: is_incremental, owes_consolidation };
+    let pools = PoolPlans {
+        input: input.clone(),
+        rules: rules.clone(),
+        strategy,
+        members,
+        plans,
+        incremental: is_incremental,
+        compacted,
+        owes_consolidation,
+    };
     Some((plan, pools))
 }
 
@@ -268,6 +292,24 @@ fn incremental(
         }
     }
     Planned(members, plans)
+}
+
+/// Each ParvaGPU group's plan repacked in small steps (`parvagpu::compact`: its sparsest
+/// GPUs emptied into the others' free slots); the other groups' plans as they are.
+fn compact(input: &PlanningInput, members: &Members, plans: &BTreeMap<Group, Plan>) -> BTreeMap<Group, Plan> {
+    let cfg = parvagpu::ParvaConfig::default();
+    plans
+        .iter()
+        .map(|(group, plan)| {
+            let compacted = match (group.pool, members.get(group)) {
+                (Pool::Parvagpu, Some(services)) => {
+                    guarded(|| parvagpu::compact(plan, &pool_input(input, group.pool, services), &cfg)).unwrap_or_else(|_| plan.clone())
+                }
+                _ => plan.clone(),
+            };
+            (group.clone(), compacted)
+        })
+        .collect()
 }
 
 /// Whether a pool's strategy re-plans one service into its previous plan.

@@ -262,37 +262,9 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
     let mut per_type: Vec<(String, Allocator, Vec<usize>)> = Vec::new();
     let mut type_of: HashMap<String, usize> = HashMap::new();
     let mut next_slot = 0;
-    // Ordered: new GPUs are numbered type by type below, and a plan must not depend on a
-    // hash seed.
-    let mut maps: std::collections::BTreeMap<String, Vec<GpuSlots>> = std::collections::BTreeMap::new();
     let prev_max = previous.gpus.iter().map(|g| g.slot + 1).max().unwrap_or(0);
-    for g in &previous.gpus {
-        let Sharing::Mig { instances } = &g.sharing else { continue };
-        let mut slots = GpuSlots { slot: g.slot, ..GpuSlots::default() };
-        for w in &g.workloads {
-            let (Some(k), Some(&si)) = (w.mig_instance, by_name.get(w.service.as_str())) else { continue };
-            let inst = instances[k];
-            let p = Placement::new(inst.profile, inst.start);
-            slots.occ.add(p);
-            slots.segments.push((
-                p,
-                Segment {
-                    service: si,
-                    triplet: Triplet {
-                        gpcs: inst.profile.compute(),
-                        batch: w.batch_size,
-                        processes: w.processes,
-                        throughput: w.predicted_throughput,
-                        latency_ms: w.predicted_latency_ms,
-                    },
-                },
-            ));
-        }
-        maps.entry(g.gpu_type.clone()).or_default().push(slots);
-    }
-    for (name, gpus) in maps {
+    for (name, mut a) in deployment_maps(previous, &by_name) {
         type_of.insert(name.clone(), per_type.len());
-        let mut a = Allocator::from_gpus(gpus, prev_max);
         // Remove the changed service everywhere; remember which GPUs it touched.
         let mut touched = Vec::new();
         for gi in 0..a.gpus.len() {
@@ -346,6 +318,66 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
     }
     gpus.sort_by_key(|g| g.slot);
     Plan { strategy: previous.strategy.clone(), predictions: predictions_from_gpus(&gpus, &services), gpus, infeasible }
+}
+
+/// The deployment map of each GPU type of `previous` (a ParvaGPU or exact plan), in type
+/// name order (new GPUs are numbered type by type, and a plan must not depend on a hash
+/// seed); `by_name` gives each service's index in the input. New GPUs get slots from the
+/// previous plan's highest on.
+fn deployment_maps(previous: &Plan, by_name: &HashMap<&str, usize>) -> Vec<(String, Allocator)> {
+    let mut maps: std::collections::BTreeMap<String, Vec<GpuSlots>> = std::collections::BTreeMap::new();
+    let prev_max = previous.gpus.iter().map(|g| g.slot + 1).max().unwrap_or(0);
+    for g in &previous.gpus {
+        let Sharing::Mig { instances } = &g.sharing else { continue };
+        let mut slots = GpuSlots { slot: g.slot, ..GpuSlots::default() };
+        for w in &g.workloads {
+            let (Some(k), Some(&si)) = (w.mig_instance, by_name.get(w.service.as_str())) else { continue };
+            let inst = instances[k];
+            let p = Placement::new(inst.profile, inst.start);
+            slots.occ.add(p);
+            slots.segments.push((
+                p,
+                Segment {
+                    service: si,
+                    triplet: Triplet {
+                        gpcs: inst.profile.compute(),
+                        batch: w.batch_size,
+                        processes: w.processes,
+                        throughput: w.predicted_throughput,
+                        latency_ms: w.predicted_latency_ms,
+                    },
+                },
+            ));
+        }
+        maps.entry(g.gpu_type.clone()).or_default().push(slots);
+    }
+    maps.into_iter().map(|(name, gpus)| (name, Allocator::from_gpus(gpus, prev_max))).collect()
+}
+
+/// Consolidation in small steps (ours; GRMU, arXiv 2502.01909, repacks by migrating a few
+/// MIG instances rather than replanning): Allocation Optimization (Alg. 2 lines 10-30) over
+/// every GPU of `previous`, which empties each GPU using at most the threshold's GPCs into
+/// the free slots of the others, its segments split into small ones, and keeps a step only
+/// when it frees the GPU without opening one. Only the services on the emptied GPUs move;
+/// every other segment keeps its GPU, profile and start. `input` holds the services'
+/// current demands, which `previous` was planned for.
+pub fn compact(previous: &Plan, input: &PlanningInput, cfg: &ParvaConfig) -> Plan {
+    let by_name: HashMap<&str, usize> = input.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect();
+    let (groups, _) = configure(input, cfg);
+    let tris: HashMap<usize, OptimalTriplets> = groups.iter().flat_map(|g| g.services.iter().map(|(i, t, _)| (*i, *t))).collect();
+    let mut gpus = Vec::new();
+    for (name, mut a) in deployment_maps(previous, &by_name) {
+        let all: Vec<usize> = (0..a.gpus.len()).collect();
+        allocation_optimization(&mut a, &tris, cfg.optimization_threshold_gpcs, &all);
+        gpus.extend(to_gpu_plans(&a, &name, &input.services));
+    }
+    gpus.sort_by_key(|g| g.slot);
+    Plan {
+        strategy: previous.strategy.clone(),
+        predictions: predictions_from_gpus(&gpus, &input.services),
+        gpus,
+        infeasible: previous.infeasible.clone(),
+    }
 }
 
 /// Lower bound on GPUs for a set of segment sizes: compute (7 per GPU) and memory slices
@@ -449,6 +481,37 @@ mod tests {
         // The threshold matters: with 0 nothing is split.
         let none = plan(&input, &ParvaConfig { optimization_threshold_gpcs: 0, ..ParvaConfig::default() });
         assert_eq!(none.gpus_used(), off.gpus_used());
+    }
+
+    #[test]
+    fn compacting_empties_sparse_gpus_and_moves_nothing_else() {
+        // Without Allocation Optimization every 3g has a GPU of its own: sparse GPUs, as
+        // minimal re-plans leave them.
+        let input = mixed();
+        let sparse = plan(&input, &ParvaConfig { optimize: false, ..ParvaConfig::default() });
+        let compacted = compact(&sparse, &input, &ParvaConfig::default());
+        assert!(compacted.gpus_used() < sparse.gpus_used(), "{} GPUs, was {}", compacted.gpus_used(), sparse.gpus_used());
+        for s in &input.services {
+            assert!(compacted.prediction(&s.name).unwrap().capacity_rps >= s.request_rate, "{} lost capacity", s.name);
+        }
+        // A GPU that is still used keeps every segment it had; the emptied GPUs' services
+        // went to free slots.
+        let content = |p: &Plan, slot: u32| {
+            p.gpus.iter().find(|g| g.slot == slot).map(|g| {
+                let Sharing::Mig { instances } = &g.sharing else { unreachable!("ParvaGPU plans MIG GPUs") };
+                g.workloads.iter().map(|w| (w.service.clone(), instances[w.mig_instance.unwrap()], w.batch_size)).collect::<Vec<_>>()
+            })
+        };
+        for g in &sparse.gpus {
+            if let Some(now) = content(&compacted, g.slot) {
+                for kept in content(&sparse, g.slot).unwrap() {
+                    assert!(now.contains(&kept), "slot {}: {kept:?} moved", g.slot);
+                }
+            }
+        }
+        // An already compact plan stays as it is.
+        let optimized = plan(&input, &ParvaConfig::default());
+        assert_eq!(compact(&optimized, &input, &ParvaConfig::default()).gpus, optimized.gpus);
     }
 
     #[test]
