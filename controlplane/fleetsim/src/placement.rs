@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use controlplane::provision::kept::restarted_services;
+use controlplane::provision::kept::{capacity_weight, restarted_services, running, stopped_before_replaced};
 use controlplane::provision::tuned::assign_over_tuned;
 use controlplane::provision::FleetGpu;
 use controlplane::resources::{GpuAssignment, PlanSpec};
@@ -38,12 +38,12 @@ impl Placement {
     /// Places `plan` on `fleet`, keeping what runs where it can; the services reconfigured.
     /// As the provisioner places it: a GPU whose planned content stays keeps the shares the
     /// tuner gave it (`provision::tuned`); one whose content changed gets the plan's.
-    pub fn assign(&mut self, plan: &Plan, fleet: &[FleetGpu]) -> BTreeSet<String> {
+    pub fn assign(&mut self, plan: &Plan, fleet: &[FleetGpu]) -> Switches {
         let (gpus, _unplaced, tuned) = assign_over_tuned(plan, fleet, Some(&self.current), Some(&self.as_planned));
         self.as_planned = PlanSpec { strategy: plan.strategy.clone(), gpus: gpus.into(), ..PlanSpec::default() };
         let mut next = self.as_planned.clone();
         tuned.keep_tuned(&mut next.gpus);
-        let changed = reconfigured(&self.current, &next);
+        let changed = switches(&self.current, &next);
         self.current = next;
         let (mut on_mps, mut all): (BTreeMap<String, f64>, BTreeMap<String, f64>) = Default::default();
         for g in &plan.gpus {
@@ -86,16 +86,17 @@ impl Placement {
     /// One tuner pass at `now_s` on each service's last window (`p99_ms`, served and offered
     /// req/s, by service), fed to every host the service runs on; the services whose share
     /// changed (their processes restart with it).
-    pub fn tune(&mut self, slos_ms: &BTreeMap<String, f64>, windows: &BTreeMap<String, Measurement>, now_s: f64) -> BTreeSet<String> {
+    pub fn tune(&mut self, slos_ms: &BTreeMap<String, f64>, windows: &BTreeMap<String, Measurement>, now_s: f64) -> Switches {
         let measured: Measurements = windows
             .iter()
             .flat_map(|(service, m)| self.nodes.get(service).into_iter().flatten().map(move |node| ((node.clone(), service.clone()), *m)))
             .collect();
         let pass = tune_shares(&self.current, slos_ms, &measured, now_s, &self.settings, &mut self.tuner);
-        let Some(plan) = pass.plan else { return BTreeSet::new() };
+        let Some(plan) = pass.plan else { return Switches::new() };
+        let changed = switches(&self.current, &plan);
         self.current = plan;
         self.index();
-        pass.decisions.into_iter().filter(|d| d.outcome.changes_share()).map(|d| d.workload.service).collect()
+        changed
     }
 
     /// What the tuner's shares make of a service's planned capacity: its MPS-only part
@@ -125,12 +126,41 @@ fn by_gpu(plan: &PlanSpec) -> BTreeMap<(&str, &str), &GpuAssignment> {
     plan.gpus.iter().map(|g| ((g.node.as_str(), g.gpu_uuid.as_str()), g)).collect()
 }
 
+/// The services reconfigured between two placements, each with the share of its capacity
+/// that keeps serving until its new processes do.
+pub type Switches = BTreeMap<String, f64>;
+
 /// The services with a workload that starts or stops on some physical GPU between `before`
-/// and `after`.
-fn reconfigured(before: &PlanSpec, after: &PlanSpec) -> BTreeSet<String> {
+/// and `after`, each with the share of its capacity in `before` that serves through the
+/// switch by the agents' rule (`kept::stopped_before_replaced`): 1 when every workload that
+/// goes is replaced in its own slot through the warm standby, less for each that drains
+/// before its replacement, on another instance, GPU or host, has started.
+fn switches(before: &PlanSpec, after: &PlanSpec) -> Switches {
     let (old, new) = (by_gpu(before), by_gpu(after));
     let gpus: BTreeSet<_> = old.keys().chain(new.keys()).collect();
-    gpus.into_iter().flat_map(|key| restarted_services(old.get(key).copied(), new.get(key).copied())).map(str::to_string).collect()
+    let mut changed = BTreeSet::new();
+    let mut stopped: BTreeMap<&str, f64> = BTreeMap::new();
+    for key in gpus {
+        let (b, a) = (old.get(key).copied(), new.get(key).copied());
+        changed.extend(restarted_services(b, a));
+        for (service, lost) in stopped_before_replaced(b, a) {
+            *stopped.entry(service).or_default() += lost;
+        }
+    }
+    let mut total: BTreeMap<&str, f64> = BTreeMap::new();
+    for w in before.gpus.iter().flat_map(running) {
+        *total.entry(w.service).or_default() += capacity_weight(&w);
+    }
+    changed
+        .into_iter()
+        .map(|s| {
+            let serving = match (total.get(s), stopped.get(s)) {
+                (Some(&all), Some(&lost)) if all > 0.0 => (1.0 - lost / all).clamp(0.0, 1.0),
+                _ => 1.0,
+            };
+            (s.to_string(), serving)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -171,17 +201,28 @@ mod tests {
     #[test]
     fn only_the_services_on_a_gpu_whose_content_changes_are_reconfigured() {
         let mut p = Placement::default();
-        assert_eq!(p.assign(&plan(), &hosts(&[1, 2])), BTreeSet::from(["a".into(), "b".into(), "c".into()]), "everything starts");
+        let all = |serving: f64| Switches::from([("a".into(), 1.0), ("b".into(), 1.0), ("c".into(), serving)]);
+        assert_eq!(p.assign(&plan(), &hosts(&[1, 2])), all(1.0), "everything starts, nothing served before");
         assert!(p.assign(&plan(), &hosts(&[1, 2])).is_empty(), "the same plan on the same hosts moves nothing");
         assert!(p.assign(&plan(), &hosts(&[1, 2, 3])).is_empty(), "a new host takes nothing from the others");
-        // The host running "c" is gone: "c" moves to the spare GPU; "a" and "b" stay.
+        // The host running "c" is gone: "c" moves to the spare GPU, starting cold with
+        // nothing serving meanwhile; "a" and "b" stay.
         let c_host = p.nodes["c"].iter().next().unwrap().clone();
         let left: Vec<u32> = [1, 2, 3].into_iter().filter(|i| format!("host-{i}") != c_host).collect();
-        assert_eq!(p.assign(&plan(), &hosts(&left)), BTreeSet::from(["c".to_string()]));
-        // "c" grows: its GPU changes, the shared one does not.
+        assert_eq!(p.assign(&plan(), &hosts(&left)), Switches::from([("c".to_string(), 0.0)]));
+        // "c" grows in place: its new share starts as the standby, the old one serves until
+        // it is ready.
         let mut grown = plan();
         grown.gpus[1].workloads[0].mps_percent = 60.0;
-        assert_eq!(p.assign(&grown, &hosts(&left)), BTreeSet::from(["c".to_string()]));
+        assert_eq!(p.assign(&grown, &hosts(&left)), Switches::from([("c".to_string(), 1.0)]));
+        // "a" grows out of the shared GPU onto a new one: its old process drains before the
+        // new one serves.
+        let mut moved = grown.clone();
+        let mut a = moved.gpus[0].workloads.remove(0);
+        a.mps_percent = 80.0;
+        moved.gpus.push(planner::plan::GpuPlan { slot: 2, gpu_type: "T4".into(), sharing: Sharing::MpsOnly, workloads: vec![a] });
+        let spare: Vec<u32> = left.iter().copied().chain([4]).collect();
+        assert_eq!(p.assign(&moved, &hosts(&spare)), Switches::from([("a".to_string(), 0.0)]));
     }
 
     #[test]
@@ -194,7 +235,10 @@ mod tests {
         let windows = BTreeMap::from([("a".to_string(), window(80.0)), ("b".to_string(), window(30.0)), ("c".to_string(), window(30.0))]);
         let mut tuned = BTreeSet::new();
         for pass in 0..12 {
-            tuned.extend(p.tune(&slos, &windows, f64::from(pass * 5)));
+            for (service, serving) in p.tune(&slos, &windows, f64::from(pass * 5)) {
+                assert_eq!(serving, 1.0, "a share moves through the warm standby");
+                tuned.insert(service);
+            }
         }
         assert!(tuned.contains("a"), "{tuned:?}");
         assert!(p.capacity_factor("a") > 1.0, "{}", p.capacity_factor("a"));
@@ -210,7 +254,7 @@ mod tests {
         // A re-plan that leaves a's planned workload as it was keeps the tuner's share, as
         // the provisioner places it (`provision::tuned`): nothing restarts.
         let factor = p.capacity_factor("a");
-        assert_eq!(p.assign(&plan(), &hosts(&[1, 2])), BTreeSet::new());
+        assert_eq!(p.assign(&plan(), &hosts(&[1, 2])), Switches::new());
         assert_eq!(p.capacity_factor("a"), factor);
     }
 }

@@ -16,7 +16,7 @@ use planner::policy::hetsev::{
 use planner::policy::slo_headroom::{Prediction, Window};
 
 use crate::fleet::{Fleet, LAMBDA_PER_S};
-use crate::placement::Placement;
+use crate::placement::{Placement, Switches};
 use crate::planning::{Planned, Provisioner};
 use crate::report::Replanning;
 use crate::scenario::{Scenario, SimService};
@@ -427,7 +427,7 @@ impl Gpuplane {
     }
 
     /// Places `plan` on the hosts there are at `t`; the services reconfigured.
-    fn place(&mut self, plan: &Plan, t: u32) -> BTreeSet<String> {
+    fn place(&mut self, plan: &Plan, t: u32) -> Switches {
         self.placed_on = self.fleet.placeable_ids(t);
         let gpus = self.fleet.placeable(t);
         self.placement.assign(plan, &gpus)
@@ -439,14 +439,17 @@ impl Gpuplane {
         (0..self.services.len()).map(|i| self.serving(i, t)).collect()
     }
 
-    /// `changed` services serve as `before` (their old configuration) until their new
-    /// processes serve (`reconfigure_s`).
-    fn reconfigure(&mut self, changed: &BTreeSet<String>, before: &[Serving], t: u32) {
+    /// `changed` services serve on what of `before` (their old configuration) the agents
+    /// keep serving through the switch until their new processes serve (`reconfigure_s`):
+    /// all of it when every workload moves through its warm standby, less what drains
+    /// before its replacement starts (break-before-make, counted).
+    fn reconfigure(&mut self, changed: &Switches, before: &[Serving], t: u32) {
         for (i, s) in self.services.iter().enumerate() {
-            if changed.contains(&s.name) {
-                let old = self.switching.get(&i).map_or(before[i], |(_, old)| *old);
-                self.switching.insert(i, (t + self.settings.reconfigure_s, old));
-            }
+            let Some(&serving) = changed.get(&s.name) else { continue };
+            let old = self.switching.get(&i).map_or(before[i], |(_, old)| *old);
+            let old = Serving { capacity_rps: old.capacity_rps * serving, ..old };
+            self.switching.insert(i, (t + self.settings.reconfigure_s, old));
+            self.replanning.break_before_make += u32::from(serving < 1.0);
         }
         self.reconfigurations += changed.len() as u32;
     }
@@ -512,8 +515,8 @@ impl Policy for Gpuplane {
             let r = &mut self.replanning;
             r.replans += 1;
             r.full_replans += u32::from(!planned.incremental);
-            let others = changed.iter().filter(|s| !resized.contains(*s) && !waiting.contains(*s)).count() as u32;
-            let of_waiting = changed.iter().filter(|s| !resized.contains(*s) && waiting.contains(*s)).count() as u32;
+            let others = changed.keys().filter(|s| !resized.contains(*s) && !waiting.contains(*s)).count() as u32;
+            let of_waiting = changed.keys().filter(|s| !resized.contains(*s) && waiting.contains(*s)).count() as u32;
             r.of_resized += changed.len() as u32 - others - of_waiting;
             r.of_fleet_changes += of_waiting;
             r.of_others += others;

@@ -60,6 +60,10 @@ pub struct Replanning {
     pub of_fleet_changes: u32,
     /// Reconfigurations by the GSLICE tuner (an MPS share changed; the process restarts).
     pub of_tuner: u32,
+    /// Reconfigurations, of any cause, in which some of the service's capacity stopped
+    /// before what replaced it served (a move off its slot: the agents start the new
+    /// process cold while the old one drains).
+    pub break_before_make: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -107,8 +111,16 @@ impl Report {
         for p in &self.policies {
             if let Some(r) = p.replanning {
                 out.push_str(&format!(
-                    "{}: {} re-plans, {} of them of every service; reconfigured: {} resized services, {} others ({} of them in the full re-plans), {} as hosts came and went, {} by the tuner\n",
-                    p.name, r.replans, r.full_replans, r.of_resized, r.of_others, r.of_others_in_full, r.of_fleet_changes, r.of_tuner
+                    "{}: {} re-plans, {} of them of every service; reconfigured: {} resized services, {} others ({} of them in the full re-plans), {} as hosts came and went, {} by the tuner; {} break-before-make\n",
+                    p.name,
+                    r.replans,
+                    r.full_replans,
+                    r.of_resized,
+                    r.of_others,
+                    r.of_others_in_full,
+                    r.of_fleet_changes,
+                    r.of_tuner,
+                    r.break_before_make
                 ));
                 let per = |n: u32| self.per_service_day(n);
                 out.push_str(&format!(

@@ -69,30 +69,69 @@ pub fn kept_weight<T: Ord>(before: &[T], after: &[T], weight: impl Fn(&T) -> u64
 pub fn restarted_services<'a>(before: Option<&'a GpuAssignment>, after: Option<&'a GpuAssignment>) -> BTreeSet<&'a str> {
     let old = before.map(running).unwrap_or_default();
     let new = after.map(running).unwrap_or_default();
-    let mut out = BTreeSet::new();
+    let (removed, added) = unmatched(&old, &new);
+    removed.into_iter().chain(added).map(|w| w.service).collect()
+}
+
+/// Per service with a workload that stops on this GPU, the capacity that stops before its
+/// replacement serves (break-before-make), by the agent's rule: a workload whose service
+/// gets a new configuration in the same slot (the same MIG instance, or the whole GPU)
+/// starts it as the warm standby and switches when it is ready, so the old one serves
+/// until then; any other workload that goes drains at once, while what replaces it (on a
+/// new instance, another GPU or another host) starts cold. Capacity is
+/// [`capacity_weight`]: a share of the GPU, not req/s.
+pub fn stopped_before_replaced<'a>(before: Option<&'a GpuAssignment>, after: Option<&'a GpuAssignment>) -> BTreeMap<&'a str, f64> {
+    let old = before.map(running).unwrap_or_default();
+    let new = after.map(running).unwrap_or_default();
+    let (removed, added) = unmatched(&old, &new);
+    let mut out: BTreeMap<&str, f64> = BTreeMap::new();
+    for r in removed {
+        let promoted = added.iter().any(|a| a.service == r.service && a.slot == r.slot);
+        if !promoted {
+            *out.entry(r.service).or_default() += capacity_weight(r);
+        }
+    }
+    out
+}
+
+/// The share of a GPU a workload's processes hold: the MIG instance's compute slices out of
+/// seven (NVIDIA's profile names start with them, "3g.40gb"), or the whole GPU, times the
+/// MPS share and the process count. A proxy for capacity that needs no profile: it compares
+/// a service's workloads, which run one model.
+pub fn capacity_weight(w: &RunningWorkload<'_>) -> f64 {
+    let slices = w.slot.and_then(|(profile, _)| profile.split('g').next()?.parse::<u32>().ok()).unwrap_or(7).min(7);
+    f64::from(slices) / 7.0 * f64::from_bits(w.mps_percent_bits).clamp(0.0, 100.0) / 100.0 * f64::from(w.processes)
+}
+
+/// The workloads of `before` and of `after` (both sorted) that the other does not have.
+fn unmatched<'a, 'b>(
+    before: &'b [RunningWorkload<'a>],
+    after: &'b [RunningWorkload<'a>],
+) -> (Vec<&'b RunningWorkload<'a>>, Vec<&'b RunningWorkload<'a>>) {
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
     let (mut i, mut j) = (0, 0);
-    while i < old.len() || j < new.len() {
-        match (old.get(i), new.get(j)) {
+    while i < before.len() || j < after.len() {
+        match (before.get(i), after.get(j)) {
             (Some(a), Some(b)) if a == b => {
                 i += 1;
                 j += 1;
             }
             (Some(a), Some(b)) if a < b => {
-                out.insert(a.service);
+                removed.push(a);
                 i += 1;
             }
             (Some(a), None) => {
-                out.insert(a.service);
+                removed.push(a);
                 i += 1;
             }
             (_, Some(b)) => {
-                out.insert(b.service);
+                added.push(b);
                 j += 1;
             }
             (None, None) => unreachable!("the loop runs while one side has workloads"),
         }
     }
-    out
+    (removed, added)
 }
 
 /// Process-seconds of restarts that moving from plan `from` to plan `to` makes, as
@@ -242,6 +281,29 @@ mod tests {
         assert_eq!(restarted_services(None, Some(&g)), BTreeSet::from(["a"]));
         assert!(restarted_services(Some(&g), Some(&g)).is_empty());
         assert!(restarted_services(None, None).is_empty());
+    }
+
+    #[test]
+    fn a_new_configuration_in_the_same_slot_serves_through_the_switch_and_a_move_does_not() {
+        // a is resized in its instance (standby, then switch); b's instance is replaced by
+        // two smaller ones; c moves off this GPU; d is unchanged.
+        let before = gpu(
+            &[("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)],
+            vec![w("a", Some(0), 100.0, 8), w("b", Some(1), 100.0, 4), w("c", Some(2), 50.0, 2)],
+        );
+        let after = gpu(
+            &[("3g.40gb", 0), ("1g.10gb", 4), ("1g.10gb", 5)],
+            vec![w("a", Some(0), 100.0, 16), w("b", Some(1), 100.0, 4), w("b", Some(2), 100.0, 4)],
+        );
+        let stopped = stopped_before_replaced(Some(&before), Some(&after));
+        assert_eq!(stopped.keys().copied().collect::<Vec<_>>(), ["b", "c"]);
+        assert!((stopped["b"] - 2.0 / 7.0).abs() < 1e-12, "{stopped:?}");
+        assert!((stopped["c"] - 0.5 / 7.0).abs() < 1e-12, "{stopped:?}");
+        // On an MPS-only GPU a new share of the same service switches through the standby.
+        let mps = gpu(&[], vec![w("a", None, 30.0, 4), w("d", None, 30.0, 4)]);
+        let tuned = gpu(&[], vec![w("a", None, 40.0, 4), w("d", None, 30.0, 4)]);
+        assert!(stopped_before_replaced(Some(&mps), Some(&tuned)).is_empty());
+        assert!((stopped_before_replaced(Some(&mps), None)["d"] - 0.3).abs() < 1e-12);
     }
 
     #[test]
