@@ -189,12 +189,14 @@ mod tests {
             gpu_uuid: "GPU-0".into(),
             mig_layout: vec![MigPlacement { profile: "3g".into(), start: 0 }, MigPlacement { profile: "1g.10gb".into(), start: 4 }],
             workloads: vec![workload("web", "acme", Some(0), 100.0, 0.0), workload("api", "globex", Some(1), 100.0, 0.0)],
+            retiring: vec![],
         };
         let mps = GpuAssignment {
             node: "t4".into(),
             gpu_uuid: "GPU-1".into(),
             mig_layout: vec![],
             workloads: vec![workload("ocr", "globex", None, 40.0, 10.0)],
+            retiring: vec![],
         };
         PlanSpec {
             strategy: "test".into(),

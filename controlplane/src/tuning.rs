@@ -301,7 +301,9 @@ fn observe_gpu(
 /// in plan order.
 fn apply_to_gpu(gpu: &mut GpuAssignment, proposals: Vec<Proposal>, settings: &TuningSettings) -> Vec<ShareDecision> {
     let floor_pct = settings.gslice.min_gpu_pct.ceil();
-    let mut used: f64 = gpu.workloads.iter().map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum();
+    // Retiring workloads (`provision::handover`) hold their shares until they go.
+    let mut used: f64 =
+        gpu.workloads.iter().chain(&gpu.retiring).map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum();
     let mut decisions: Vec<(usize, ShareDecision)> = Vec::new();
     let (mut increases, mut decreases) = (Vec::new(), Vec::new());
     for proposal in proposals {
@@ -387,7 +389,7 @@ mod tests {
     }
 
     fn gpu(node: &str, uuid: &str, workloads: Vec<WorkloadAssignment>) -> GpuAssignment {
-        GpuAssignment { node: node.into(), gpu_uuid: uuid.into(), mig_layout: vec![], workloads }
+        GpuAssignment { node: node.into(), gpu_uuid: uuid.into(), mig_layout: vec![], workloads, retiring: vec![] }
     }
 
     fn plan(gpus: Vec<GpuAssignment>) -> PlanSpec {

@@ -40,6 +40,11 @@ pub struct WorkloadSpec {
     /// Where its model lives, as the runtime understands it (empty: none given).
     #[serde(default)]
     pub model_uri: String,
+    /// It left this slot and serves here until what replaces it serves (the controller's
+    /// make-before-break): its running processes are kept, none is started for it, and it
+    /// has no standby. Not part of the process configuration.
+    #[serde(default)]
+    pub retiring: bool,
 }
 
 impl WorkloadSpec {
@@ -171,6 +176,7 @@ pub fn decode(state: &proto::DesiredState, node: &str, models: &BTreeMap<String,
                 batch_ms: w.batch_ms,
                 runtime: (!w.runtime.is_empty()).then(|| w.runtime.clone()),
                 model_uri: w.model_uri.clone(),
+                retiring: w.retiring,
             });
         }
         if let Some((slot, total)) = share.iter().find(|(_, &t)| t > 100.0 + 1e-6) {

@@ -117,6 +117,12 @@ fn plan_gpu(gpu: &str, want: &crate::desired::GpuDesired, have: &GpuObserved, ph
         // per segment) and one warm standby.
         let wanted = spec.processes as usize;
         let fitting: Vec<&Running> = here(Role::Active).filter(|r| r.spec.same_config(spec)).take(wanted).collect();
+        if spec.retiring {
+            // It serves until its replacement elsewhere does: what runs of it stays, nothing
+            // starts for it, and its standby goes.
+            keep.extend(fitting.iter().map(|r| r.id.as_str()));
+            continue;
+        }
         let any_active = here(Role::Active).next().is_some();
         let standby = here(Role::Standby).find(|s| s.spec.same_config(spec));
         keep.extend(fitting.iter().map(|r| r.id.as_str()));
@@ -182,6 +188,7 @@ mod tests {
             batch_ms: 0.0,
             runtime: None,
             model_uri: String::new(),
+            retiring: false,
         }
     }
 
@@ -285,6 +292,25 @@ mod tests {
                 Step::Stop { gpu: "GPU-0".into(), id: "a2".into() },
             ]
         );
+    }
+
+    #[test]
+    fn a_retiring_workload_keeps_its_active_processes_starts_nothing_and_loses_its_standby() {
+        let old = spec("a", mig(G3, 0), 100.0, 8);
+        let layout = vec![Placement::new(G3, 0)];
+        let have = || observed(layout.clone(), vec![running("p1", old.clone(), Role::Active), running("p2", old.clone(), Role::Standby)]);
+        let retiring = WorkloadSpec { retiring: true, ..old.clone() };
+        let want = one_gpu(vec![Placement::new(G3, 0), Placement::new(G2, 4)], vec![spec("b", mig(G2, 4), 100.0, 4), retiring.clone()]);
+        let steps = plan(&want, &have()).unwrap();
+        assert!(!steps.iter().any(|s| matches!(s, Step::Drain { id, .. } if id == "p1")), "{steps:?}");
+        assert!(steps.iter().any(|s| matches!(s, Step::Stop { id, .. } if id == "p2")), "{steps:?}");
+        assert!(!steps.iter().any(|s| matches!(s, Step::Start { spec, .. } | Step::StartStandby { spec, .. } if spec.service == "a")));
+        // Gone (it crashed): it is not started again.
+        let steps = plan(&one_gpu(layout.clone(), vec![retiring]), &observed(layout.clone(), vec![])).unwrap();
+        assert!(steps.is_empty(), "{steps:?}");
+        // Dropped from the desired state: it drains and stops, and its instance goes.
+        let steps = plan(&one_gpu(vec![], vec![]), &have()).unwrap();
+        assert_eq!(steps.iter().map(kind).collect::<Vec<_>>(), ["drain", "stop", "drain", "stop", "destroy"]);
     }
 
     #[test]

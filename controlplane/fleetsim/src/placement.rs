@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use controlplane::provision::handover::{drop_retiring, hand_over_all};
 use controlplane::provision::kept::{capacity_weight, restarted_services, running, stopped_before_replaced};
 use controlplane::provision::tuned::assign_over_tuned;
 use controlplane::provision::FleetGpu;
@@ -43,6 +44,10 @@ impl Placement {
         self.as_planned = PlanSpec { strategy: plan.strategy.clone(), gpus: gpus.into(), ..PlanSpec::default() };
         let mut next = self.as_planned.clone();
         tuned.keep_tuned(&mut next.gpus);
+        // As the provisioner places it: what leaves its slot retires there where the GPU has
+        // room, until its replacements serve (`provision::handover`).
+        let planned: BTreeSet<&str> = plan.gpus.iter().flat_map(|g| &g.workloads).map(|w| w.service.as_str()).collect();
+        hand_over_all(Some(&self.current), &mut next.gpus, fleet, &|_| true, &|s| planned.contains(s));
         let changed = switches(&self.current, &next);
         self.current = next;
         let (mut on_mps, mut all): (BTreeMap<String, f64>, BTreeMap<String, f64>) = Default::default();
@@ -58,6 +63,22 @@ impl Placement {
         self.index();
         self.planned_share = mps_shares(&self.as_planned);
         changed
+    }
+
+    /// Drops the retiring workloads of the services `done` names (their replacements serve),
+    /// as the provisioner's next pass does.
+    pub fn retire(&mut self, done: &dyn Fn(&str) -> bool) {
+        if !self.current.gpus.iter().any(|g| g.retiring.iter().any(|w| done(&w.service))) {
+            return;
+        }
+        for i in 0..self.current.gpus.len() {
+            if self.current.gpus[i].retiring.iter().any(|w| done(&w.service)) {
+                let mut g = self.current.gpus[i].clone();
+                drop_retiring(&mut g, done);
+                self.current.gpus.set(i, g);
+            }
+        }
+        self.current.gpus.retain(|g| !(g.workloads.is_empty() && g.retiring.is_empty()));
     }
 
     /// The services of `plan` with fewer workloads placed than it plans for them: waiting for
@@ -215,14 +236,22 @@ mod tests {
         let mut grown = plan();
         grown.gpus[1].workloads[0].mps_percent = 60.0;
         assert_eq!(p.assign(&grown, &hosts(&left)), Switches::from([("c".to_string(), 1.0)]));
-        // "a" grows out of the shared GPU onto a new one: its old process drains before the
-        // new one serves.
+        // "a" grows out of the shared GPU onto a new one: its old process stays there as
+        // retiring (the GPU has room) and serves until the new one does.
         let mut moved = grown.clone();
         let mut a = moved.gpus[0].workloads.remove(0);
         a.mps_percent = 80.0;
-        moved.gpus.push(planner::plan::GpuPlan { slot: 2, gpu_type: "T4".into(), sharing: Sharing::MpsOnly, workloads: vec![a] });
+        moved.gpus.push(planner::plan::GpuPlan { slot: 2, gpu_type: "T4".into(), sharing: Sharing::MpsOnly, workloads: vec![a.clone()] });
         let spare: Vec<u32> = left.iter().copied().chain([4]).collect();
-        assert_eq!(p.assign(&moved, &hosts(&spare)), Switches::from([("a".to_string(), 0.0)]));
+        assert_eq!(p.assign(&moved, &hosts(&spare)), Switches::from([("a".to_string(), 1.0)]));
+        let retiring = |p: &Placement| p.current.gpus.iter().flat_map(|g| &g.retiring).count();
+        assert_eq!(retiring(&p), 1);
+        p.retire(&|s| s == "a");
+        assert_eq!(retiring(&p), 0);
+        // Its new GPU's host fails: nothing of it serves until it starts elsewhere.
+        let a_host = p.nodes["a"].iter().next().unwrap().clone();
+        let alive: Vec<u32> = spare.iter().copied().filter(|i| format!("host-{i}") != a_host).collect();
+        assert_eq!(p.assign(&moved, &hosts(&alive)), Switches::from([("a".to_string(), 0.0)]));
     }
 
     #[test]

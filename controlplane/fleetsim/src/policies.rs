@@ -560,6 +560,10 @@ impl Policy for Gpuplane {
         }
         self.available = availability(&self.fleet, &self.planned.gpus, t);
         self.switching.retain(|_, (until, _)| *until > t);
+        // Services whose new processes serve: their retiring workloads go (the provisioner
+        // polls the agents' reports every couple of seconds).
+        let switching: BTreeSet<&str> = self.switching.keys().map(|&i| self.services[i].name.as_str()).collect();
+        self.placement.retire(&|s| !switching.contains(s));
     }
     fn serving(&self, i: usize, _t: u32) -> Serving {
         match self.switching.get(&i) {

@@ -219,6 +219,7 @@ pub fn test_gpu(node: &str, uuid: &str, service: &str, batch: u32) -> GpuAssignm
             isolation: crate::Isolation::default(),
             batch_ms: 0.0,
         }],
+        retiring: vec![],
     }
 }
 

@@ -461,6 +461,11 @@ pub struct GpuAssignment {
     pub mig_layout: Vec<MigPlacement>,
     #[serde(default)]
     pub workloads: Vec<WorkloadAssignment>,
+    /// Workloads that left this GPU and keep serving here until what replaces them serves
+    /// (make-before-break, `provision::handover`): the agent keeps their processes and
+    /// starts nothing for them. Their shares and instances count against the GPU's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retiring: Vec<WorkloadAssignment>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

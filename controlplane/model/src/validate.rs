@@ -475,10 +475,13 @@ fn validate_gpu_assignment(at: impl Fn() -> String, gpu: &GpuAssignment) -> Resu
     named(bounded_text("", &gpu.gpu_uuid, MAX_UUID_LEN), f("gpu_uuid"))?;
     named(bounded_list("", gpu.mig_layout.len(), usize::from(MAX_MIG_SLICES)), f("mig_layout"))?;
     named(bounded_list("", gpu.workloads.len(), MAX_WORKLOADS_PER_GPU), f("workloads"))?;
-    // Shares are summed per MIG instance (or per whole GPU when not partitioned).
+    named(bounded_list("", gpu.retiring.len(), MAX_WORKLOADS_PER_GPU), f("retiring"))?;
+    // Shares are summed per MIG instance (or per whole GPU when not partitioned), retiring
+    // workloads' with the others': the GPU holds both while they hand over.
     let mut share: BTreeMap<Option<usize>, f64> = BTreeMap::new();
-    for (w, wl) in gpu.workloads.iter().enumerate() {
-        let wf = |rest: &'static str| move || format!("{}.workloads[{w}].{rest}", at());
+    let listed = gpu.workloads.iter().enumerate().map(|(w, wl)| ("workloads", w, wl));
+    for (list, w, wl) in listed.chain(gpu.retiring.iter().enumerate().map(|(w, wl)| ("retiring", w, wl))) {
+        let wf = |rest: &'static str| move || format!("{}.{list}[{w}].{rest}", at());
         named(validate_name("", &wl.service), wf("service"))?;
         if !wl.tenant.is_empty() {
             named(validate_name("", &wl.tenant), wf("tenant"))?;
@@ -683,7 +686,14 @@ mod tests {
         let plan = |wls: Vec<WorkloadAssignment>| {
             Spec::Plan(PlanSpec {
                 strategy: "igniter".into(),
-                gpus: vec![GpuAssignment { node: "n1".into(), gpu_uuid: "GPU-1".into(), mig_layout: vec![], workloads: wls }].into(),
+                gpus: vec![GpuAssignment {
+                    node: "n1".into(),
+                    gpu_uuid: "GPU-1".into(),
+                    mig_layout: vec![],
+                    workloads: wls,
+                    retiring: vec![],
+                }]
+                .into(),
                 services: Default::default(),
                 inputs_digest: String::new(),
                 trace_parent: String::new(),

@@ -25,10 +25,10 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
                 trace_parent.clone_from(&spec.trace_parent);
             }
         }
-        let workloads = g
-            .workloads
-            .iter()
-            .map(|w| {
+        let listed = g.workloads.iter().map(|w| (w, false));
+        let workloads = listed
+            .chain(g.retiring.iter().map(|w| (w, true)))
+            .map(|(w, retiring)| {
                 let service = service_spec(cluster, &w.service);
                 let (model, slo_ms, inference_tokens) =
                     service.map_or((String::new(), 0.0, Vec::new()), |s| (s.model.clone(), s.slo.latency_ms, s.inference_tokens.clone()));
@@ -51,6 +51,7 @@ pub fn desired_state(cluster: &ClusterState, node: &str) -> proto::DesiredState 
                     inference_tokens,
                     runtime,
                     model_uri: service.and_then(|s| s.model_uri.clone()).unwrap_or_default(),
+                    retiring,
                 }
             })
             .collect();
@@ -101,7 +102,7 @@ pub fn placement<'a>(cluster: &'a ClusterState, node: &str) -> Placement<'a> {
     // A node runs dozens of workloads of a few services: each service's spec is looked up
     // once (a lookup per workload was half of checking a report, perf at 10,000 hosts).
     let mut services = BTreeMap::new();
-    for w in cluster.desired().assignments(node).flat_map(|(_, g)| &g.workloads) {
+    for w in cluster.desired().assignments(node).flat_map(|(_, g)| g.workloads.iter().chain(&g.retiring)) {
         services.entry(w.service.as_str()).or_insert_with(|| {
             let slo_ms = service_spec(cluster, &w.service).map_or(0.0, |s| s.slo.latency_ms);
             Placed { tenant: w.tenant.as_str(), slo_ms }

@@ -7,7 +7,7 @@
 //! them on every pass. When the inputs change the plan is recomputed as before and tuning
 //! starts again from the new plan.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use super::runner::{Pass, Reconciler, Settled, Write};
 use super::LoopSettings;
 use super::PlanChange;
 use crate::controller::Controller;
+use crate::provision::handover::{drop_retiring, replacements_ready, HANDOVER_MAX};
 use crate::provision::{gather, inputs_digest, place, plan_inputs, MigStrategy, PoolPlans, Previous};
 use crate::raft::WatchSignal;
 use crate::resources::{Kind, PlanSpec, Spec};
@@ -30,6 +31,9 @@ use crate::state::{ChangeEvent, ChangeType, ClusterState};
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Settling ends after this long even while changes keep coming.
 const MAX_SETTLE: Duration = Duration::from_secs(1);
+/// How often a pass looks again while workloads hand over (`provision::handover`): a
+/// retiring workload holds capacity until a pass sees its replacements serve.
+const HANDOVER_POLL: Duration = Duration::from_secs(2);
 
 pub async fn run(controller: Controller, settings: LoopSettings) {
     let provisioner = Provisioner::new(&controller, &settings);
@@ -73,6 +77,51 @@ pub(crate) struct Provisioner {
     proposed: bool,
     /// What this pass's plan needs, published for the autoscaler once the pass settles.
     demand: Option<BTreeMap<String, u32>>,
+    /// Per service with retiring workloads in the committed plan, since when (leader
+    /// memory: a new leader counts from its first pass).
+    handing_over: BTreeMap<String, tokio::time::Instant>,
+}
+
+/// The services with retiring workloads in the committed plan (`provision::handover`).
+#[derive(Default)]
+struct Retirements {
+    /// Still waiting for their replacements: carried over by a new placement.
+    pending: BTreeSet<String>,
+    /// To be dropped from the plan.
+    done: BTreeSet<String>,
+}
+
+impl Retirements {
+    /// The committed plan without the done services' retiring workloads, if it has any.
+    fn dropped_from(&self, current: &PlanSpec) -> Option<PlanSpec> {
+        if self.done.is_empty() {
+            return None;
+        }
+        let done = |s: &str| self.done.contains(s);
+        let mut spec = current.clone();
+        for i in 0..spec.gpus.len() {
+            if spec.gpus[i].retiring.iter().any(|w| done(&w.service)) {
+                let mut g = spec.gpus[i].clone();
+                drop_retiring(&mut g, &done);
+                spec.gpus.set(i, g);
+            }
+        }
+        spec.gpus.retain(|g| !(g.workloads.is_empty() && g.retiring.is_empty()));
+        Some(spec)
+    }
+
+    /// When to look again: soon while workloads hand over.
+    fn next_in(&self, otherwise: Option<Duration>) -> Option<Duration> {
+        if self.pending.is_empty() {
+            return otherwise;
+        }
+        polling(otherwise)
+    }
+}
+
+/// `next_in`, but at most [`HANDOVER_POLL`] away.
+fn polling(next_in: Option<Duration>) -> Option<Duration> {
+    Some(next_in.map_or(HANDOVER_POLL, |d| d.min(HANDOVER_POLL)))
 }
 
 /// What a pass reads: the state (an O(1) copy) and the committed plan's version.
@@ -103,6 +152,7 @@ impl Provisioner {
             planned: false,
             proposed: false,
             demand: None,
+            handing_over: BTreeMap::new(),
         }
     }
 
@@ -112,6 +162,51 @@ impl Provisioner {
     fn periodic_in(&self, owes: bool, now: tokio::time::Instant) -> Option<Duration> {
         let at = self.weighed_at.filter(|_| owes)?;
         Some((at + self.interval).saturating_duration_since(now))
+    }
+
+    /// The services with retiring workloads in `current`: those still handing over, and
+    /// those done, whose replacements serve on every GPU the plan gives them (by their
+    /// agents' reports) or that waited [`HANDOVER_MAX`]. O(the plan's GPUs), and a Node
+    /// status read per node running a service that hands over.
+    fn retirements(&mut self, cluster: &ClusterState, current: Option<&PlanSpec>, now: tokio::time::Instant) -> Retirements {
+        let Some(current) = current else {
+            self.handing_over.clear();
+            return Retirements::default();
+        };
+        let retiring: BTreeSet<&str> = current.gpus.iter().flat_map(|g| &g.retiring).map(|w| w.service.as_str()).collect();
+        self.handing_over.retain(|s, _| retiring.contains(s.as_str()));
+        let mut timed_out = BTreeSet::new();
+        for &s in &retiring {
+            let since = *self.handing_over.entry(s.to_string()).or_insert(now);
+            if now >= since + HANDOVER_MAX {
+                tracing::warn!(service = s, "replacements not ready within the hand-over bound: the retiring workloads go");
+                timed_out.insert(s);
+            }
+        }
+        let mut waiting: BTreeSet<&str> = BTreeSet::new();
+        let mut statuses: HashMap<&str, Option<crate::resources::NodeStatus>> = HashMap::new();
+        for g in current.gpus.iter() {
+            for w in &g.workloads {
+                let s = w.service.as_str();
+                if !retiring.contains(s) || timed_out.contains(s) || waiting.contains(s) {
+                    continue;
+                }
+                let status = statuses
+                    .entry(g.node.as_str())
+                    .or_insert_with(|| cluster.get(Kind::Node, &g.node).and_then(|n| n.status.read::<crate::resources::NodeStatus>().ok()));
+                let wanted = cluster.desired().version(&g.node);
+                let serving = status.as_ref().is_some_and(|st| {
+                    let observed = st.gpus.iter().find(|o| o.gpu_uuid == g.gpu_uuid);
+                    replacements_ready(g, s, observed, st.applied_version, wanted)
+                });
+                if !serving {
+                    waiting.insert(s);
+                }
+            }
+        }
+        let done = retiring.iter().filter(|s| !waiting.contains(**s)).map(|s| s.to_string()).collect();
+        let pending = waiting.into_iter().map(str::to_string).collect();
+        Retirements { pending, done }
     }
 
     /// A change the plan may depend on, then everything that arrives while it settles,
@@ -126,6 +221,17 @@ impl Provisioner {
             }
         }
         self.woken = true;
+    }
+}
+
+impl Provisioner {
+    /// A pass that plans nothing: it drops the retiring workloads whose hand-over is done
+    /// from the committed plan, if any.
+    fn retire(&mut self, retirements: &Retirements, current: Option<&PlanSpec>, plan_version: u64, next_in: Option<Duration>) -> Pass {
+        let Some(spec) = current.and_then(|c| retirements.dropped_from(c)) else { return Pass { next_in, ..Pass::default() } };
+        let change = PlanChange::between(current.map(|c| (plan_version, c)), spec);
+        self.proposed = true;
+        Pass { writes: vec![Write::Plan(change)], next_in, ..Pass::default() }
     }
 }
 
@@ -174,11 +280,13 @@ impl Reconciler for Provisioner {
         inputs.capacity = Some(crate::provision::fleet_capacity(&cluster, &inputs.fleet, &inputs.input.gpu_types, self.can_grow));
         let digest = inputs_digest(&inputs, self.strategy);
         let current = inputs.current.as_ref();
+        let retirements = self.retirements(&cluster, current, now);
         let planned_already = current.is_some_and(|p| p.inputs_digest == digest) || self.planned_digest.as_deref() == Some(digest.as_str());
         if planned_already && !(owed && consolidating) {
-            // Planned from these very inputs (and perhaps tuned since): nothing to do.
+            // Planned from these very inputs (and perhaps tuned since): nothing to plan.
             self.memory = previous;
-            return Pass { next_in: self.periodic_in(owed, now), ..Pass::default() };
+            let next_in = retirements.next_in(self.periodic_in(owed, now));
+            return self.retire(&retirements, current, plan_version, next_in);
         }
         let from = previous.as_ref().map(|plans| Previous { plans, consolidate: consolidating });
         let Some((plan, pools)) = plan_inputs(&inputs, self.strategy, from, cancelled) else {
@@ -192,17 +300,20 @@ impl Reconciler for Provisioner {
             self.weighed_at = Some(now);
         }
         self.memory = Some(pools);
-        let next_in = self.periodic_in(owes, now);
+        let next_in = retirements.next_in(self.periodic_in(owes, now));
         if weighed_and_kept {
             // The periodic pass weighed a full plan on the committed inputs and kept the
             // minimal one: the committed plan (and the tuner's changes to it) stays.
-            return Pass { next_in, ..Pass::default() };
+            return self.retire(&retirements, current, plan_version, next_in);
         }
         if cancelled() {
             return Pass::default();
         }
-        let placed = place(&inputs, &plan, digest.clone(), self.placed.as_ref());
+        let placed = place(&inputs, &plan, digest.clone(), self.placed.as_ref(), &|s| retirements.pending.contains(s));
         let plan = placed.spec;
+        // What moves now hands over: look again soon.
+        let hands_over = plan.gpus.iter().any(|g| !g.retiring.is_empty());
+        let next_in = if hands_over { polling(next_in) } else { next_in };
         // The patch from the committed plan, so the proposal carries only what moved.
         let change = PlanChange::between(inputs.current.as_ref().map(|c| (plan_version, c)), plan);
         if let (PlanChange::Patch { patch, .. }, Some(current)) = (&change, &inputs.current) {
@@ -228,6 +339,8 @@ impl Reconciler for Provisioner {
         }
         let placement = self.proposed_placement.take();
         match settled.writes.into_iter().next() {
+            // Only retiring workloads dropped: the placement stays what it was.
+            Some(Ok(_)) if placement.is_none() => tracing::info!("retiring workloads handed over"),
             Some(Ok(_)) => {
                 self.placed = placement;
                 tracing::info!("committed a new plan");
@@ -523,13 +636,20 @@ spec: {}
         assert_eq!(proposed, 1, "the change is committed");
         let memory = p.memory.as_ref().unwrap();
         assert!(memory.incremental && memory.owes_consolidation(), "re-planned minimally, consolidation owed");
-        assert_eq!(next_in, Some(Duration::from_secs(20)), "the periodic pass comes an interval after the first plan");
+        // The moved services' old workloads hand over until the agents report the new ones:
+        // the provisioner looks again soon.
+        assert_eq!(next_in, Some(HANDOVER_POLL));
+        assert!(!retiring(&committed(&cluster)).is_empty());
+        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t1 + Duration::from_secs(1));
+        assert_eq!((proposed, next_in), (0, Some(HANDOVER_POLL)));
+        report_ready(&mut cluster);
+        assert_eq!(pass(&mut p, &mut cluster, true, t1 + Duration::from_secs(2)).0, 1, "the retiring workloads go");
         let minimal = plan_version(&cluster);
 
         // Another change's pass on the same inputs: nothing to do, still owed, and the
         // periodic pass is not put off.
-        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t1 + Duration::from_secs(1));
-        assert_eq!((proposed, next_in), (0, Some(Duration::from_secs(19))));
+        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t1 + Duration::from_secs(3));
+        assert_eq!((proposed, next_in), (0, Some(Duration::from_secs(17))));
         assert!(p.memory.as_ref().unwrap().owes_consolidation());
 
         // The periodic pass weighs a full plan on the committed inputs: at a fifth of the
@@ -539,10 +659,13 @@ spec: {}
         assert!(plan_version(&cluster) > minimal);
         let memory = p.memory.as_ref().unwrap();
         assert!(!memory.incremental && !memory.owes_consolidation());
-        assert_eq!(next_in, None, "nothing owed: the loop's interval");
-        let Some(Spec::Plan(committed)) = cluster.get(Kind::Plan, "current").map(|r| r.spec.clone()) else { panic!("a plan") };
+        assert_eq!(next_in, Some(HANDOVER_POLL), "nothing owed, but what moved hands over");
+        let working = |p: &PlanSpec| p.gpus.iter().filter(|g| !g.workloads.is_empty()).count();
         let full = crate::provision::provision_from(&gather(&cluster), MigStrategy::Parvagpu);
-        assert_eq!(committed.gpus.len(), full.gpus.len(), "as many GPUs as a full plan");
+        assert_eq!(working(&committed(&cluster)), working(&full), "as many GPUs as a full plan");
+        report_ready(&mut cluster);
+        let (proposed, next_in) = pass(&mut p, &mut cluster, false, t0 + Duration::from_secs(31));
+        assert_eq!((proposed, next_in), (1, None), "handed over; nothing owed: the loop's interval");
 
         // Nothing owed: the next periodic pass does not plan.
         assert_eq!(pass(&mut p, &mut cluster, false, t0 + Duration::from_secs(60)).0, 0);
@@ -558,6 +681,8 @@ spec: {}
         set_rates(&mut cluster, &raised);
         assert_eq!(pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(1)).0, 1);
         assert!(p.memory.as_ref().unwrap().owes_consolidation());
+        report_ready(&mut cluster);
+        assert_eq!(pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(2)).0, 1, "s03's old segments handed over");
         let minimal = plan_version(&cluster);
         let (proposed, next_in) = pass(&mut p, &mut cluster, false, t0 + Duration::from_secs(30));
         assert!(p.planned, "it weighed a full plan");
@@ -565,6 +690,104 @@ spec: {}
         assert_eq!(plan_version(&cluster), minimal);
         assert!(p.memory.as_ref().unwrap().incremental && !p.memory.as_ref().unwrap().owes_consolidation());
         assert_eq!(next_in, None);
+    }
+
+    fn committed(cluster: &ClusterState) -> PlanSpec {
+        let Some(Spec::Plan(plan)) = cluster.get(Kind::Plan, "current").map(|r| r.spec.clone()) else { panic!("a plan") };
+        plan
+    }
+
+    /// Every node's agent reports what the committed plan gives it, applied and ready.
+    fn report_ready(cluster: &mut ClusterState) {
+        use crate::resources::{ObservedGpu, ObservedWorkload, StatusJson};
+        use crate::state::{Command, Request};
+        let plan = committed(cluster);
+        let mut by_node: BTreeMap<String, Vec<ObservedGpu>> = BTreeMap::new();
+        for g in plan.gpus.iter() {
+            let workloads = g
+                .workloads
+                .iter()
+                .chain(&g.retiring)
+                .flat_map(|w| {
+                    (0..w.processes).map(|_| ObservedWorkload {
+                        service: w.service.clone(),
+                        mig_instance: w.mig_instance.map_or(-1, |i| i as i32),
+                        mps_percent: w.mps_percent,
+                        batch: w.batch,
+                        state: "ready".into(),
+                        shadow: false,
+                        pid: 1,
+                    })
+                })
+                .collect();
+            by_node.entry(g.node.clone()).or_default().push(ObservedGpu { gpu_uuid: g.gpu_uuid.clone(), workloads, ..Default::default() });
+        }
+        for (node, gpus) in by_node {
+            let status =
+                NodeStatus { applied_version: cluster.desired().version(&node), health: Health::Healthy, gpus, ..Default::default() };
+            let command =
+                Command::PutStatus { kind: Kind::Node, name: node, status: StatusJson::of(&status).unwrap(), expected_version: 0 };
+            let revision = cluster.revision() + 1;
+            cluster.apply(revision, &Request { request_id: String::new(), command, trace_parent: None }).0.unwrap();
+        }
+    }
+
+    fn retiring(plan: &PlanSpec) -> BTreeSet<String> {
+        plan.gpus.iter().flat_map(|g| &g.retiring).map(|w| w.service.clone()).collect()
+    }
+
+    #[test]
+    fn a_moved_workload_serves_as_retiring_until_its_replacements_report_ready() {
+        let t0 = tokio::time::Instant::now();
+        let (mut cluster, mut p) = first_plan(t0);
+        let before = committed(&cluster);
+        let mut rates = base_rates();
+        rates[3] *= 0.5;
+        set_rates(&mut cluster, &rates);
+        assert_eq!(pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(1)).0, 1);
+        let handing_over = committed(&cluster);
+        assert_eq!(retiring(&handing_over), BTreeSet::from(["s03".to_string()]), "s03's old segments keep serving");
+        // Each retiring workload is one s03 ran in that very instance, and the new ones run
+        // beside it.
+        for g in handing_over.gpus.iter().filter(|g| !g.retiring.is_empty()) {
+            let was = before.gpus.iter().find(|b| b.gpu_uuid == g.gpu_uuid).expect("on a GPU it ran on");
+            for r in &g.retiring {
+                let slot = &g.mig_layout[r.mig_instance.unwrap()];
+                assert!(was.workloads.iter().any(|w| w.service == r.service && was.mig_layout[w.mig_instance.unwrap()] == *slot));
+                assert!(!g.workloads.iter().any(|w| g.mig_layout[w.mig_instance.unwrap()] == *slot), "its instance is its own");
+            }
+        }
+        // No report yet: they stay, and the provisioner looks again soon.
+        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(2));
+        assert_eq!(proposed, 0);
+        assert_eq!(next_in, Some(HANDOVER_POLL));
+        // The agents report the new workloads ready: the retiring ones go, nothing else moves.
+        report_ready(&mut cluster);
+        let (proposed, next_in) = pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(4));
+        assert_eq!(proposed, 1);
+        assert!(next_in.is_none_or(|d| d > HANDOVER_POLL), "{next_in:?}");
+        let after = committed(&cluster);
+        assert!(retiring(&after).is_empty());
+        let working = |p: &PlanSpec| {
+            p.gpus.iter().map(|g| (g.gpu_uuid.clone(), g.workloads.clone())).filter(|(_, w)| !w.is_empty()).collect::<Vec<_>>()
+        };
+        assert_eq!(working(&after), working(&handing_over));
+    }
+
+    #[test]
+    fn retiring_workloads_whose_replacements_never_report_ready_go_after_the_bound() {
+        let t0 = tokio::time::Instant::now();
+        let (mut cluster, mut p) = first_plan(t0);
+        let mut rates = base_rates();
+        rates[3] *= 0.5;
+        set_rates(&mut cluster, &rates);
+        pass(&mut p, &mut cluster, true, t0 + Duration::from_secs(1));
+        assert!(!retiring(&committed(&cluster)).is_empty());
+        let first_seen = t0 + Duration::from_secs(2);
+        assert_eq!(pass(&mut p, &mut cluster, true, first_seen).0, 0);
+        assert_eq!(pass(&mut p, &mut cluster, true, first_seen + HANDOVER_MAX - Duration::from_secs(1)).0, 0);
+        assert_eq!(pass(&mut p, &mut cluster, true, first_seen + HANDOVER_MAX).0, 1);
+        assert!(retiring(&committed(&cluster)).is_empty());
     }
 
     fn tenant_event(spec: serde_json::Value, status: serde_json::Value) -> WatchSignal {

@@ -46,7 +46,7 @@ fn assignment(g: &GpuPlan, fleet: &FleetGpu) -> GpuAssignment {
             batch_ms: planned_batch_ms(w.predicted_latency_ms),
         })
         .collect();
-    GpuAssignment { node: fleet.node.clone(), gpu_uuid: fleet.uuid.clone(), mig_layout, workloads }
+    GpuAssignment { node: fleet.node.clone(), gpu_uuid: fleet.uuid.clone(), mig_layout, workloads, retiring: Vec::new() }
 }
 
 /// The planner's latency prediction as the Plan carries it: within the bound validation

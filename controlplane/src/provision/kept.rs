@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use planner::plan::Plan;
 
 use super::assign::{assign_to_nodes, FleetGpu};
-use crate::resources::{GpuAssignment, PlanSpec};
+use crate::resources::{GpuAssignment, PlanSpec, WorkloadAssignment};
 
 /// A workload as the agent runs it: what decides whether its processes are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,23 +27,25 @@ pub struct RunningWorkload<'a> {
     pub processes: u32,
 }
 
-/// The workloads of `gpu`, sorted (a multiset: equal ones stay).
+/// The workloads of `gpu`, sorted (a multiset: equal ones stay). Retiring workloads
+/// ([`super::handover`]) are not part of it: the agents keep them as they run.
 pub fn running(gpu: &GpuAssignment) -> Vec<RunningWorkload<'_>> {
-    let mut out: Vec<RunningWorkload<'_>> = gpu
-        .workloads
-        .iter()
-        .map(|w| RunningWorkload {
-            service: &w.service,
-            slot: w.mig_instance.and_then(|i| gpu.mig_layout.get(i)).map(|p| (p.profile.as_str(), p.start)),
-            // Agents compare shares within 1e-9; plans carry whole or planner-computed
-            // shares, and an equal share is the same bits.
-            mps_percent_bits: w.mps_percent.to_bits(),
-            batch: w.batch,
-            processes: w.processes,
-        })
-        .collect();
+    let mut out: Vec<RunningWorkload<'_>> = gpu.workloads.iter().map(|w| running_workload(gpu, w)).collect();
     out.sort_unstable();
     out
+}
+
+/// Workload `w` of `gpu` as the agent runs it.
+pub fn running_workload<'a>(gpu: &'a GpuAssignment, w: &'a WorkloadAssignment) -> RunningWorkload<'a> {
+    RunningWorkload {
+        service: &w.service,
+        slot: w.mig_instance.and_then(|i| gpu.mig_layout.get(i)).map(|p| (p.profile.as_str(), p.start)),
+        // Agents compare shares within 1e-9; plans carry whole or planner-computed shares,
+        // and an equal share is the same bits.
+        mps_percent_bits: w.mps_percent.to_bits(),
+        batch: w.batch,
+        processes: w.processes,
+    }
 }
 
 /// The weight of `after`'s workloads (sorted) that keep running from `before` (sorted):
@@ -77,17 +79,19 @@ pub fn restarted_services<'a>(before: Option<&'a GpuAssignment>, after: Option<&
 /// replacement serves (break-before-make), by the agent's rule: a workload whose service
 /// gets a new configuration in the same slot (the same MIG instance, or the whole GPU)
 /// starts it as the warm standby and switches when it is ready, so the old one serves
-/// until then; any other workload that goes drains at once, while what replaces it (on a
-/// new instance, another GPU or another host) starts cold. Capacity is
+/// until then, as does one that stays as retiring (`super::handover`); any other workload
+/// that goes drains at once, while what replaces it (on a new instance, another GPU or
+/// another host) starts cold. Capacity is
 /// [`capacity_weight`]: a share of the GPU, not req/s.
 pub fn stopped_before_replaced<'a>(before: Option<&'a GpuAssignment>, after: Option<&'a GpuAssignment>) -> BTreeMap<&'a str, f64> {
     let old = before.map(running).unwrap_or_default();
     let new = after.map(running).unwrap_or_default();
     let (removed, added) = unmatched(&old, &new);
+    let retiring: Vec<RunningWorkload<'_>> = after.map(|g| g.retiring.iter().map(|w| running_workload(g, w)).collect()).unwrap_or_default();
     let mut out: BTreeMap<&str, f64> = BTreeMap::new();
     for r in removed {
         let promoted = added.iter().any(|a| a.service == r.service && a.slot == r.slot);
-        if !promoted {
+        if !promoted && !retiring.contains(r) {
             *out.entry(r.service).or_default() += capacity_weight(r);
         }
     }
@@ -201,6 +205,7 @@ mod tests {
             gpu_uuid: "GPU-0".into(),
             mig_layout: layout.iter().map(|&(p, start)| MigPlacement { profile: p.into(), start }).collect(),
             workloads,
+            retiring: vec![],
         }
     }
 

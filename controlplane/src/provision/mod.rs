@@ -4,6 +4,7 @@
 
 mod assign;
 pub mod budget;
+pub mod handover;
 mod input;
 pub mod kept;
 pub mod offline;
@@ -259,7 +260,7 @@ pub fn provision(cluster: &ClusterState, strategy: MigStrategy) -> PlanSpec {
 /// [`provision`] from inputs already gathered.
 pub fn provision_from(inputs: &ProvisionInputs, strategy: MigStrategy) -> PlanSpec {
     let (plan, _) = plan_inputs(inputs, strategy, None, &|| false).expect("never stopped");
-    place(inputs, &plan, inputs_digest(inputs, strategy), None).spec
+    place(inputs, &plan, inputs_digest(inputs, strategy), None, &|_| false).spec
 }
 
 /// A pass's plan, before it meets the fleet ([`place`]), and its pool plans for the next
@@ -289,8 +290,16 @@ pub struct Placed {
 /// the caller has computed already (it encodes every GPU of the fleet). `placed_before`: the
 /// provisioner's last committed placement as planned (leader memory), so that a GPU whose
 /// planned content stays keeps the shares the tuner gave it since ([`tuned`]); without it
-/// every tuned share goes back to the planner's.
-pub fn place(inputs: &ProvisionInputs, plan: &planner::plan::Plan, digest: String, placed_before: Option<&PlanSpec>) -> Placed {
+/// every tuned share goes back to the planner's. A workload that leaves its slot keeps
+/// serving there as retiring where the GPU has room (make-before-break, [`handover`]); the
+/// committed plan's retiring workloads are carried over while `pending(service)`.
+pub fn place(
+    inputs: &ProvisionInputs,
+    plan: &planner::plan::Plan,
+    digest: String,
+    placed_before: Option<&PlanSpec>,
+    pending: &dyn Fn(&str) -> bool,
+) -> Placed {
     let (mut gpus, unplaced, tuned) = tuned::assign_over_tuned(plan, &inputs.fleet, inputs.current.as_ref(), placed_before);
     // Each workload carries its tenant's boundary, for the agent's own check.
     for w in gpus.iter_mut().flat_map(|g| g.workloads.iter_mut()) {
@@ -328,6 +337,8 @@ pub fn place(inputs: &ProvisionInputs, plan: &planner::plan::Plan, digest: Strin
     // A copy that shares the placement's chunks: only the tuned GPUs' are copied again.
     let mut spec = as_planned.clone();
     tuned.keep_tuned(&mut spec.gpus);
+    let planned: std::collections::HashSet<&str> = plan.gpus.iter().flat_map(|g| &g.workloads).map(|w| w.service.as_str()).collect();
+    handover::hand_over_all(inputs.current.as_ref(), &mut spec.gpus, &inputs.fleet, pending, &|s| planned.contains(s));
     Placed { spec, as_planned }
 }
 
@@ -390,6 +401,7 @@ mod tests {
                     isolation: crate::resources::Isolation::default(),
                     batch_ms: 0.0,
                 }],
+                retiring: vec![],
             }]
             .into(),
             ..PlanSpec::default()

@@ -50,14 +50,20 @@ impl TunedGpus {
     /// committed, as planned) in their MPS shares only. None when `committed` is not that
     /// placement at all (another inputs digest: a plan written otherwise, or a commit that
     /// failed): then no GPU counts as tuned. O(GPUs): both are in (node, uuid) order.
+    ///
+    /// Retiring workloads (`super::handover`) are the committed plan's alone: GPUs that
+    /// hold nothing else are passed over, and the others are compared without them.
     pub fn between(placed: &PlanSpec, committed: &PlanSpec) -> TunedGpus {
         let mut gpus = HashMap::new();
-        if placed.inputs_digest != committed.inputs_digest || placed.gpus.len() != committed.gpus.len() {
+        let working = |p: &PlanSpec| p.gpus.iter().filter(|g| !g.workloads.is_empty()).count();
+        if placed.inputs_digest != committed.inputs_digest || working(placed) != working(committed) {
             return TunedGpus { gpus };
         }
-        for (was, now) in placed.gpus.iter().zip(committed.gpus.iter()) {
-            if was != now && shares_alone_differ(was, now) {
-                gpus.insert(now.gpu_uuid.clone(), (was.clone(), now.clone()));
+        let committed_working = committed.gpus.iter().filter(|g| !g.workloads.is_empty());
+        for (was, now) in placed.gpus.iter().filter(|g| !g.workloads.is_empty()).zip(committed_working) {
+            if was.workloads != now.workloads && shares_alone_differ(was, now) {
+                let now = GpuAssignment { retiring: Vec::new(), ..now.clone() };
+                gpus.insert(now.gpu_uuid.clone(), (was.clone(), now));
             }
         }
         TunedGpus { gpus }
@@ -121,7 +127,8 @@ fn same_process(placed: &WorkloadAssignment, new: &WorkloadAssignment) -> bool {
 /// Whether an MPS-only GPU's shares fit it: `Σ mps_percent × processes + shadow_mps_percent`
 /// at most 100, the sum the tuner, the plan's validation and the agents bound.
 fn fits(gpu: &GpuAssignment) -> bool {
-    gpu.workloads.iter().map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum::<f64>() <= 100.0 + 1e-9
+    gpu.workloads.iter().chain(&gpu.retiring).map(|w| w.mps_percent * f64::from(w.processes) + w.shadow_mps_percent).sum::<f64>()
+        <= 100.0 + 1e-9
 }
 
 /// Where the GPU of `gpu` (its node and uuid) is in `gpus`, which are in (node, uuid) order.

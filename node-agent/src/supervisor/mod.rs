@@ -250,6 +250,7 @@ mod tests {
             batch_ms: 0.0,
             runtime: None,
             model_uri: String::new(),
+            retiring: false,
         }
     }
 

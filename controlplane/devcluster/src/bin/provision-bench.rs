@@ -82,7 +82,7 @@ fn pass(state: &ClusterState, committed: Option<&PlanSpec>, previous: Option<Pre
     seconds[2] = lap(&mut since);
     let (plan, pools) = plan_inputs(&inputs, MigStrategy::Parvagpu, previous, &|| false).expect("never stopped");
     seconds[3] = lap(&mut since);
-    let mut plan = place(&inputs, &plan, digest, None).spec;
+    let mut plan = place(&inputs, &plan, digest, None, &|_| false).spec;
     seconds[4] = lap(&mut since);
     plan.normalise();
     if let Some(current) = &inputs.current {
