@@ -263,17 +263,21 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
     let mut type_of: HashMap<String, usize> = HashMap::new();
     let mut next_slot = 0;
     let prev_max = previous.gpus.iter().map(|g| g.slot + 1).max().unwrap_or(0);
-    for (name, mut a) in deployment_maps(previous, &by_name) {
-        type_of.insert(name.clone(), per_type.len());
-        // Remove the changed service everywhere; remember which GPUs it touched.
+    // The changed service's segments, which stay held while its new ones are placed: the
+    // new ones go beside them, so that the old keep serving until the new serve
+    // (make-before-break; the controller's `provision::handover` keeps them there as
+    // retiring). Their slices are free again for the next change.
+    let mut old: Vec<(usize, usize, Placement)> = Vec::new();
+    for (name, a) in deployment_maps(previous, &by_name) {
+        let k = per_type.len();
+        type_of.insert(name.clone(), k);
         let mut touched = Vec::new();
         for gi in 0..a.gpus.len() {
-            let mine: Vec<Placement> = a.gpus[gi].segments.iter().filter(|(_, s)| s.service == idx).map(|(p, _)| *p).collect();
-            if !mine.is_empty() {
+            let mine = a.gpus[gi].segments.iter().filter(|(_, s)| s.service == idx).map(|(p, _)| (k, gi, *p));
+            let before = old.len();
+            old.extend(mine);
+            if old.len() > before {
                 touched.push(gi);
-            }
-            for p in mine {
-                a.remove(gi, p);
             }
         }
         per_type.push((name, a, touched));
@@ -290,11 +294,29 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
                 per_type.len() - 1
             });
             let (_, a, touched) = &mut per_type[k];
-            let queue = segs.iter().map(|t| Segment { service: idx, triplet: *t }).collect();
+            // A segment the new sizing has again stays where it runs: nothing restarts.
+            let mut queue = Vec::new();
+            for t in segs {
+                let same = |&(ok, gi, p): &(usize, usize, Placement)| {
+                    ok == k && a.gpus[gi].segments.iter().any(|(q, s)| *q == p && s.service == idx && same_process(&s.triplet, t))
+                };
+                match old.iter().position(same) {
+                    Some(j) => {
+                        let (_, gi, p) = old.swap_remove(j);
+                        if let Some(seg) = a.gpus[gi].segments.iter_mut().find(|(q, _)| *q == p) {
+                            seg.1.triplet = *t;
+                        }
+                    }
+                    None => queue.push(Segment { service: idx, triplet: *t }),
+                }
+            }
             for (gi, _) in a.allocate(queue) {
                 touched.push(gi);
             }
         }
+    }
+    for (k, gi, p) in old {
+        per_type[k].1.remove(gi, p);
     }
     let mut gpus = Vec::new();
     for (name, mut a, mut touched) in per_type {
@@ -318,6 +340,12 @@ pub fn replan_service(previous: &Plan, input: &PlanningInput, changed: &ServiceD
     }
     gpus.sort_by_key(|g| g.slot);
     Plan { strategy: previous.strategy.clone(), predictions: predictions_from_gpus(&gpus, &services), gpus, infeasible }
+}
+
+/// Whether two triplets run the same processes (instance size, batch, process count): the
+/// throughput figures may differ between a plan read back and a new sizing.
+fn same_process(a: &Triplet, b: &Triplet) -> bool {
+    (a.gpcs, a.batch, a.processes) == (b.gpcs, b.batch, b.processes)
 }
 
 /// The deployment map of each GPU type of `previous` (a ParvaGPU or exact plan), in type
