@@ -142,6 +142,9 @@ pub struct LoopsConfig {
     /// Seconds between writes of each Tenant's usage and SLO attainment into its status
     /// (default 10).
     pub metering_interval_s: Option<f64>,
+    /// Seconds a moved workload keeps serving in its old slot at most, when its
+    /// replacements never report ready (default 300).
+    pub handover_max_s: Option<f64>,
 }
 
 /// `[cloud]`: where the autoscaler gets nodes. Only `provider = "sim"` exists so far.
@@ -226,6 +229,7 @@ impl LoopsConfig {
             tuner: self.tuner.unwrap_or(d.tuner),
             tune_interval: seconds("tune_interval_s", self.tune_interval_s, d.tune_interval)?,
             metering_interval: seconds("metering_interval_s", self.metering_interval_s, d.metering_interval)?,
+            handover_max: seconds("handover_max_s", self.handover_max_s, d.handover_max)?,
             tuning: TuningSettings::new(
                 self.tune_slo_fraction.unwrap_or(d.tuning.slo_fraction()),
                 TunerConfig {

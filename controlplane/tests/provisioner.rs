@@ -302,6 +302,9 @@ async fn load_above_80_percent_launches_the_cheapest_adequate_instance_and_a_dro
         missed_heartbeats: 20,
         scale_window_s: 0.3,
         cooldown_s: 1.5,
+        // The reports below carry no GPUs: what a re-plan moves never reports ready, and
+        // hands over at this bound.
+        handover_max: Duration::from_secs(1),
         ..LoopSettings::default()
     })
     .await;

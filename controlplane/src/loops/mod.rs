@@ -67,6 +67,9 @@ pub struct LoopSettings {
     /// How often the leader writes each Tenant's usage and SLO attainment into its status
     /// (`loops::metering`).
     pub metering_interval: Duration,
+    /// Longest a workload the plan moved keeps serving in its old slot while its
+    /// replacements never report ready (`provision::handover`).
+    pub handover_max: Duration,
     /// Run planning passes on tokio's blocking pool (true everywhere but the deterministic
     /// simulation, whose replay needs every step on its own scheduler: a blocking-pool
     /// thread runs outside it).
@@ -93,6 +96,7 @@ impl std::fmt::Debug for LoopSettings {
             .field("tune_interval", &self.tune_interval)
             .field("tuning", &self.tuning)
             .field("metering_interval", &self.metering_interval)
+            .field("handover_max", &self.handover_max)
             .field("plan_off_runtime", &self.plan_off_runtime)
             .finish()
     }
@@ -124,6 +128,7 @@ impl Default for LoopSettings {
             tune_interval: Duration::from_secs(5),
             tuning: TuningSettings::default(),
             metering_interval: Duration::from_secs(10),
+            handover_max: crate::provision::handover::HANDOVER_MAX,
             plan_off_runtime: true,
         }
     }

@@ -17,7 +17,7 @@ use super::runner::{Pass, Reconciler, Settled, Write};
 use super::LoopSettings;
 use super::PlanChange;
 use crate::controller::Controller;
-use crate::provision::handover::{drop_retiring, replacements_ready, HANDOVER_MAX};
+use crate::provision::handover::{drop_retiring, replacements_ready};
 use crate::provision::{gather, inputs_digest, place, plan_inputs, MigStrategy, PoolPlans, Previous};
 use crate::raft::WatchSignal;
 use crate::resources::{Kind, PlanSpec, Spec};
@@ -80,6 +80,8 @@ pub(crate) struct Provisioner {
     /// Per service with retiring workloads in the committed plan, since when (leader
     /// memory: a new leader counts from its first pass).
     handing_over: BTreeMap<String, tokio::time::Instant>,
+    /// Longest a retiring workload waits for its replacements (`[loops] handover_max_s`).
+    handover_max: Duration,
 }
 
 /// The services with retiring workloads in the committed plan (`provision::handover`).
@@ -132,7 +134,9 @@ pub(crate) struct Committed {
 
 impl Provisioner {
     fn new(controller: &Controller, settings: &LoopSettings) -> Self {
-        Self::with(settings.provision_interval, settings.mig_strategy, settings.provider.is_some(), controller.sm.subscribe())
+        let mut p = Self::with(settings.provision_interval, settings.mig_strategy, settings.provider.is_some(), controller.sm.subscribe());
+        p.handover_max = settings.handover_max;
+        p
     }
 
     fn with(interval: Duration, strategy: MigStrategy, can_grow: bool, signals: broadcast::Receiver<WatchSignal>) -> Self {
@@ -153,6 +157,7 @@ impl Provisioner {
             proposed: false,
             demand: None,
             handing_over: BTreeMap::new(),
+            handover_max: crate::provision::handover::HANDOVER_MAX,
         }
     }
 
@@ -166,7 +171,7 @@ impl Provisioner {
 
     /// The services with retiring workloads in `current`: those still handing over, and
     /// those done, whose replacements serve on every GPU the plan gives them (by their
-    /// agents' reports) or that waited [`HANDOVER_MAX`]. O(the plan's GPUs), and a Node
+    /// agents' reports) or that waited `handover_max`. O(the plan's GPUs), and a Node
     /// status read per node running a service that hands over.
     fn retirements(&mut self, cluster: &ClusterState, current: Option<&PlanSpec>, now: tokio::time::Instant) -> Retirements {
         let Some(current) = current else {
@@ -178,7 +183,7 @@ impl Provisioner {
         let mut timed_out = BTreeSet::new();
         for &s in &retiring {
             let since = *self.handing_over.entry(s.to_string()).or_insert(now);
-            if now >= since + HANDOVER_MAX {
+            if now >= since + self.handover_max {
                 tracing::warn!(service = s, "replacements not ready within the hand-over bound: the retiring workloads go");
                 timed_out.insert(s);
             }
@@ -785,8 +790,9 @@ spec: {}
         assert!(!retiring(&committed(&cluster)).is_empty());
         let first_seen = t0 + Duration::from_secs(2);
         assert_eq!(pass(&mut p, &mut cluster, true, first_seen).0, 0);
-        assert_eq!(pass(&mut p, &mut cluster, true, first_seen + HANDOVER_MAX - Duration::from_secs(1)).0, 0);
-        assert_eq!(pass(&mut p, &mut cluster, true, first_seen + HANDOVER_MAX).0, 1);
+        let bound = crate::provision::handover::HANDOVER_MAX;
+        assert_eq!(pass(&mut p, &mut cluster, true, first_seen + bound - Duration::from_secs(1)).0, 0);
+        assert_eq!(pass(&mut p, &mut cluster, true, first_seen + bound).0, 1);
         assert!(retiring(&committed(&cluster)).is_empty());
     }
 

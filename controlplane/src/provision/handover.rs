@@ -6,7 +6,8 @@
 //! instance stays), or on an MPS-only GPU the shares of both fit within 100%; and the
 //! tenants' boundaries hold with it. An agent keeps a retiring workload's processes
 //! serving and starts nothing for it; the provisioner drops it once the service's new
-//! workloads serve ([`replacements_ready`]) or after [`HANDOVER_MAX`]. Where there is no
+//! workloads serve ([`replacements_ready`]) or after `[loops] handover_max_s`
+//! ([`HANDOVER_MAX`] by default). Where there is no
 //! room the move is break-before-make, and fleet-sim counts the gap. Pure.
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,9 +20,9 @@ use super::kept::{running_workload, RunningWorkload};
 use super::FleetGpu;
 use crate::resources::{GpuAssignment, ObservedGpu, PlanSpec, WorkloadAssignment};
 
-/// Longest a retiring workload is kept when its replacements never report ready (a server
-/// that cannot load its model): past the slowest cold starts reported for LLM servers
-/// (30-90 s), with room for a retried model load.
+/// Longest a retiring workload is kept, by default, when its replacements never report
+/// ready (a server that cannot load its model): past the slowest cold starts reported for
+/// LLM servers (30-90 s), with room for a retried model load (`[loops] handover_max_s`).
 pub const HANDOVER_MAX: Duration = Duration::from_secs(300);
 
 /// Places `current`'s workloads that leave their slots as retiring on the GPUs of `next`
