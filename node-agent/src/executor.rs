@@ -225,7 +225,15 @@ impl Executor {
             })
             .collect();
         let routed = routers.sync(service, first.spec.slo_ms, &processes)?;
-        for id in routed {
+        // A process the supervisor relaunched after a crash keeps its place in the router,
+        // so `sync` does not probe it again: it is asked here until it answers ready.
+        let answered: Vec<String> = processes
+            .iter()
+            .filter(|p| !routed.contains(&p.id) && self.supervisor.state(&p.id) == "starting" && routers.routes(&p.id))
+            .filter(|p| routers.probe_ready(p.port, &p.model))
+            .map(|p| p.id.clone())
+            .collect();
+        for id in routed.into_iter().chain(answered) {
             self.note_ready(&id);
         }
         Ok(())

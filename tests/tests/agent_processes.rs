@@ -198,6 +198,25 @@ async fn agent_converges_survives_its_own_kill_and_the_leader_loss() {
     let pids = workload_pids(&status);
     assert_eq!(pids.len(), 7, "{status}");
     assert!(pids.iter().all(|&p| alive(p as u32)));
+    // Each process is reported "ready" once it answers (what a plan's hand-over waits for),
+    // and "starting" before.
+    let states = |status: &Value| -> Vec<String> {
+        status["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["workloads"].as_array().into_iter().flatten())
+            .map(|w| w["state"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert!(states(&status).iter().all(|s| s == "ready" || s == "starting"), "{status}");
+    wait_for("every process reported ready", &log, async || {
+        let node = client.get("Node", "n1", false).await.ok()?;
+        let status: Value = serde_json::from_str(&node.status_json).ok()?;
+        let states = states(&status);
+        (states.len() == 7 && states.iter().all(|s| s == "ready")).then_some(())
+    })
+    .await;
 
     // Its reports (every 200 ms here) and its stream share one connection per controller:
     // a report does not open a connection of its own.

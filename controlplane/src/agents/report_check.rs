@@ -326,7 +326,7 @@ mod tests {
         let workload = |j: usize| proto::ObservedWorkload {
             service: format!("svc-{j}"),
             process: "p".repeat(MAX_NAME_LEN * 2),
-            state: "running".into(),
+            state: "ready".into(),
             ..Default::default()
         };
         let gpu = |g: usize, workloads: usize| proto::ObservedGpu {

@@ -270,6 +270,11 @@ impl Routers {
         self.windows.lock().expect("windows lock").drain(..).collect()
     }
 
+    /// Whether a router has process `id` among its backends.
+    pub fn routes(&self, id: &str) -> bool {
+        self.routers.lock().expect("routers lock").values().any(|r| r.backends.contains_key(id))
+    }
+
     /// Whether the workload process listening on `port` answers that `model` is ready, asked
     /// once.
     pub fn probe_ready(&self, port: u16, model: &str) -> bool {

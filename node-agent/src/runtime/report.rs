@@ -117,7 +117,7 @@ impl Agent {
                             },
                             mps_percent: r.spec.mps_percent,
                             batch: r.spec.batch,
-                            state: "running".into(),
+                            state: executor.supervisor.state(&r.id).into(),
                             shadow: r.role == reconcile::Role::Standby,
                             pid: executor.supervisor.get(&r.id).map_or(0, |p| p.pid),
                             process: r.id.clone(),

@@ -218,6 +218,18 @@ impl Supervisor {
         self.procs.values().filter(|p| p.exited_at.is_some()).map(|p| p.record.id.as_str())
     }
 
+    /// Where `id` stands, as the agent reports it (`ObservedWorkload.state` in agent.proto):
+    /// "failed" while it waits to be restarted, "starting" from its launch until it answers
+    /// ready, then "ready". A process adopted after an agent restart counts as ready.
+    pub fn state(&self, id: &str) -> &'static str {
+        match self.procs.get(id) {
+            Some(p) if p.exited_at.is_some() => "failed",
+            Some(p) if p.launched.is_some() => "starting",
+            Some(_) => "ready",
+            None => "failed",
+        }
+    }
+
     /// `id` answered ready at `now`: its cold start (launch to ready), the first time after
     /// each launch. `None` for a process adopted after an agent restart (its launch time is
     /// not known) or already counted.
@@ -289,6 +301,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut s, _) = Supervisor::open(dir.path()).unwrap();
         let id = s.start("GPU-0", &spec(), Role::Active, &Launch::on_port(sleeper(), 7000)).unwrap();
+        assert_eq!(s.state(&id), "starting");
+        assert!(s.ready(&id, Instant::now()).is_some(), "its cold start");
+        assert_eq!(s.state(&id), "ready");
         let old = s.get(&id).unwrap().clone();
         records::signal(old.pid, libc::SIGKILL);
         let t0 = Instant::now();
@@ -297,8 +312,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(s.get(&id).unwrap().pid, old.pid, "no restart before the back-off");
+        assert_eq!(s.state(&id), "failed");
         let restarted = s.check(t0 + restart_delay(0)).unwrap();
         assert_eq!(restarted, vec![id.clone()]);
+        assert_eq!(s.state(&id), "starting", "until the relaunched process answers");
         let new = s.get(&id).unwrap();
         assert_ne!(new.pid, old.pid);
         assert_eq!(new.restarts, 1);
