@@ -2,7 +2,8 @@
 //! processes): a desired state with MIG and MPS workloads converges; kill -9 of the agent
 //! and a restart adopt the running workload processes instead of duplicating them; the loss
 //! of the controller leader does not interrupt the workloads, and the agent follows the
-//! new leader.
+//! new leader; a workload moved to another GPU serves from its old slot until its
+//! replacement is ready.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -412,4 +413,69 @@ async fn with_every_controller_down_the_agent_keeps_serving_its_last_desired_sta
     .await;
     let status = converged(&client, &log, put.resource.unwrap().mod_revision).await;
     assert_eq!(workload_pids(&status).len(), pids.len());
+}
+
+/// All processes of `service` in the Node's observed state: (pid, state, shadow).
+fn processes_of(status: &Value, service: &str) -> Vec<(u64, String, bool)> {
+    status["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["workloads"].as_array().into_iter().flatten())
+        .filter(|w| w["service"] == service)
+        .map(|w| (w["pid"].as_u64().unwrap_or(0), w["state"].as_str().unwrap_or_default().to_string(), w["shadow"] == true))
+        .collect()
+}
+
+/// Make-before-break as the provisioner writes it (`provision::handover`): the plan moves
+/// web to another GPU and keeps its old workload there as retiring until the new process
+/// reports ready; then a plan without it drains it. Clients see no failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_moved_to_another_gpu_serves_from_its_old_slot_until_its_replacement_is_ready() {
+    let _serial = SERIAL.lock().await;
+    let Setup { cluster: _cluster, client, workloads: _workloads, log, agent: _agent, .. } = Setup::start().await;
+    let gpus = registered_gpus(&client, &log).await;
+    let old = json!({"service": "web", "mps_percent": 40, "batch": 8, "shadow_mps_percent": 10});
+    let moved = |gpus_json: Value| resource("Plan", "current", "", json!({"strategy": "test", "gpus": gpus_json}));
+    let put =
+        client.put(moved(json!([{"node": "n1", "gpu_uuid": gpus[1], "workloads": [old]}])), proto::WriteMode::Unspecified).await.unwrap();
+    let status = converged(&client, &log, put.resource.unwrap().mod_revision).await;
+    let first = active_pid(&status, "web").expect("web's active process");
+    let endpoint = router_endpoint(&log, "web").await;
+    let load = Load::start(&endpoint, 4);
+
+    // The move: web on the first GPU's 4g instance, its old workload retiring in place.
+    let new = json!({"service": "web", "mig_instance": 0, "mps_percent": 100, "batch": 8, "shadow_mps_percent": 0});
+    let handing_over = json!([
+        {"node": "n1", "gpu_uuid": gpus[0], "mig_layout": [{"profile": "4g", "start": 0}], "workloads": [new]},
+        {"node": "n1", "gpu_uuid": gpus[1], "workloads": [], "retiring": [{"service": "web", "mps_percent": 40, "batch": 8}]}
+    ]);
+    let put = client.put(moved(handing_over), proto::WriteMode::Unspecified).await.unwrap();
+    converged(&client, &log, put.resource.unwrap().mod_revision).await;
+    let both = wait_for("the replacement reported ready beside the retiring process", &log, async || {
+        let node = client.get("Node", "n1", false).await.ok()?;
+        let status: Value = serde_json::from_str(&node.status_json).ok()?;
+        let active: Vec<(u64, String, bool)> = processes_of(&status, "web").into_iter().filter(|(.., shadow)| !shadow).collect();
+        (active.len() == 2 && active.iter().all(|(_, state, _)| state == "ready")).then_some(active)
+    })
+    .await;
+    assert!(both.iter().any(|(pid, ..)| *pid == first), "the old process still serves: {both:?}");
+    assert!(alive(first as u32));
+
+    // Its replacement serves: the retiring workload goes, drained.
+    let put = client
+        .put(
+            moved(json!([{"node": "n1", "gpu_uuid": gpus[0], "mig_layout": [{"profile": "4g", "start": 0}], "workloads": [new]}])),
+            proto::WriteMode::Unspecified,
+        )
+        .await
+        .unwrap();
+    let after = converged(&client, &log, put.resource.unwrap().mod_revision).await;
+    wait_for("the retiring process to stop", &log, async || (!alive(first as u32)).then_some(())).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (ok, failed) = load.stop().await;
+    assert_eq!(failed, 0, "no request failed across the move ({ok} succeeded)");
+    assert!(ok > 100, "the load ran: {ok} requests");
+    let web = processes_of(&after, "web");
+    assert!(web.iter().all(|(pid, ..)| *pid != first), "{web:?}");
 }
