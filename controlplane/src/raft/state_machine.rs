@@ -381,6 +381,10 @@ impl StateMachineStore {
 }
 
 #[cfg(test)]
+#[path = "golden_formats.rs"]
+mod golden_formats;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::storage::open_data_dir;
