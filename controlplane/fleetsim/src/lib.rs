@@ -25,7 +25,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use policies::{Gpuplane, HomogeneousAutoscale, ParvaGpuPeak, Policy, WholeGpuPeak};
-use report::{PolicyReport, Report, Sample};
+use report::{MissedWindows, PolicyReport, Report, Sample};
 use scenario::Scenario;
 use traffic::Traffic;
 
@@ -72,6 +72,7 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
     let mut rng = SmallRng::seed_from_u64(options.seed);
     let n = scenario.services.len();
     let (mut windows, mut met) = (vec![0u64; n], vec![0u64; n]);
+    let mut missed = MissedWindows::default();
     let mut arrivals = vec![0.0; n];
     let mut p99_ms = vec![0.0; n];
     let mut samples = Vec::new();
@@ -91,7 +92,11 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
             if load > 0.0 {
                 windows[i] += 1;
                 p99_ms[i] = serving::window_p99(load, &serving, &mut rng);
-                met[i] += u64::from(p99_ms[i] <= s.slo_ms);
+                let within = p99_ms[i] <= s.slo_ms;
+                met[i] += u64::from(within);
+                if !within {
+                    missed.count(policy.condition(i));
+                }
             }
             arrivals[i] = load;
             demand += load;
@@ -117,6 +122,7 @@ fn simulate(policy: &mut dyn Policy, scenario: &Scenario, rates: &[&Vec<f64>], s
         reconfigurations,
         launches: fleet.launches,
         replanning,
+        missed,
         per_service: scenario.services.iter().enumerate().map(|(i, s)| (s.name.clone(), windows[i], met[i])).collect(),
         samples,
     }

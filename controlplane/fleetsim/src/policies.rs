@@ -18,7 +18,7 @@ use planner::policy::slo_headroom::{Prediction, Window};
 use crate::fleet::{Fleet, LAMBDA_PER_S};
 use crate::placement::{Placement, Switches};
 use crate::planning::{Planned, Provisioner};
-use crate::report::Replanning;
+use crate::report::{Condition, Replanning};
 use crate::scenario::{Scenario, SimService};
 use crate::serving::{colocated_slowdown, whole_gpu, Serving};
 
@@ -67,6 +67,10 @@ pub trait Policy {
     /// What second `t` was: each service's offered load and its window's p99 (ms; 0 without
     /// load, infinite when overloaded), as the routers report them.
     fn observe(&mut self, _t: u32, _loads: &[f64], _p99_ms: &[f64]) {}
+    /// What service `i` is going through now, for the windows it misses.
+    fn condition(&self, _i: usize) -> Condition {
+        Condition::Steady
+    }
     /// Workload changes the agents would carry out (none for a fleet sized once).
     fn reconfigurations(&self) -> u32 {
         0
@@ -380,6 +384,9 @@ pub struct Gpuplane {
     /// Per service being reconfigured: until when, and what serves meanwhile (its previous
     /// configuration).
     switching: BTreeMap<usize, (u32, Serving)>,
+    /// Of those, the services whose switch stopped some capacity before its replacement
+    /// served (break-before-make).
+    broken: BTreeSet<usize>,
     /// The autoscaler's sizing (HetSev's controller per service at the saturation its SLO
     /// leaves it, within its restart budget), as the leader runs it.
     sizing: ServiceSizing,
@@ -417,6 +424,7 @@ impl Gpuplane {
             replanning: Replanning::default(),
             available: BTreeMap::new(),
             switching: BTreeMap::new(),
+            broken: BTreeSet::new(),
         }
     }
 
@@ -449,6 +457,9 @@ impl Gpuplane {
             let old = self.switching.get(&i).map_or(before[i], |(_, old)| *old);
             let old = Serving { capacity_rps: old.capacity_rps * serving, ..old };
             self.switching.insert(i, (t + self.settings.reconfigure_s, old));
+            if serving < 1.0 {
+                self.broken.insert(i);
+            }
             self.replanning.break_before_make += u32::from(serving < 1.0);
         }
         self.reconfigurations += changed.len() as u32;
@@ -560,6 +571,7 @@ impl Policy for Gpuplane {
         }
         self.available = availability(&self.fleet, &self.planned.gpus, t);
         self.switching.retain(|_, (until, _)| *until > t);
+        self.broken.retain(|i| self.switching.contains_key(i));
         // Services whose new processes serve: their retiring workloads go (the provisioner
         // polls the agents' reports every couple of seconds).
         let switching: BTreeSet<&str> = self.switching.keys().map(|&i| self.services[i].name.as_str()).collect();
@@ -577,6 +589,22 @@ impl Policy for Gpuplane {
     }
     fn fleet(&mut self) -> &mut Fleet {
         &mut self.fleet
+    }
+    fn condition(&self, i: usize) -> Condition {
+        if self.broken.contains(&i) {
+            Condition::SwitchingBroken
+        } else if self.switching.contains_key(&i) {
+            Condition::Switching
+        } else if self
+            .planned
+            .services
+            .get(&self.services[i].name)
+            .is_some_and(|p| p.on_models.iter().any(|(m, f)| *f > 0.0 && self.available.get(m).copied().unwrap_or(0.0) < 1.0))
+        {
+            Condition::ShortOfPlan
+        } else {
+            Condition::Steady
+        }
     }
     fn observe(&mut self, t: u32, loads: &[f64], p99_ms: &[f64]) {
         for i in 0..self.services.len() {

@@ -25,6 +25,8 @@ pub struct PolicyReport {
     /// Where a re-planning policy's reconfigurations come from (gpuplane's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replanning: Option<Replanning>,
+    /// The windows that missed the SLO, by what the service was going through then.
+    pub missed: MissedWindows,
     /// (service, windows, windows met).
     #[serde(skip)]
     pub per_service: Vec<(String, u64, u64)>,
@@ -64,6 +66,40 @@ pub struct Replanning {
     /// before what replaced it served (a move off its slot: the agents start the new
     /// process cold while the old one drains).
     pub break_before_make: u32,
+}
+
+/// What a service was going through in a window (`Policy::condition`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// Serving as planned.
+    Steady,
+    /// Its processes were switching to a new configuration (reconfigure_s after a change),
+    /// the old ones serving until the new ones do.
+    Switching,
+    /// Switching, after some of its capacity stopped before its replacement served.
+    SwitchingBroken,
+    /// The hosts placed less than its plan (waiting for a launch or a replacement).
+    ShortOfPlan,
+}
+
+/// Windows that missed the SLO, by the service's [`Condition`] in each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MissedWindows {
+    pub steady: u64,
+    pub switching: u64,
+    pub switching_broken: u64,
+    pub short_of_plan: u64,
+}
+
+impl MissedWindows {
+    pub fn count(&mut self, condition: Condition) {
+        match condition {
+            Condition::Steady => self.steady += 1,
+            Condition::Switching => self.switching += 1,
+            Condition::SwitchingBroken => self.switching_broken += 1,
+            Condition::ShortOfPlan => self.short_of_plan += 1,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -121,6 +157,16 @@ impl Report {
                     r.of_fleet_changes,
                     r.of_tuner,
                     r.break_before_make
+                ));
+                let m = p.missed;
+                out.push_str(&format!(
+                    "{}: windows missed {}: while switching {} (after a break-before-make {}), short of the plan (hosts) {}, serving as planned {}\n",
+                    p.name,
+                    m.steady + m.switching + m.switching_broken + m.short_of_plan,
+                    m.switching + m.switching_broken,
+                    m.switching_broken,
+                    m.short_of_plan,
+                    m.steady
                 ));
                 let per = |n: u32| self.per_service_day(n);
                 out.push_str(&format!(

@@ -102,6 +102,11 @@ fn a_load_step_is_met_by_launches_that_serve_after_their_launch_latency() {
     let after = capacity_at(ours, 600 + 60 + A100_LAUNCH_S + reconfigure_s + 2 * 2);
     assert!(after >= 3000.0 / 0.8 * 0.95 && after > before, "{before} -> {after}");
     assert!(ours.windows_met < ours.windows, "the step costs some windows");
+    // Each missed window is told apart by what the service went through: the window before
+    // the raise serves as planned, then the plan waits for its launches.
+    let m = ours.missed;
+    assert_eq!(m.steady + m.switching + m.switching_broken + m.short_of_plan, ours.windows - ours.windows_met, "{m:?}");
+    assert!(m.steady > 0 && m.short_of_plan > 0, "{m:?}");
     // Every reconfiguration is told apart: of the service resized, or of another, as hosts
     // came (the launches), or by the tuner (none: this service is on MIG).
     let r = ours.replanning.expect("gpuplane re-plans");
