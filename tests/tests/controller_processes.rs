@@ -89,11 +89,17 @@ fn corrupt_or_foreign_data_dir_refuses_to_start_and_is_left_untouched() {
     let original = std::fs::read_to_string(&format_file).unwrap();
 
     for (what, contents, expect) in [
-        // A data dir of the version before this one.
+        // A data dir two versions back (the one before is upgraded in place: storage tests),
+        // and one of a newer binary.
         (
             "old version",
-            original.replace(&format!("format_version={FORMAT_VERSION}"), &format!("format_version={}", FORMAT_VERSION - 1)),
-            &*format!("format version {}, this binary reads version {FORMAT_VERSION}", FORMAT_VERSION - 1),
+            original.replace(&format!("format_version={FORMAT_VERSION}"), &format!("format_version={}", FORMAT_VERSION - 2)),
+            &*format!("format version {}, this binary reads version {FORMAT_VERSION}", FORMAT_VERSION - 2),
+        ),
+        (
+            "newer version",
+            original.replace(&format!("format_version={FORMAT_VERSION}"), &format!("format_version={}", FORMAT_VERSION + 1)),
+            &*format!("format version {} is newer than this binary's {FORMAT_VERSION}", FORMAT_VERSION + 1),
         ),
         ("truncated", original[..original.len() / 2].to_string(), "FORMAT"),
         ("other node", original.replace("node_id=1", "node_id=2"), "belongs to node 2"),

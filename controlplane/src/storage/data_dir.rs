@@ -20,6 +20,13 @@ use super::{BackendDirs, KvBackend, SledBackend, Tree};
 /// and their records end at the first header of zeros (`log_files`), where version 6's
 /// ended at the file's end and would read those zeros as damage.
 pub const FORMAT_VERSION: u32 = 7;
+/// The older format this binary upgrades in place at start. Version 6's files read the same
+/// under version 7's rules (its log segments end at the file's end, where 7's records may
+/// also end), so the upgrade rewrites the version marks alone: the database's key first, the
+/// `FORMAT` file last, each durably, so that a crash in between leaves a dir that the next
+/// start upgrades again. From then on appends allocate ahead, which version 6 cannot read: a
+/// binary of format 6 refuses the dir by its version rather than misreading it.
+pub const UPGRADES_FROM: u32 = 6;
 const MARKER: &str = "gpuplane-controller-data";
 const FORMAT_FILE: &str = "FORMAT";
 pub(crate) const META_FORMAT_KEY: &[u8] = b"format_version";
@@ -75,8 +82,23 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
         Err(e) => return Err(io(e)),
     };
     let (version, marker_node) = parse_marker(&marker).map_err(|reason| refused(dir, format!("{FORMAT_FILE}: {reason}")))?;
-    if version != FORMAT_VERSION {
-        return Err(refused(dir, format!("format version {version}, this binary reads version {FORMAT_VERSION}")));
+    if version > FORMAT_VERSION {
+        return Err(refused(
+            dir,
+            format!(
+                "format version {version} is newer than this binary's {FORMAT_VERSION}: a newer gpuplane wrote it and must open it (a data dir is never downgraded)"
+            ),
+        ));
+    }
+    let upgrading = version != FORMAT_VERSION;
+    if upgrading && version != UPGRADES_FROM {
+        return Err(refused(
+            dir,
+            format!(
+                "format version {version}, this binary reads version {FORMAT_VERSION} and upgrades version {UPGRADES_FROM} only: start a release of format {} on it first, or a new member",
+                version + 1
+            ),
+        ));
     }
     if marker_node != node_id {
         return Err(refused(dir, format!("belongs to node {marker_node}, this is node {node_id}")));
@@ -96,12 +118,22 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     };
     match stored(META_FORMAT_KEY)? {
         Some(v) if v == FORMAT_VERSION.to_be_bytes() => {}
+        // A crash after the key was upgraded and before the marker was.
+        Some(v) if upgrading && v == version.to_be_bytes() => {}
         Some(v) => return Err(refused(dir, format!("database format key is {v:?}, expected version {FORMAT_VERSION}"))),
         None => return Err(refused(dir, "database lacks its format version key: damaged or truncated")),
     }
     match stored(META_NODE_KEY)? {
         Some(v) if v == node_id.to_be_bytes() => {}
         _ => return Err(refused(dir, "database node id does not match FORMAT: damaged or mixed-up data dir")),
+    }
+    if upgrading {
+        backend
+            .insert_batch(Tree::Meta, vec![(META_FORMAT_KEY.to_vec(), FORMAT_VERSION.to_be_bytes().to_vec())])
+            .and_then(|()| backend.flush())
+            .map_err(|e| refused(dir, format!("upgrading from format {version}: database not written: {e}")))?;
+        write_marker(dir, node_id).map_err(io)?;
+        tracing::warn!(dir = %dir.display(), from = version, to = FORMAT_VERSION, "data dir upgraded in place; binaries of format {version} refuse it from now on");
     }
     Ok(backend)
 }
@@ -198,18 +230,50 @@ mod tests {
         let marker = tmp.path().join(FORMAT_FILE);
         // Data dirs of versions 1 (leader ids before single-term-leader), 2 (one request
         // per log entry), 3 (sled's default segments), 4 (whole values in sled, the
-        // snapshot in it too), 5 (the Raft log in sled) and 6 (log segments that end at the
-        // file's end) name both versions.
-        for old in [1, 2, 3, 4, 5, 6] {
+        // snapshot in it too) and 5 (the Raft log in sled) name both versions; 6 (log
+        // segments that end at the file's end) is upgraded in place (below).
+        for old in [1, 2, 3, 4, 5] {
             fs::write(&marker, format!("{MARKER}\nformat_version={old}\nnode_id=1\n")).unwrap();
-            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 7"));
+            assert_refused(tmp.path(), 1, &format!("format version {old}, this binary reads version 7 and upgrades version 6 only"));
         }
         fs::write(&marker, format!("{MARKER}\nformat_version={}\nnode_id=1\n", FORMAT_VERSION + 1)).unwrap();
-        assert_refused(tmp.path(), 1, &format!("format version {}", FORMAT_VERSION + 1));
+        assert_refused(tmp.path(), 1, &format!("format version {} is newer than this binary's {FORMAT_VERSION}", FORMAT_VERSION + 1));
         fs::write(&marker, format!("{MARKER}\nformat_version={FORMAT_VERSION}\nnode_id=1\n")).unwrap();
         assert_refused(tmp.path(), 3, "belongs to node 1");
         fs::write(&marker, format!("{MARKER}\nformat_ver")).unwrap();
         assert_refused(tmp.path(), 1, "FORMAT");
+    }
+
+    /// Marks `dir` as version 6 wrote it: its `FORMAT` file and its database's key.
+    fn mark_as_format_6(dir: &Path, marker: bool, key: bool) {
+        if key {
+            let b = open_data_dir(dir, 1).unwrap();
+            b.insert(Tree::Meta, META_FORMAT_KEY, 6u32.to_be_bytes().to_vec()).unwrap();
+            b.flush().unwrap();
+        }
+        if marker {
+            fs::write(dir.join(FORMAT_FILE), format!("{MARKER}\nformat_version=6\nnode_id=1\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_format_6_dir_is_upgraded_in_place_and_a_crash_midway_upgrades_it_at_the_next_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        data_dir_with_entries(tmp.path());
+        let before = start_and_read(tmp.path()).unwrap();
+        // As version 6 left it; then as a crash after the key and before the marker would.
+        for (key, stage) in [(true, "as version 6 wrote it"), (false, "the key upgraded, the marker not yet")] {
+            mark_as_format_6(tmp.path(), true, key);
+            assert_eq!(start_and_read(tmp.path()).unwrap(), before, "{stage}: the vote and every entry read the same");
+            let marker = fs::read_to_string(tmp.path().join(FORMAT_FILE)).unwrap();
+            assert_eq!(parse_marker(&marker).unwrap(), (FORMAT_VERSION, 1), "{stage}");
+            let b = open_data_dir(tmp.path(), 1).unwrap();
+            assert_eq!(b.get(Tree::Meta, META_FORMAT_KEY).unwrap(), Some(FORMAT_VERSION.to_be_bytes().to_vec()), "{stage}");
+        }
+        // A key of another version than the marker's is damage, not an upgrade.
+        mark_as_format_6(tmp.path(), false, true);
+        let refused = open_data_dir(tmp.path(), 1).err().expect("a key of version 6 under a marker of 7").to_string();
+        assert!(refused.contains("database format key"), "{refused}");
     }
 
     const ENTRIES: u64 = 2000;
