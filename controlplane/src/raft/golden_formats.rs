@@ -5,7 +5,10 @@
 //! the current format's files are also what this build writes, byte for byte. A change to
 //! an encoding fails here: it is either compatible (a field added with a default and left
 //! out when unset, as `GpuAssignment.retiring` was), or it needs a new format version and a
-//! new directory, with the old one kept and still read.
+//! new directory, with the old one kept and still read. The replay is also a check that
+//! apply is deterministic across builds: a change to a rule that would apply an entry
+//! already admitted differently (a bound lowered, a check added at apply) changes the
+//! state the entries give and fails here.
 //!
 //! `GPUPLANE_BLESS_GOLDEN=1 cargo test -p controlplane golden` writes the current format's
 //! directory from [`scenario`] when it does not exist yet; review the files and commit them.
