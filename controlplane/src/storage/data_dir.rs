@@ -95,8 +95,7 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
         return Err(refused(
             dir,
             format!(
-                "format version {version}, this binary reads version {FORMAT_VERSION} and upgrades version {UPGRADES_FROM} only: start a release of format {} on it first, or a new member",
-                version + 1
+                "format version {version}, this binary reads version {FORMAT_VERSION} and upgrades version {UPGRADES_FROM} only: no release upgrades format {version}: remove this member and add it again with an empty data dir (`gpuctl cluster remove`, then `gpuctl cluster add`)"
             ),
         ));
     }
@@ -118,7 +117,8 @@ pub fn open_data_dir(dir: &Path, node_id: u64) -> Result<SledBackend, DataDirErr
     };
     match stored(META_FORMAT_KEY)? {
         Some(v) if v == FORMAT_VERSION.to_be_bytes() => {}
-        // A crash after the key was upgraded and before the marker was.
+        // Not upgraded yet. (A crash after the key was upgraded and before the marker was
+        // leaves the current version's key: the arm above.)
         Some(v) if upgrading && v == version.to_be_bytes() => {}
         Some(v) => return Err(refused(dir, format!("database format key is {v:?}, expected version {FORMAT_VERSION}"))),
         None => return Err(refused(dir, "database lacks its format version key: damaged or truncated")),
